@@ -1,0 +1,1 @@
+"""Subcommands of the olmax CLI, one module each."""

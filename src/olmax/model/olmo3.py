@@ -1,0 +1,257 @@
+"""The OLMo 3 decoder in pure JAX: parameters are a pytree of arrays, the model is functions.
+
+Forward pass (OLMo-core ``ReorderedNormTransformerBlock``; HF ``Olmo3DecoderLayer``)::
+
+    h = embed[tokens]
+    for each layer:                       # reordered post-norm
+        h = h + attn_norm(attention(h))   # no pre-norm: the norm is on the sub-layer OUTPUT
+        h = h + mlp_norm(swiglu(h))
+    logits = final_norm(h) @ lm_head      # fp32 logits over the padded vocabulary
+
+Attention: q = q_norm(x Wq), k = k_norm(x Wk) over the full projected width (``qk_norm="full"``)
+before the head split; RoPE (fp32) on q and k; causal softmax(q k^T / sqrt(head_dim)) in fp32 with
+the layer's sliding window; output projection. MLP: ``down(silu(gate(x)) * up(x))``.
+
+Numerics follow OLMo-core under bf16 mixed precision: parameters are cast to the compute dtype,
+every matmul accumulates in fp32 and rounds to the compute dtype, RMSNorm runs in fp32 including
+the weight multiply, RoPE and softmax run in fp32, logits are fp32.
+
+Layers are stacked along a leading ``layers`` axis. The window pattern (period P) is scanned as
+groups of P layers with ``jax.lax.scan``, so compile time does not grow with depth and every layer
+inside a group has a static window (what block-sparse attention kernels need).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from olmax.config import ModelConfig
+from olmax.model.attention import attention
+from olmax.model.rope import apply_rope, rope_tables
+
+Params = dict[str, Any]
+
+# ----------------------------------------------------------------------------------------------
+# Parameters: shapes, logical axes, initialisation
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+    """The parameter pytree as shapes (tuples), with the layer stack as leading axis."""
+    L, D, F, V = cfg.n_layers, cfg.d_model, cfg.mlp_hidden, cfg.padded_vocab_size
+    layers = {
+        "q_proj": (L, D, cfg.q_dim),
+        "k_proj": (L, D, cfg.kv_dim),
+        "v_proj": (L, D, cfg.kv_dim),
+        "o_proj": (L, cfg.q_dim, D),
+        "attn_norm": (L, D),
+        "gate_proj": (L, D, F),
+        "up_proj": (L, D, F),
+        "down_proj": (L, F, D),
+        "mlp_norm": (L, D),
+    }
+    if cfg.qk_norm == "full":
+        layers["q_norm"] = (L, cfg.q_dim)
+        layers["k_norm"] = (L, cfg.kv_dim)
+    elif cfg.qk_norm == "head":
+        layers["q_norm"] = (L, cfg.head_dim)
+        layers["k_norm"] = (L, cfg.head_dim)
+    shapes: Params = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head"] = (D, V)
+    return shapes
+
+
+def param_axes(cfg: ModelConfig) -> Params:
+    """Logical axis names of every parameter (mapped to mesh axes by ``olmax.parallel``)."""
+    qk_norm_axis = "heads" if cfg.qk_norm == "full" else "head_dim"
+    axes = {
+        "embed": ("vocab", "embed"),
+        "layers": {
+            "q_proj": ("layers", "embed", "heads"),
+            "k_proj": ("layers", "embed", "kv_heads"),
+            "v_proj": ("layers", "embed", "kv_heads"),
+            "o_proj": ("layers", "heads", "embed"),
+            "attn_norm": ("layers", "norm"),
+            "gate_proj": ("layers", "embed", "mlp"),
+            "up_proj": ("layers", "embed", "mlp"),
+            "down_proj": ("layers", "mlp", "embed"),
+            "mlp_norm": ("layers", "norm"),
+            "q_norm": ("layers", qk_norm_axis),
+            "k_norm": ("layers", "kv_heads" if cfg.qk_norm == "full" else "head_dim"),
+        },
+        "final_norm": ("norm",),
+        "lm_head": ("embed", "vocab"),
+    }
+    shapes = param_shapes(cfg)
+    return jax.tree.map(lambda _s, a: a, shapes, _prune_like(axes, shapes),
+                        is_leaf=lambda x: isinstance(x, tuple))
+
+
+def _prune_like(tree: dict, like: dict) -> dict:
+    return {k: (_prune_like(tree[k], v) if isinstance(v, dict) else tree[k]) for k, v in like.items()}
+
+
+def _is_norm(path: str) -> bool:
+    return path.endswith("norm")
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
+    """OLMo-core ``InitMethod.normal``: every weight matrix (embedding and LM head included) from a
+    normal with std ``init_std`` truncated at +-3 std; norm weights 1; no depth scaling."""
+    shapes = param_shapes(cfg)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    leaves = []
+    for i, (path, shape) in enumerate(flat):
+        name = jax.tree_util.keystr(path)
+        if _is_norm(name.strip("[]'\"")):
+            leaves.append(jnp.ones(shape, dtype))
+        else:
+            k = jax.random.fold_in(key, i)
+            w = jax.random.truncated_normal(k, -3.0, 3.0, shape, jnp.float32) * cfg.init_std
+            leaves.append(w.astype(dtype))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
+    """ShapeDtypeStructs of the parameters (no allocation)."""
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(cfg),
+                        is_leaf=lambda x: isinstance(x, tuple))
+
+
+def count_params(params_or_cfg: Params | ModelConfig) -> int:
+    if isinstance(params_or_cfg, ModelConfig):
+        params_or_cfg = abstract_params(params_or_cfg)
+    return int(sum(int(jnp.size(x)) if not hasattr(x, "size") else int(x.size)
+                   for x in jax.tree.leaves(params_or_cfg)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
+    """OLMo RMSNorm: fp32 normalisation *and* fp32 weight multiply, then cast to x.dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return (weight.astype(jnp.float32) * y).astype(x.dtype)
+
+
+def dense(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+    """x @ w accumulated in fp32, rounded to x.dtype (as a bf16 GEMM does)."""
+    return jnp.einsum("...i,io->...o", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_outputs": jax.checkpoint_policies.save_only_these_names("attn_out", "mlp_out"),
+}
+
+
+def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | None,
+                     sin: jnp.ndarray, cos: jnp.ndarray, attn_impl: str) -> jnp.ndarray:
+    b, t, _ = x.shape
+    q = dense(x, p["q_proj"])
+    k = dense(x, p["k_proj"])
+    v = dense(x, p["v_proj"])
+    if cfg.qk_norm == "full":
+        q = rms_norm(q, p["q_norm"], cfg.norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.norm_eps)
+    q = q.reshape(b, t, cfg.n_heads, cfg.head_dim)
+    k = k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+    v = v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+    if cfg.qk_norm == "head":
+        q = rms_norm(q, p["q_norm"], cfg.norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.norm_eps)
+    q = apply_rope(q, sin, cos)
+    k = apply_rope(k, sin, cos)
+    o = attention(q, k, v, window, cfg.head_dim ** -0.5, impl=attn_impl)
+    return dense(o.reshape(b, t, cfg.q_dim), p["o_proj"])
+
+
+def _mlp_block(p: Params, x: jnp.ndarray) -> jnp.ndarray:
+    return dense(jax.nn.silu(dense(x, p["gate_proj"])) * dense(x, p["up_proj"]), p["down_proj"])
+
+
+def _layer(p: Params, h: jnp.ndarray, cfg: ModelConfig, window: int | None, sin, cos,
+           attn_impl: str) -> jnp.ndarray:
+    eps = cfg.norm_eps
+    name = checkpoint_name
+    if cfg.block_type == "reordered_norm":
+        a = name(_attention_block(p, h, cfg, window, sin, cos, attn_impl), "attn_out")
+        h = h + rms_norm(a, p["attn_norm"], eps)
+        m = name(_mlp_block(p, h), "mlp_out")
+        return h + rms_norm(m, p["mlp_norm"], eps)
+    a = name(_attention_block(p, rms_norm(h, p["attn_norm"], eps), cfg, window, sin, cos, attn_impl),
+             "attn_out")
+    h = h + a
+    m = name(_mlp_block(p, rms_norm(h, p["mlp_norm"], eps)), "mlp_out")
+    return h + m
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+
+
+def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, *,
+                  compute_dtype=jnp.float32, attn_impl: str = "xla", remat: str = "none",
+                  positions: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Final-normed hidden states [B, T, D] in ``compute_dtype``."""
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"unknown remat policy '{remat}' (known: {', '.join(REMAT_POLICIES)})")
+    params = jax.tree.map(lambda x: x.astype(compute_dtype), params)
+    b, t = tokens.shape
+    if positions is None:
+        positions = jnp.arange(t)
+    sin_l, cos_l = rope_tables(positions, cfg.head_dim, cfg.rope_theta,
+                               None if (cfg.rope_scaling and cfg.rope_scaling.full_attention_only)
+                               else cfg.rope_scaling)
+    sin_g, cos_g = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    h = jnp.take(params["embed"], tokens, axis=0)
+    period = len(cfg.window_pattern)
+    groups = cfg.n_layers // period
+    stacked = jax.tree.map(lambda x: x.reshape(groups, period, *x.shape[1:]), params["layers"])
+
+    layer_fns = []
+    for j, window in enumerate(cfg.window_pattern):
+        sin, cos = (sin_g, cos_g) if window is None else (sin_l, cos_l)
+        fn = partial(_layer, cfg=cfg, window=window, sin=sin, cos=cos, attn_impl=attn_impl)
+        policy = REMAT_POLICIES[remat]
+        if remat != "none":
+            fn = jax.checkpoint(fn, policy=policy)
+        layer_fns.append(fn)
+
+    def group(h, gp):
+        for j, fn in enumerate(layer_fns):
+            h = fn(jax.tree.map(lambda x: x[j], gp), h)
+        return h, None
+
+    h, _ = jax.lax.scan(group, h, stacked)
+    return rms_norm(h, params["final_norm"], cfg.norm_eps)
+
+
+def lm_head_weight(params: Params, cfg: ModelConfig) -> jnp.ndarray:
+    """[D, padded_vocab] output projection (the transposed embedding when tied)."""
+    return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+
+
+def logits_from_hidden(h: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+    """fp32 logits: the head matmul accumulates in fp32 and is not rounded to the compute dtype."""
+    return jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+
+
+def forward(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, *, compute_dtype=jnp.float32,
+            attn_impl: str = "xla", remat: str = "none",
+            positions: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Logits [B, T, padded_vocab] in fp32."""
+    h = hidden_states(params, tokens, cfg, compute_dtype=compute_dtype, attn_impl=attn_impl,
+                      remat=remat, positions=positions)
+    return logits_from_hidden(h, lm_head_weight(params, cfg))

@@ -1,0 +1,1 @@
+"""olmax.train.callbacks."""
