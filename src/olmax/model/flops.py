@@ -1,0 +1,130 @@
+"""Training FLOPs per token and per-device peak FLOP/s, for throughput and MFU.
+
+Two conventions, both "6N + attention" with the attention term aware of each layer's window:
+
+``convention="olmo_core"`` -- the convention behind OLMo 3's published MFU (OLMo-core up to 2.x,
+``Attention.num_flops_per_token``)::
+
+    6 * N  +  sum over layers of 12 * n_heads * head_dim * min(W_layer, T)
+
+i.e. every query is charged ``min(W, T)`` keys (no causal halving; full layers charged T). For
+OLMo 3 7B at T = 8192 this is 49.4 GFLOP/token.
+
+``convention="causal"`` -- only the (query, key) pairs the causal/windowed mask actually keeps::
+
+    6 * N  +  sum over layers of 12 * n_heads * head_dim * P(T, W_layer) // T
+    P(T, W) = T (T + 1) / 2                      (full causal, or W >= T)
+            = W (W + 1) / 2 + (T - W) W          (sliding window W < T)
+
+This is exactly OLMo-core 3.0's ``Transformer.num_flops_per_token`` (``_causal_attention_positions``
+in ``olmo_core/nn/attention/__init__.py``), including its per-layer integer division; 46.56
+GFLOP/token for OLMo 3 7B at T = 8192.
+
+In both, N is what OLMo-core sums: every parameter of the attention and feed-forward modules
+(q/k/v/o projections, QK-norm weights, gate/up/down) plus the LM head with its final norm. The
+input embedding (a lookup) and the per-block output norms (not part of either sub-module in
+OLMo-core) are not counted. The 12 = 2 matmuls (QK^T, PV) x 2 FLOPs per MAC x 3 (forward +
+backward). Recomputation (remat) and padding are never counted: this is *model* FLOPs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from olmax.config import ConfigError, ModelConfig
+
+CONVENTIONS = ("olmo_core", "causal")
+
+
+def causal_attention_pairs(seq_len: int, window: int | None) -> int:
+    """Number of (query, key) pairs a causal mask with sliding window ``window`` keeps over a
+    sequence of ``seq_len`` tokens (a window of W sees W keys including the query itself)."""
+    if window is None or window >= seq_len:
+        return seq_len * (seq_len + 1) // 2
+    return window * (window + 1) // 2 + (seq_len - window) * window
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """N of "6N": the parameters OLMo-core charges 6 FLOPs per token (see module docstring)."""
+    d = cfg.d_model
+    qk_norm = {"full": cfg.q_dim + cfg.kv_dim, "head": 2 * cfg.head_dim, "none": 0}[cfg.qk_norm]
+    attn = d * cfg.q_dim + 2 * d * cfg.kv_dim + cfg.q_dim * d + qk_norm
+    mlp = 3 * d * cfg.mlp_hidden
+    lm_head = cfg.padded_vocab_size * d + d  # output projection (tied or not) + final norm
+    return cfg.n_layers * (attn + mlp) + lm_head
+
+
+def attention_flops_per_token(cfg: ModelConfig, seq_len: int, convention: str = "olmo_core") -> int:
+    """The attention-score term (QK^T and PV, forward + backward) summed over layers."""
+    _check(seq_len, convention)
+    width = cfg.n_heads * cfg.head_dim
+    total = 0
+    for window in cfg.layer_windows():
+        if convention == "olmo_core":
+            total += 12 * width * (seq_len if window is None else min(window, seq_len))
+        else:
+            total += 12 * width * causal_attention_pairs(seq_len, window) // seq_len
+    return total
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int, convention: str = "olmo_core") -> float:
+    """Training (forward + backward) model FLOPs per token at sequence length ``seq_len``."""
+    _check(seq_len, convention)
+    return float(6 * matmul_params(cfg) + attention_flops_per_token(cfg, seq_len, convention))
+
+
+def _check(seq_len: int, convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise ConfigError(f"unknown FLOPs convention '{convention}' (known: {', '.join(CONVENTIONS)})")
+    if seq_len <= 0:
+        raise ConfigError(f"seq_len must be positive (got {seq_len})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Peak FLOP/s
+
+# Dense bf16 peak per device (FLOP/s), matched as case-insensitive substrings of
+# ``jax.Device.device_kind``, most specific first. Sources: vendor datasheets (NVIDIA H100/H200/
+# A100/B200/L4; Google Cloud TPU system architecture pages). Sparse figures are halved.
+PEAK_BF16: tuple[tuple[str, float], ...] = (
+    ("h100 pcie", 756e12),
+    ("h100 nvl", 835e12),
+    ("h200", 989e12),
+    ("h100", 989e12),     # SXM
+    ("gh200", 989e12),
+    ("b200", 2250e12),
+    ("b300", 2250e12),
+    ("a100", 312e12),
+    ("l40s", 362e12),
+    ("l4", 121e12),
+    ("tpu v6 lite", 918e12),  # v6e (Trillium)
+    ("tpu v6e", 918e12),
+    ("tpu v5 lite", 197e12),  # v5e
+    ("tpu v5e", 197e12),
+    ("tpu v5p", 459e12),
+    ("tpu v5", 459e12),       # v5p reports itself as "TPU v5"
+    ("tpu v4", 275e12),
+    ("tpu7x", 2307e12),       # Ironwood
+)
+
+
+def peak_flops(device: Any) -> float | None:
+    """Dense bf16 peak FLOP/s of one device (a ``jax.Device`` or its ``device_kind`` string);
+    None when unknown (CPUs, unlisted accelerators)."""
+    kind = device if isinstance(device, str) else getattr(device, "device_kind", "")
+    platform = "" if isinstance(device, str) else getattr(device, "platform", "")
+    if platform == "cpu":
+        return None
+    kind = kind.lower()
+    for key, value in PEAK_BF16:
+        if key in kind:
+            return value
+    return None
+
+
+def mfu(tokens_per_second_per_device: float, cfg: ModelConfig, seq_len: int, peak: float | None,
+        convention: str = "olmo_core") -> float | None:
+    """Model FLOPs utilisation (fraction, not percent) against ``peak`` FLOP/s; None without a peak."""
+    if not peak:
+        return None
+    return tokens_per_second_per_device * flops_per_token(cfg, seq_len, convention) / peak
