@@ -320,6 +320,12 @@ class DataConfig:
     prefetch: int = 2
     ignore_fingerprint_mismatch: bool = False
     embedded: bool = False               # use the embedded corpus (stdlib sources + pydoc topics)
+    mix_tokenizer: str = "allenai/dolma3-tokenizer"  # substituted for {TOKENIZER} in mix files
+    remap: tuple[str, ...] = ()          # "OLD=NEW" path-prefix rewrites for mix entries
+    repetition_max_period: int = 13      # OLMo-core InstanceFilterConfig defaults
+    repetition_min_period: int = 1
+    repetition_max_count: int = 32
+    cache_dir: str | None = None         # index/embedded caches (None: $OLMAX_CACHE or ~/.cache/olmax)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,144 @@
+"""The embedded corpus: real text every machine has, for the Quickstart and tests.
+
+Documents are the running interpreter's standard-library sources (every ``*.py`` under the stdlib
+directory, ``site-packages`` excluded, sorted by relative path, decoded as UTF-8 with replacement) and
+then the ``pydoc_data.topics`` entries (sorted by topic). Empty documents are skipped.
+
+The held-out split is by document and deterministic: a document is held out when the first 4 bytes of
+``sha256(name)`` (big-endian) are divisible by 20 (about 5 %). The name is ``stdlib/<relative path>``
+or ``pydoc/<topic>``, so the split does not depend on the contents.
+
+:func:`embedded_token_files` tokenizes a split with dolma2 into OLMo-format token files (each
+document + one EOS, raw uint32 LE, a new file every ``FILE_TOKENS`` tokens at a document boundary),
+cached under ``$OLMAX_CACHE`` (default ``~/.cache/olmax``) in a folder keyed by a hash of the
+documents and the tokenizer, built in a temporary folder and renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sysconfig
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from olmax.config import ConfigError
+from olmax.data.token_files import cache_root, write_bytes_atomic, write_tokens_atomic
+
+FILE_TOKENS = 1 << 21
+HELDOUT_MODULUS = 20
+SPLITS = ("train", "heldout")
+_FORMAT_VERSION = 1
+
+
+def _is_heldout(name: str) -> bool:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % HELDOUT_MODULUS == 0
+
+
+@lru_cache(maxsize=1)
+def _all_documents() -> tuple[tuple[str, str], ...]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    docs: list[tuple[str, str]] = []
+    files = sorted(
+        (p for p in stdlib.rglob("*.py") if "site-packages" not in p.relative_to(stdlib).parts),
+        key=lambda p: p.relative_to(stdlib).as_posix(),
+    )
+    for path in files:
+        try:
+            text = path.read_bytes().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        if text:
+            docs.append((f"stdlib/{path.relative_to(stdlib).as_posix()}", text))
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # pragma: no cover - part of every CPython
+        topics = {}
+    for key in sorted(topics):
+        if topics[key]:
+            docs.append((f"pydoc/{key}", topics[key]))
+    return tuple(docs)
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ConfigError(f"embedded split must be one of {SPLITS}, got {split!r}")
+
+
+def embedded_named_documents(split: str = "train") -> list[tuple[str, str]]:
+    """``(name, text)`` of the split's documents, in corpus order."""
+    _check_split(split)
+    want_heldout = split == "heldout"
+    return [(n, t) for n, t in _all_documents() if _is_heldout(n) == want_heldout]
+
+
+def embedded_documents(split: str = "train") -> list[str]:
+    """The texts of the split's documents, in corpus order."""
+    return [t for _, t in embedded_named_documents(split)]
+
+
+def _split_key(split: str, tokenizer_identity: dict) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"v": _FORMAT_VERSION, "split": split, "file_tokens": FILE_TOKENS,
+                         "tokenizer": tokenizer_identity}, sort_keys=True).encode())
+    for name, text in embedded_named_documents(split):
+        h.update(name.encode() + b"\0" + hashlib.sha256(text.encode("utf-8", "replace")).digest())
+    return h.hexdigest()[:16]
+
+
+def embedded_token_files(split: str = "train", cache_dir: str | os.PathLike | None = None) -> list[str]:
+    """The split tokenized with dolma2 (doc + EOS, raw uint32), cached; returns the file paths in order."""
+    from olmax.data.tokenizer import get_tokenizer
+
+    tok = get_tokenizer("dolma2")
+    key = _split_key(split, tok.identity)
+    root = cache_root(cache_dir) / "embedded"
+    final = root / f"{split}-{key}"
+    manifest = final / "manifest.json"
+    if manifest.is_file():
+        return [str(final / f["path"]) for f in json.loads(manifest.read_text())["files"]]
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{split}-{key}.", dir=root))
+    try:
+        texts = embedded_documents(split)
+        files: list[dict] = []
+        pending: list[np.ndarray] = []
+        pending_tokens = pending_docs = 0
+
+        def flush() -> None:
+            nonlocal pending, pending_tokens, pending_docs
+            name = f"part-{len(files):05d}.npy"
+            write_tokens_atomic(tmp / name, pending, np.dtype(np.uint32))
+            files.append({"path": name, "documents": pending_docs, "tokens": pending_tokens})
+            pending, pending_tokens, pending_docs = [], 0, 0
+
+        batch = 64
+        for i in range(0, len(texts), batch):
+            for ids in tok.encode_batch(texts[i:i + batch]):
+                arr = np.empty(len(ids) + 1, dtype=np.uint32)
+                arr[:-1] = ids
+                arr[-1] = tok.eos_token_id
+                pending.append(arr)
+                pending_tokens += arr.size
+                pending_docs += 1
+                if pending_tokens >= FILE_TOKENS:
+                    flush()
+        if pending:
+            flush()
+        write_bytes_atomic(tmp / "manifest.json", json.dumps(
+            {"split": split, "tokenizer": tok.identity, "files": files}, indent=1).encode())
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not manifest.is_file():  # lost a race only if the winner finished
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return [str(final / f["path"]) for f in json.loads(manifest.read_text())["files"]]

@@ -1,0 +1,53 @@
+"""Held-out sets in OLMo-core's padded form (``NumpyPaddedFSLDataset``, ``data/numpy_dataset.py``).
+
+One instance per document: documents end at each EOS (``data/utils.py: iter_document_indices`` with
+no BOS; tokens after a file's last EOS belong to no document and are dropped), the EOS stays part of
+its document, each document is truncated to its first ``seq_len`` tokens
+(``segment_documents_into_instances``) and right-padded with the pad id; ``label_mask`` is True on
+the document's tokens and False on padding. Files are taken in order, documents in file order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from olmax.data.token_files import check_ids, file_num_tokens
+
+
+def document_spans(path: str, *, eos_token_id: int, dtype=np.uint32) -> np.ndarray:
+    """``[n_docs, 2]`` int64 (start, end) of each EOS-terminated document of a token file."""
+    dtype = np.dtype(dtype).newbyteorder("<")
+    n = file_num_tokens(path, dtype)
+    if n == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    tokens = np.memmap(path, mode="r", dtype=dtype, shape=(n,))
+    ends = np.flatnonzero(tokens == eos_token_id).astype(np.int64) + 1
+    starts = np.concatenate(([0], ends[:-1]))
+    return np.stack([starts, ends], axis=1)
+
+
+def padded_instances(paths: list[str] | tuple[str, ...], seq_len: int, *, eos_token_id: int,
+                     pad_token_id: int, max_docs: int | None = None, dtype=np.uint32,
+                     vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens int32 [N, seq_len], label_mask bool [N, seq_len])``, one row per document."""
+    rows: list[np.ndarray] = []
+    for path in paths:
+        spans = document_spans(path, eos_token_id=eos_token_id, dtype=dtype)
+        if max_docs is not None:
+            spans = spans[: max_docs - len(rows)]
+        if len(spans) == 0:
+            continue
+        tokens = np.memmap(path, mode="r", dtype=np.dtype(dtype).newbyteorder("<"))
+        for start, end in spans.tolist():
+            doc = np.asarray(tokens[start: min(end, start + seq_len)])
+            if vocab_size is not None:
+                check_ids(doc, vocab_size, f"{path} (tokens {start}..{end})")
+            rows.append(doc)
+        if max_docs is not None and len(rows) >= max_docs:
+            break
+    out = np.full((len(rows), seq_len), pad_token_id, dtype=np.int32)
+    mask = np.zeros((len(rows), seq_len), dtype=np.bool_)
+    for i, doc in enumerate(rows):
+        out[i, : doc.size] = doc
+        mask[i, : doc.size] = True
+    return out, mask

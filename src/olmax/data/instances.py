@@ -1,0 +1,152 @@
+"""Fixed-length instances and their per-epoch order, exactly as OLMo-core's ``NumpyFSLDataset`` and
+``NumpyFSLDataLoader`` (``data/numpy_dataset.py``, ``data/data_loader.py``) define them.
+
+* Files are taken in the given (mix) order. File i of ``n_i`` tokens holds ``n_i // seq_len``
+  instances; its remainder is dropped, so instances never cross files. Global instance k lives in the
+  file i with ``offsets[i] <= k < offsets[i + 1]``, at tokens ``[(k - offsets[i]) * seq_len, ... +
+  seq_len)`` (``_get_file_size_and_length`` with ``max_target_sequence_length`` unset or equal).
+* Epoch e's order: ``np.random.Generator(np.random.PCG64(seed + e)).shuffle(np.arange(N, uint32))``
+  (``_build_global_indices`` with ``chunk_size=1``). The trainer starts at epoch 1.
+* ``total_size = B * (N // B)`` drops the tail; global batch b of the epoch is row b of
+  ``indices[:total_size].reshape(-1, B)``.
+
+Only index arrays are held: the file offsets (``F + 1`` int64) and one epoch's permutation (``N``
+uint32, 4 bytes per instance). A permutation of at least ``DISK_CACHE_MIN`` instances is written once
+to ``<cache>/indices/*.npy`` (atomically) and memory-mapped, so a process touches only the pages of the
+rows it reads.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from olmax.config import ConfigError, OlmaxError
+from olmax.data.token_files import cache_root, file_num_tokens
+
+DISK_CACHE_MIN = 1 << 24
+
+
+@dataclass(frozen=True)
+class InstanceIndex:
+    """Files -> global instance ids (OLMo-core ``NumpyFSLDataset.offsets``)."""
+
+    paths: tuple[str, ...]
+    file_tokens: tuple[int, ...]
+    seq_len: int
+    offsets: np.ndarray  # int64 [F + 1]
+
+    @classmethod
+    def build(cls, paths: tuple[str, ...] | list[str], seq_len: int, dtype: np.dtype) -> "InstanceIndex":
+        if seq_len <= 0:
+            raise ConfigError(f"seq_len must be positive, got {seq_len}")
+        if not paths:
+            raise ConfigError("no data files given")
+        tokens = tuple(file_num_tokens(p, dtype) for p in paths)
+        per_file = np.array([n // seq_len for n in tokens], dtype=np.int64)
+        offsets = np.concatenate(([0], np.cumsum(per_file))).astype(np.int64)
+        return cls(tuple(str(p) for p in paths), tokens, seq_len, offsets)
+
+    @property
+    def num_instances(self) -> int:
+        return int(self.offsets[-1])
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global ids -> (file index, token start within the file)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_instances):
+            raise IndexError(f"instance id out of range [0, {self.num_instances})")
+        files = np.searchsorted(self.offsets, ids, side="right") - 1
+        starts = (ids - self.offsets[files]) * self.seq_len
+        return files, starts
+
+
+def shuffled_indices(num_instances: int, seed: int, epoch: int) -> np.ndarray:
+    """OLMo-core's epoch order: PCG64(seed + epoch) shuffle of ``arange(N, uint32)``."""
+    if num_instances >= np.iinfo(np.uint32).max:
+        raise ConfigError(f"{num_instances} instances exceed OLMo-core's uint32 index")
+    indices = np.arange(num_instances, dtype=np.uint32)
+    np.random.Generator(np.random.PCG64(seed + epoch)).shuffle(indices)
+    return indices
+
+
+def _index_cache_path(cache_dir: str | os.PathLike | None, seed: int, epoch: int, n: int) -> Path:
+    return cache_root(cache_dir) / "indices" / f"global_indices_seed{seed}_epoch{epoch}_size{n}_v1.npy"
+
+
+def epoch_indices(num_instances: int, seed: int, epoch: int,
+                  cache_dir: str | os.PathLike | None = None,
+                  disk_cache_min: int = DISK_CACHE_MIN) -> np.ndarray:
+    """The epoch's order; large ones are built once into the cache and memory-mapped read-only."""
+    if num_instances < disk_cache_min:
+        return shuffled_indices(num_instances, seed, epoch)
+    path = _index_cache_path(cache_dir, seed, epoch, num_instances)
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        indices = shuffled_indices(num_instances, seed, epoch)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, indices)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        del indices
+    arr = np.load(path, mmap_mode="r")
+    if arr.shape != (num_instances,) or arr.dtype != np.uint32:
+        raise OlmaxError(f"{path}: corrupt index cache (delete it to rebuild)")
+    return arr
+
+
+class BatchPlan:
+    """Global batch b -> instance ids: a pure function of (N, B, seed, first epoch, b).
+
+    ``epoch = first_epoch + b // batches_per_epoch``; within it, row ``b % batches_per_epoch``.
+    The most recently used epoch's permutation is kept (one array per process).
+    """
+
+    def __init__(self, num_instances: int, global_batch_size: int, seed: int, first_epoch: int = 1,
+                 cache_dir: str | os.PathLike | None = None) -> None:
+        if global_batch_size <= 0:
+            raise ConfigError(f"global batch size must be positive, got {global_batch_size}")
+        if num_instances < global_batch_size:
+            raise OlmaxError(
+                f"the data holds {num_instances} instances, fewer than one global batch of "
+                f"{global_batch_size}"
+            )
+        self.num_instances = num_instances
+        self.global_batch_size = global_batch_size
+        self.seed = seed
+        self.first_epoch = first_epoch
+        self.cache_dir = cache_dir
+        self.batches_per_epoch = num_instances // global_batch_size
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_cached"] = None
+        return state
+
+    def epoch_of(self, b: int) -> int:
+        return self.first_epoch + b // self.batches_per_epoch
+
+    def indices(self, epoch: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = None  # release the previous epoch first
+            self._cached = (epoch, epoch_indices(self.num_instances, self.seed, epoch, self.cache_dir))
+        return self._cached[1]
+
+    def instance_ids(self, b: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Ids of rows ``[lo, hi)`` of global batch b (int64)."""
+        if b < 0:
+            raise IndexError(f"batch index must be >= 0, got {b}")
+        hi = self.global_batch_size if hi is None else hi
+        row = b % self.batches_per_epoch
+        base = row * self.global_batch_size
+        return np.asarray(self.indices(self.epoch_of(b))[base + lo: base + hi], dtype=np.int64)

@@ -1,0 +1,187 @@
+"""The training data loader: OLMo-core's instance order, stateless, each host reading its own rows.
+
+Global batch b (0-based; the trainer's step s consumes b = s - 1) is a pure function of
+(files, seq_len, global batch size, seed, first epoch, b): epoch ``first_epoch + b //
+batches_per_epoch``, row ``b % batches_per_epoch`` of OLMo-core's shuffled, tail-dropped index
+(:mod:`olmax.data.instances`). Resuming needs only b, so a resume, a different device count or a
+different number of hosts gives the same global batches. Process p of P reads the contiguous rows
+``[p * B / P, (p + 1) * B / P)`` of the global batch and nothing else. (OLMo-core gives data-parallel
+rank r the strided rows ``r::world``; the global batch, which is what the loss sees, is the same.)
+
+With the repetition filter on, ``instance_mask`` is OLMo-core's ``_validate_instance`` per row; the
+trainer masks every label of an invalid instance, keeping its tokens in the denominator as OLMo-core
+does. :meth:`TrainData.iterate` runs the reads in grain (threads, prefetch, optional worker processes).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from olmax.config import ConfigError, DataConfig, OlmaxError
+from olmax.data.filters import RepetitionFilter, instance_mask
+from olmax.data.fingerprint import check_fingerprint, make_fingerprint
+from olmax.data.instances import BatchPlan, InstanceIndex
+from olmax.data.token_files import TokenReader, check_ids, parse_dtype
+
+_ITER_END = 1 << 62
+
+
+class TrainData:
+    """Fixed-length training instances over token files, in OLMo-core's order."""
+
+    def __init__(self, paths: list[str] | tuple[str, ...], *, seq_len: int, global_batch_size: int,
+                 seed: int, epoch: int = 1, dtype: str = "uint32",
+                 tokenizer: dict[str, Any], repetition_filter: RepetitionFilter | None = None,
+                 num_workers: int = 0, prefetch: int = 2, labels: list[str] | None = None,
+                 ignore_fingerprint_mismatch: bool = False, cache_dir: str | None = None) -> None:
+        self.dtype = parse_dtype(dtype)
+        self.tokenizer = dict(tokenizer)
+        self.vocab_size = int(tokenizer["vocab_size"])
+        if self.vocab_size - 1 > np.iinfo(self.dtype).max:
+            raise ConfigError(f"data.dtype {dtype} cannot hold vocab size {self.vocab_size}")
+        self.index = InstanceIndex.build(tuple(paths), seq_len, self.dtype)
+        self.plan = BatchPlan(self.index.num_instances, global_batch_size, seed, epoch, cache_dir)
+        self.seq_len = seq_len
+        self.global_batch_size = global_batch_size
+        self.seed = seed
+        self.epoch = epoch
+        self.labels = list(labels) if labels is not None else None
+        self.repetition_filter = repetition_filter
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.ignore_fingerprint_mismatch = ignore_fingerprint_mismatch
+        self.fingerprint = make_fingerprint(self.index.paths, self.index.file_tokens,
+                                            seq_len=seq_len, dtype=self.dtype, tokenizer=tokenizer)
+        self._reader = TokenReader(self.dtype)
+
+    # -- shape of the stream ----------------------------------------------------------------
+    @property
+    def num_instances(self) -> int:
+        return self.index.num_instances
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.plan.batches_per_epoch
+
+    def epoch_of(self, b: int) -> int:
+        return self.plan.epoch_of(b)
+
+    def check_fingerprint(self, saved: dict[str, Any]) -> None:
+        """Raise OlmaxError naming the first differing file (and the override) unless ignored."""
+        check_fingerprint(saved, self.fingerprint, ignore=self.ignore_fingerprint_mismatch)
+
+    # -- reading ----------------------------------------------------------------------------
+    def read_instances(self, ids: np.ndarray) -> np.ndarray:
+        """Tokens of the given global instance ids, int32 ``[len(ids), seq_len]``."""
+        files, starts = self.index.locate(ids)
+        out = np.empty((len(ids), self.seq_len), dtype=np.int32)
+        for row, (f, s) in enumerate(zip(files.tolist(), starts.tolist())):
+            path = self.index.paths[f]
+            tokens = self._reader.read(path, s, s + self.seq_len)
+            check_ids(tokens, self.vocab_size, f"{path} (tokens {s}..{s + self.seq_len})")
+            out[row] = tokens
+        return out
+
+    def host_batch(self, b: int, process_index: int = 0, process_count: int = 1) -> dict[str, np.ndarray]:
+        """Rows ``[p * B / P, (p + 1) * B / P)`` of global batch b; only those rows are read."""
+        B = self.global_batch_size
+        if process_count <= 0 or B % process_count:
+            raise ConfigError(f"global batch size {B} is not divisible by the process count {process_count}")
+        if not 0 <= process_index < process_count:
+            raise ConfigError(f"process index {process_index} not in [0, {process_count})")
+        per = B // process_count
+        ids = self.plan.instance_ids(b, process_index * per, (process_index + 1) * per)
+        tokens = self.read_instances(ids)
+        return {"tokens": tokens, "instance_ids": ids,
+                "instance_mask": instance_mask(tokens, self.repetition_filter)}
+
+    def global_batch(self, b: int) -> dict[str, np.ndarray]:
+        return self.host_batch(b, 0, 1)
+
+    def iterate(self, start_b: int = 0, process_index: int = 0,
+                process_count: int = 1) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """Yields ``(b, host_batch(b, ...))`` for b = start_b, start_b + 1, ... (grain-backed, endless)."""
+        import grain
+
+        ds = grain.MapDataset.range(start_b, _ITER_END).map(
+            _HostBatch(self, process_index, process_count))
+        threads = max(1, self.prefetch)
+        it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=threads))
+        if self.num_workers > 0:
+            _ensure_absl_flags()
+            it = it.mp_prefetch(grain.MultiprocessingOptions(
+                num_workers=self.num_workers, per_worker_buffer_size=max(1, self.prefetch)))
+        return iter(it)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__)  # BatchPlan and TokenReader drop their caches/descriptors
+
+
+class _HostBatch:
+    """Picklable grain transform: b -> (b, host batch)."""
+
+    def __init__(self, data: TrainData, process_index: int, process_count: int) -> None:
+        self.data = data
+        self.process_index = process_index
+        self.process_count = process_count
+
+    def __call__(self, b: int) -> tuple[int, dict[str, np.ndarray]]:
+        b = int(b)
+        return b, self.data.host_batch(b, self.process_index, self.process_count)
+
+
+def _ensure_absl_flags() -> None:
+    """grain worker processes read absl flags; mark them parsed when the host program has not."""
+    try:
+        from absl import flags
+    except ImportError:  # pragma: no cover - grain depends on absl
+        return
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def resolve_paths(data_cfg: DataConfig) -> tuple[list[str], list[str] | None]:
+    """The config's data files in order (and mix labels when a mix file is used)."""
+    chosen = [name for name, on in (("data.paths", bool(data_cfg.paths)), ("data.mix", bool(data_cfg.mix)),
+                                    ("data.embedded", data_cfg.embedded)) if on]
+    if len(chosen) != 1:
+        raise ConfigError("set exactly one of data.paths, data.mix, data.embedded "
+                          f"(got {', '.join(chosen) or 'none'})")
+    if data_cfg.embedded:
+        from olmax.data.embedded import embedded_token_files
+
+        return embedded_token_files("train", data_cfg.cache_dir), None
+    if data_cfg.mix:
+        from olmax.data.mixfile import read_mix_file
+
+        entries = read_mix_file(data_cfg.mix, root=data_cfg.root, tokenizer=data_cfg.mix_tokenizer,
+                                remap=data_cfg.remap)
+        return [e.path for e in entries], [e.label for e in entries]
+    paths = [p if data_cfg.root is None or os.path.isabs(p) else os.path.join(data_cfg.root, p)
+             for p in data_cfg.paths]
+    return paths, None
+
+
+def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: int,
+                     seed: int) -> TrainData:
+    """TrainData for a run's data section (``seed`` is the run seed, as OLMo-core's loader uses it)."""
+    from olmax.data.tokenizer import get_tokenizer
+
+    paths, labels = resolve_paths(data_cfg)
+    tok = get_tokenizer(data_cfg.tokenizer)
+    flt = None
+    if data_cfg.repetition_filter:
+        flt = RepetitionFilter(data_cfg.repetition_max_period, data_cfg.repetition_min_period,
+                               data_cfg.repetition_max_count)
+    return TrainData(paths, seq_len=seq_len, global_batch_size=global_batch_size, seed=seed,
+                     epoch=data_cfg.epoch, dtype=data_cfg.dtype, tokenizer=tok.identity,
+                     repetition_filter=flt, num_workers=data_cfg.num_workers,
+                     prefetch=data_cfg.prefetch, labels=labels,
+                     ignore_fingerprint_mismatch=data_cfg.ignore_fingerprint_mismatch,
+                     cache_dir=data_cfg.cache_dir)
+
+
+__all__ = ["TrainData", "build_train_data", "resolve_paths", "OlmaxError"]

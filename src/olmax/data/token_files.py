@@ -1,0 +1,158 @@
+"""OLMo token files: raw, headerless, little-endian unsigned-int arrays (no ``.npy`` header).
+
+This is the format OLMo-core reads (``data/utils.py: load_array_slice`` does
+``np.frombuffer(get_bytes_range(path, start * itemsize, n * itemsize))``) and Dolma writes: the
+documents of a file concatenated, each followed by one EOS. dolma2 (vocab 100278) uses uint32.
+
+Readers here never map a whole file into Python objects: sizes come from ``stat`` and reads are
+``pread`` of the exact byte range.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from olmax.config import ConfigError, OlmaxError
+
+DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64}
+
+
+def parse_dtype(name: str) -> np.dtype:
+    if name not in DTYPES:
+        raise ConfigError(f"data.dtype: expected one of {', '.join(DTYPES)}, got {name!r}")
+    return np.dtype(DTYPES[name]).newbyteorder("<")
+
+
+def file_num_tokens(path: str, dtype: np.dtype) -> int:
+    """Token count of a file from its size; a missing file or a size not a multiple of the item size
+    is an :class:`OlmaxError` naming the file."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise OlmaxError(f"token file not found: {path}") from None
+    except OSError as e:
+        raise OlmaxError(f"cannot read token file {path}: {e.strerror}") from None
+    if size % dtype.itemsize:
+        raise OlmaxError(
+            f"{path}: size {size} bytes is not a multiple of {dtype.itemsize} "
+            f"({dtype.name} tokens); the file is truncated or not a token file"
+        )
+    return size // dtype.itemsize
+
+
+class TokenReader:
+    """Reads token ranges with ``os.pread``; keeps one descriptor per file (per process).
+
+    Picklable: descriptors are dropped on pickling and reopened lazily (grain worker processes).
+    """
+
+    def __init__(self, dtype: np.dtype, max_open: int = 256) -> None:
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.max_open = max_open
+        self._fds: dict[str, int] = {}
+
+    def __getstate__(self) -> dict:
+        return {"dtype": self.dtype, "max_open": self.max_open, "_fds": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def _fd(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            if len(self._fds) >= self.max_open:
+                self.close()
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise OlmaxError(f"cannot open token file {path}: {e.strerror}") from None
+            self._fds[path] = fd
+        return fd
+
+    def read(self, path: str, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of ``path`` as a native-endian array of the file dtype."""
+        n = stop - start
+        nbytes = n * self.dtype.itemsize
+        buf = os.pread(self._fd(path), nbytes, start * self.dtype.itemsize)
+        if len(buf) != nbytes:
+            raise OlmaxError(f"{path}: short read at token {start} (file changed or truncated?)")
+        return np.frombuffer(buf, dtype=self.dtype)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def check_ids(ids: np.ndarray, vocab_size: int, where: str) -> None:
+    """Every id must be < vocab_size; otherwise an OlmaxError naming ``where`` and the position."""
+    if ids.size and int(ids.max()) >= vocab_size:
+        pos = int(np.argmax(ids >= vocab_size))
+        raise OlmaxError(
+            f"{where}: token id {int(ids[pos])} at position {pos} is >= vocab size {vocab_size}"
+        )
+
+
+def write_tokens_atomic(path: str | os.PathLike, chunks: Iterable[np.ndarray], dtype: np.dtype,
+                        *, overwrite: bool = False) -> int:
+    """Write ``chunks`` back to back as one raw little-endian token file, atomically (temp + rename).
+
+    Returns the number of tokens written. Refuses to replace an existing file unless ``overwrite``.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise OlmaxError(f"{path} already exists; refusing to overwrite")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    le = np.dtype(dtype).newbyteorder("<")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    n = 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                arr = np.ascontiguousarray(chunk, dtype=le)
+                f.write(arr.tobytes())
+                n += arr.size
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return n
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data`` (manifests, index caches)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``cache_dir``, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("OLMAX_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "olmax"
