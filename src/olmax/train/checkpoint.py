@@ -1,0 +1,434 @@
+"""Training checkpoints on Orbax: async, atomic, keep-last-K plus permanent, resharding restore.
+
+Layout (shared with :mod:`olmax.params_io`): ``RUN_DIR/checkpoints/<step>/`` holds three Orbax items
+
+- ``params/``    the parameter pytree (``ocp.args.StandardSave``; every process writes its own shards),
+- ``opt_state/`` the optimizer state pytree (``ocp.args.StandardSave``),
+- ``meta/``      JSON (``ocp.args.JsonSave``): ``format_version``, ``step``, ``data_position`` (batches
+  consumed, i.e. the next batch index the loader serves), ``seed``, ``model`` (``to_dict(ModelConfig)``),
+  ``config`` (the resolved ``RunConfig``) and whatever else the trainer adds.
+
+Atomicity comes from Orbax: a step is written under ``<step>.orbax-checkpoint-tmp-*`` and renamed to
+``<step>`` only once every item of every process is on disk, and old checkpoints are deleted only after
+a new one is committed. A process killed mid-save therefore leaves a temporary directory that
+:class:`Checkpointer` reports (by name) and removes when it next opens the directory; the previous
+step stays the latest complete one.
+
+Restore always goes through an *abstract* target (``jax.ShapeDtypeStruct`` with a sharding per leaf),
+so a checkpoint written on N devices / P processes restores on any other device count, mesh or
+process count, and in any dtype the target asks for (Orbax casts on read). Nothing platform-specific
+is stored: arrays are plain zarr/OCDBT data, metadata is JSON.
+
+Corruption (truncated or zeroed array files, unreadable or missing metadata, a missing item) surfaces
+as a read error; :meth:`Checkpointer.restore_latest` reports the step by name, moves it aside to
+``<step>.corrupt`` and falls back to the previous complete step. A problem that every checkpoint shares
+(e.g. a model whose shapes differ from the checkpoint's) is reported as an error instead, and nothing
+is moved.
+
+The SIGTERM handling used by the trainer (:class:`StopSignal`) and the metrics-file rewind done on resume
+(:func:`rewind_jsonl`) live here too, since both exist to make interruption harmless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from olmax.config import CheckpointConfig, OlmaxError
+
+FORMAT_VERSION = 1
+ARRAY_ITEMS = ("params", "opt_state")
+META_ITEM = "meta"
+_TMP_RE = re.compile(r"^\d+\.orbax-checkpoint-tmp")
+_STEP_RE = re.compile(r"^\d+$")
+
+Report = Callable[[str], None]
+
+
+def _report_stderr(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(f"[checkpoint] {msg}", file=sys.stderr, flush=True)
+
+
+def _sync(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:240]}"
+
+
+# ----------------------------------------------------------------------------------------------
+# State <-> items
+
+
+def _get(state: Any, name: str) -> Any:
+    return state[name] if isinstance(state, Mapping) else getattr(state, name)
+
+
+def _has(state: Any, name: str) -> bool:
+    return name in state if isinstance(state, Mapping) else hasattr(state, name)
+
+
+def _step_like(template: Any, step: int) -> Any:
+    """``step`` as an array shaped/typed/placed like ``template`` (a ShapeDtypeStruct or array)."""
+    value = np.asarray(step, dtype=getattr(template, "dtype", np.int32))
+    sharding = getattr(template, "sharding", None)
+    return jax.device_put(value, sharding) if sharding is not None else jax.numpy.asarray(value)
+
+
+def _with(state: Any, **items: Any) -> Any:
+    """``state`` with some fields replaced (a dict, a dataclass or a NamedTuple)."""
+    if isinstance(state, Mapping):
+        return {**state, **items}
+    if dataclasses.is_dataclass(state):
+        return dataclasses.replace(state, **items)
+    if hasattr(state, "_replace"):
+        return state._replace(**items)
+    raise TypeError(f"cannot rebuild a {type(state).__name__} (expected a dict, dataclass or NamedTuple)")
+
+
+def abstract_tree(tree: Any, shardings: Any = None, dtype: Any = None) -> Any:
+    """Restore target: ``ShapeDtypeStruct`` per leaf, with the given shardings (a pytree or one sharding).
+
+    ``dtype`` (optional) replaces the dtype of every floating-point leaf (a different dtype policy).
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    if shardings is None:
+        shard_leaves = [getattr(x, "sharding", None) for x in leaves]
+    elif isinstance(shardings, jax.sharding.Sharding):
+        shard_leaves = [shardings] * len(leaves)
+    else:
+        shard_leaves = treedef.flatten_up_to(shardings)
+
+    def one(x: Any, s: Any) -> jax.ShapeDtypeStruct:
+        dt = x.dtype
+        if dtype is not None and np.issubdtype(np.dtype(dt), np.floating):
+            dt = dtype
+        return jax.ShapeDtypeStruct(np.shape(x), dt, sharding=s)
+
+    return treedef.unflatten([one(x, s) for x, s in zip(leaves, shard_leaves)])
+
+
+# ----------------------------------------------------------------------------------------------
+# The checkpointer
+
+
+class Checkpointer:
+    """Saves and restores training state under ``directory`` (``RUN_DIR/checkpoints``).
+
+    ``save`` is asynchronous when ``ckpt_cfg.async_save`` (device arrays are copied to host, then
+    written in the background); ``wait`` blocks until the pending save is committed. Every process
+    must call ``save``/``restore``/``wait``/``close`` (each writes its own shards).
+    """
+
+    def __init__(self, directory: str | os.PathLike, ckpt_cfg: CheckpointConfig | None = None, *,
+                 read_only: bool = False, report: Report | None = None) -> None:
+        self.cfg = ckpt_cfg or CheckpointConfig()
+        if self.cfg.interval <= 0:
+            raise OlmaxError(f"checkpoint.interval must be positive (got {self.cfg.interval})")
+        if self.cfg.keep is not None and self.cfg.keep <= 0:
+            raise OlmaxError(f"checkpoint.keep must be positive (got {self.cfg.keep})")
+        self.directory = Path(directory).absolute()
+        self.report = report or _report_stderr
+        self.read_only = read_only
+        self.incomplete: list[str] = []   # interrupted saves found (and removed) when opening
+        self.corrupt: list[str] = []      # checkpoints found unreadable by restore_latest
+        if read_only:
+            if not self.directory.is_dir():
+                raise OlmaxError(f"checkpoint directory not found: {self.directory}")
+        else:
+            self._check_writable()
+            self._scan_incomplete()
+        self._mgr = self._manager()
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if jax.process_index() == 0:
+                with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".write-test-"):
+                    pass
+        except OSError as e:
+            raise OlmaxError(f"checkpoint directory {self.directory} is not writable: "
+                             f"{e.strerror or e}") from None
+
+    def _scan_incomplete(self) -> None:
+        names = sorted(p.name for p in self.directory.iterdir() if _TMP_RE.match(p.name))
+        self.incomplete = names
+        for name in names:
+            self.report(f"ignoring incomplete checkpoint {self.directory / name} "
+                        "(an interrupted save); it will be removed")
+
+    def _manager(self) -> ocp.CheckpointManager:
+        opts = ocp.CheckpointManagerOptions(
+            max_to_keep=self.cfg.keep,
+            keep_period=self.cfg.permanent_interval,
+            enable_async_checkpointing=self.cfg.async_save,
+            cleanup_tmp_directories=not self.read_only,
+            read_only=self.read_only,
+            create=not self.read_only,
+        )
+        handlers = {"params": ocp.StandardCheckpointHandler(),
+                    "opt_state": ocp.StandardCheckpointHandler(),
+                    META_ITEM: ocp.JsonCheckpointHandler()}
+        return ocp.CheckpointManager(self.directory, options=opts, item_handlers=handlers)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """Complete checkpoints, oldest first."""
+        return sorted(self._mgr.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint (not checked for corruption; see ``restore_latest``)."""
+        return self._mgr.latest_step()
+
+    def step_dir(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def should_save(self, step: int) -> bool:
+        return step % self.cfg.interval == 0
+
+    # -- save --------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, meta: Mapping[str, Any], force: bool = False) -> bool:
+        """Save ``state`` (``params`` and ``opt_state``) and ``meta`` at ``step``.
+
+        Without ``force`` only steps that are multiples of ``checkpoint.interval`` are saved. A step
+        already on disk is not saved again. Returns whether a save was started.
+        """
+        if self.read_only:
+            raise OlmaxError(f"checkpoint directory {self.directory} was opened read-only")
+        if not (force or self.should_save(step)):
+            return False
+        self._raise_pending(step)
+        if step in self._mgr.all_steps():
+            return False
+        meta = {**dict(meta), "format_version": FORMAT_VERSION, "step": int(step)}
+        args = ocp.args.Composite(
+            params=ocp.args.StandardSave(_get(state, "params")),
+            opt_state=ocp.args.StandardSave(_get(state, "opt_state")),
+            **{META_ITEM: ocp.args.JsonSave(meta)},
+        )
+        try:
+            self._mgr.save(step, args=args, force=True)
+        except Exception as e:  # an OSError, or one wrapped by Orbax/TensorStore
+            raise self._save_error(step, e) from None
+        return True
+
+    def _save_error(self, step: int | None, e: BaseException) -> OlmaxError:
+        try:
+            kept = sorted(int(p.name) for p in self.directory.iterdir() if _STEP_RE.match(p.name))
+        except OSError:
+            kept = []
+        what = f"at step {step} " if step is not None else ""
+        return OlmaxError(f"checkpoint save {what}to {self.directory} failed ({_short(e)}); "
+                          f"previous checkpoints intact: {kept or 'none'}")
+
+    def _raise_pending(self, step: int | None = None) -> None:
+        try:
+            self._mgr.check_for_errors()
+        except Exception as e:
+            raise self._save_error(step, e) from None
+
+    def wait(self) -> None:
+        """Block until the pending async save (if any) is committed; raise OlmaxError if it failed."""
+        try:
+            self._mgr.wait_until_finished()
+        except Exception as e:
+            raise self._save_error(None, e) from None
+        self._raise_pending()
+
+    def close(self) -> None:
+        try:
+            self._mgr.close()
+        except Exception as e:
+            raise self._save_error(None, e) from None
+
+    # -- restore -----------------------------------------------------------------------------
+
+    def read_meta(self, step: int) -> dict:
+        """The ``meta`` item of ``step``, validated (format version, step)."""
+        meta = self._mgr.restore(step, args=ocp.args.Composite(
+            **{META_ITEM: ocp.args.JsonRestore()}))[META_ITEM]
+        if not isinstance(meta, dict) or "format_version" not in meta:
+            raise OlmaxError(f"checkpoint {self.step_dir(step)}: meta has no format_version")
+        if meta["format_version"] > FORMAT_VERSION:
+            raise OlmaxError(f"checkpoint {self.step_dir(step)}: format_version "
+                             f"{meta['format_version']} is newer than this olmax ({FORMAT_VERSION})")
+        if meta.get("step") != step:
+            raise OlmaxError(f"checkpoint {self.step_dir(step)}: meta says step {meta.get('step')}")
+        return meta
+
+    def restore(self, step: int, abstract_state: Any, *,
+                items: tuple[str, ...] = ARRAY_ITEMS) -> tuple[Any, dict]:
+        """Restore ``step`` onto ``abstract_state`` (``ShapeDtypeStruct`` leaves with shardings).
+
+        ``items`` limits what is read (e.g. ``("params",)``); the other fields of the abstract state
+        come back unchanged. Returns ``(state, meta)``.
+        """
+        meta = self.read_meta(step)
+        args = {name: ocp.args.StandardRestore(_get(abstract_state, name)) for name in items}
+        restored = self._mgr.restore(step, args=ocp.args.Composite(**args))
+        fields = {name: restored[name] for name in items}
+        if _has(abstract_state, "step"):  # TrainState.step: the trainer step, from meta
+            fields["step"] = _step_like(_get(abstract_state, "step"), step)
+        return _with(abstract_state, **fields), meta
+
+    def restore_latest(self, abstract_state: Any, *, items: tuple[str, ...] = ARRAY_ITEMS,
+                       check_meta: Callable[[dict], None] | None = None
+                       ) -> tuple[int, Any, dict] | None:
+        """Restore the newest readable checkpoint: ``(step, state, meta)``, or None when there is none.
+
+        A checkpoint that fails to read while an older one reads fine is corrupt: it is reported by
+        name and moved aside to ``<step>.corrupt``. If every checkpoint fails, the newest one's error
+        is raised (as OlmaxError) and nothing is moved. ``check_meta`` may raise OlmaxError to reject
+        a checkpoint that does not belong to this run (that error is raised directly).
+        """
+        steps = self.all_steps()
+        failures: list[tuple[int, str]] = []
+        for step in reversed(steps):
+            try:
+                meta = self.read_meta(step)
+            except Exception as e:
+                failures.append((step, f"unreadable meta ({_short(e)})"))
+                continue
+            if check_meta is not None:
+                check_meta(meta)
+            try:
+                state, meta = self.restore(step, abstract_state, items=items)
+            except Exception as e:
+                failures.append((step, _short(e)))
+                continue
+            for bad, why in failures:
+                self._quarantine(bad, why)
+            return step, state, meta
+        if failures:
+            step, why = failures[0]
+            raise OlmaxError(f"no readable checkpoint in {self.directory}: newest "
+                             f"{self.step_dir(step)} failed ({why})")
+        return None
+
+    def _quarantine(self, step: int, why: str) -> None:
+        src = self.step_dir(step)
+        dst = self.directory / f"{step}.corrupt"
+        if dst.exists():
+            dst = self.directory / f"{step}.corrupt-{int(time.time())}"
+        self.report(f"checkpoint {src} is corrupt ({why}); moved to {dst.name}, "
+                    "using the previous one")
+        self.corrupt.append(str(src))
+        if jax.process_index() == 0:
+            os.replace(src, dst)
+        _sync(f"olmax-quarantine-{step}")
+        self._mgr.reload()
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers for the trainer
+
+
+def find_step_dir(path: str | os.PathLike) -> Path:
+    """A step dir, a ``checkpoints/`` dir or a run dir -> the latest complete step dir in it."""
+    p = Path(path)
+    if not p.exists():
+        raise OlmaxError(f"checkpoint not found: {p}")
+    if (p / META_ITEM).is_dir() or (p / "params").is_dir():
+        return p
+    if (p / "checkpoints").is_dir():
+        p = p / "checkpoints"
+    steps = sorted((int(c.name) for c in p.iterdir() if _STEP_RE.match(c.name) and c.is_dir()))
+    if not steps:
+        raise OlmaxError(f"no complete checkpoint in {p}")
+    return p / str(steps[-1])
+
+
+def open_step_dir(path: str | os.PathLike, report: Report | None = None) -> tuple[Checkpointer, int]:
+    """A read-only :class:`Checkpointer` over the directory holding the step dir ``path`` resolves to."""
+    step_dir = find_step_dir(path)
+    return Checkpointer(step_dir.parent, read_only=True, report=report), int(step_dir.name)
+
+
+def rewind_jsonl(path: str | os.PathLike, step: int) -> int:
+    """Drop the lines of a metrics file whose ``"step"`` is greater than ``step`` (atomically).
+
+    A resumed run calls this with the restored step before logging again, so the file reads exactly
+    like an uninterrupted run's: each step once, in order. A torn last line (the writer was killed
+    mid-write) is dropped too. Returns the number of lines dropped.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in p.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
+            dropped += 1
+            continue
+        keep.append(line)
+    if dropped:
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(line + "\n" for line in keep))
+        os.replace(tmp, p)
+    return dropped
+
+
+class StopSignal:
+    """Turns SIGTERM (and optionally SIGINT) into a flag the training loop polls between steps.
+
+    ``requested()`` is agreed across processes (any process signalled -> all stop at the same step),
+    so every process takes part in the final checkpoint. Use as a context manager; the previous
+    handlers are restored on exit.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
+        self.signals = signals
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.received = signum
+
+    def __enter__(self) -> "StopSignal":
+        for s in self.signals:
+            try:
+                self._old[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old.clear()
+
+    def requested(self) -> bool:
+        local = self.received is not None
+        if jax.process_count() == 1:
+            return local
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.int32(local))
+        return bool(np.any(flags))

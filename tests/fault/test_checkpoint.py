@@ -1,0 +1,245 @@
+"""Unit tests of :mod:`olmax.train.checkpoint` on plain pytrees (single device, in-process).
+
+Multi-device resharding, real kills and multi-process runs are in the other files of this folder.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from olmax.config import CheckpointConfig, OlmaxError
+from olmax.train.checkpoint import (Checkpointer, StopSignal, abstract_tree, find_step_dir,
+                                    rewind_jsonl)
+from olmax.train.state import TrainState
+
+
+def make_state(seed: int = 0, n: int = 64) -> TrainState:
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    params = {"embed": jax.random.normal(k1, (n, 8)), "layers": {"w": jax.random.normal(k2, (2, 8, 8))}}
+    tx = optax.adamw(1e-3)
+    opt_state = tx.init(params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    _, opt_state = tx.update(grads, opt_state, params)  # non-trivial moments and count
+    return TrainState(params, opt_state, jnp.asarray(0, jnp.int32))
+
+
+def abstract(state: TrainState, dtype=None) -> TrainState:
+    return abstract_tree(state, dtype=dtype)
+
+
+def assert_trees_equal(a, b):
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    assert ta == tb
+    for x, y in zip(la, lb):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def meta_for(step: int) -> dict:
+    return {"data_position": step, "seed": 7, "model": {"d_model": 8}}
+
+
+def saved(tmp_path: Path, steps, cfg: CheckpointConfig | None = None, reports=None):
+    cfg = cfg or CheckpointConfig(interval=1, keep=10, async_save=True)
+    ck = Checkpointer(tmp_path / "checkpoints", cfg, report=(reports.append if reports is not None else None))
+    states = {}
+    for s in steps:
+        states[s] = make_state(s)
+        ck.save(s, states[s], meta_for(s))
+    ck.wait()
+    return ck, states
+
+
+def test_roundtrip_meta_and_step(tmp_path):
+    ck, states = saved(tmp_path, [2, 4])
+    assert ck.all_steps() == [2, 4] and ck.latest_step() == 4
+    st, meta = ck.restore(2, abstract(states[2]))
+    assert_trees_equal(st.params, states[2].params)
+    assert_trees_equal(st.opt_state, states[2].opt_state)
+    assert int(st.step) == 2 and st.step.dtype == jnp.int32
+    assert meta == {**meta_for(2), "format_version": 1, "step": 2}
+    ck.close()
+    # the layout promised to params_io: <step>/{params,opt_state,meta}
+    assert {p.name for p in (tmp_path / "checkpoints" / "4").iterdir()} >= {"params", "opt_state", "meta"}
+    assert find_step_dir(tmp_path) == tmp_path / "checkpoints" / "4"
+    assert find_step_dir(tmp_path / "checkpoints" / "2") == tmp_path / "checkpoints" / "2"
+
+
+def test_interval_force_and_existing_step(tmp_path):
+    ck = Checkpointer(tmp_path / "c", CheckpointConfig(interval=5, keep=3, async_save=False))
+    st = make_state()
+    assert not ck.save(3, st, meta_for(3))
+    assert ck.save(5, st, meta_for(5))
+    assert ck.save(7, st, meta_for(7), force=True)
+    assert not ck.save(7, st, meta_for(7), force=True)  # already there: no error, no rewrite
+    ck.wait()
+    assert ck.all_steps() == [5, 7]
+
+
+def test_keep_last_k_plus_permanent(tmp_path):
+    cfg = CheckpointConfig(interval=1, keep=2, permanent_interval=4, async_save=True)
+    ck, _ = saved(tmp_path, range(1, 11), cfg)
+    assert ck.all_steps() == [4, 8, 9, 10]
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [4, 8, 9, 10]
+
+
+def test_restore_dtype_policy_and_subset(tmp_path):
+    ck, states = saved(tmp_path, [1])
+    st, _ = ck.restore(1, abstract(states[1], dtype=jnp.bfloat16), items=("params",))
+    assert st.params["embed"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(st.params["embed"]),
+                                  np.asarray(states[1].params["embed"].astype(jnp.bfloat16)))
+    # items not restored come back as given (here: abstract)
+    assert isinstance(jax.tree.leaves(st.opt_state)[0], jax.ShapeDtypeStruct)
+
+
+def _truncate_arrays(d: Path):
+    files = glob.glob(str(d / "params" / "**" / "d" / "*"), recursive=True)
+    assert files
+    for f in files:
+        with open(f, "r+b") as fh:
+            fh.truncate(os.path.getsize(f) // 2)
+
+
+def _zero_arrays(d: Path):
+    for f in glob.glob(str(d / "opt_state" / "**" / "d" / "*"), recursive=True):
+        with open(f, "r+b") as fh:
+            fh.write(b"\0" * 16)
+
+
+CORRUPTIONS = {
+    "truncated-array-files": _truncate_arrays,
+    "zeroed-optimizer-files": _zero_arrays,
+    "missing-meta": lambda d: shutil.rmtree(d / "meta"),
+    "truncated-meta": lambda d: (d / "meta" / "metadata").write_text('{"format_ver'),
+    "meta-without-version": lambda d: (d / "meta" / "metadata").write_text('{"step": 3}'),
+    "missing-params": lambda d: shutil.rmtree(d / "params"),
+    "truncated-tree-metadata": lambda d: (d / "params" / "_METADATA").write_text('{"tree_m'),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_corrupt_latest_falls_back_to_previous(tmp_path, kind):
+    ck, states = saved(tmp_path, [1, 2, 3])
+    ck.close()
+    CORRUPTIONS[kind](tmp_path / "checkpoints" / "3")
+    reports: list[str] = []
+    ck = Checkpointer(tmp_path / "checkpoints", CheckpointConfig(interval=1), report=reports.append)
+    assert ck.latest_step() == 3  # not detected until read
+    step, st, meta = ck.restore_latest(abstract(states[3]))
+    assert step == 2 and meta["step"] == 2
+    assert_trees_equal(st.params, states[2].params)
+    assert_trees_equal(st.opt_state, states[2].opt_state)
+    assert len(reports) == 1 and str(tmp_path / "checkpoints" / "3") in reports[0]
+    assert "corrupt" in reports[0]
+    assert ck.all_steps() == [1, 2]
+    assert (tmp_path / "checkpoints" / "3.corrupt").is_dir()
+    # training goes on and writes step 3 again
+    assert ck.save(3, states[3], meta_for(3))
+    ck.wait()
+    assert ck.all_steps() == [1, 2, 3]
+
+
+def test_every_checkpoint_unreadable_is_an_error_and_moves_nothing(tmp_path):
+    ck, states = saved(tmp_path, [1, 2])
+    ck.close()
+    ck = Checkpointer(tmp_path / "checkpoints", CheckpointConfig(interval=1))
+    wrong = abstract(make_state(0, n=32))  # a different model: every checkpoint mismatches
+    with pytest.raises(OlmaxError, match=r"no readable checkpoint .*checkpoints/2"):
+        ck.restore_latest(wrong)
+    assert ck.all_steps() == [1, 2]
+
+
+def test_empty_directory_restores_nothing(tmp_path):
+    ck = Checkpointer(tmp_path / "checkpoints", CheckpointConfig())
+    assert ck.latest_step() is None
+    assert ck.restore_latest(abstract(make_state())) is None
+
+
+def test_incomplete_save_is_reported_and_removed(tmp_path):
+    ck, states = saved(tmp_path, [1])
+    ck.close()
+    partial = tmp_path / "checkpoints" / "2.orbax-checkpoint-tmp-1234567"
+    (partial / "params").mkdir(parents=True)
+    reports: list[str] = []
+    ck = Checkpointer(tmp_path / "checkpoints", CheckpointConfig(), report=reports.append)
+    assert ck.incomplete == [partial.name]
+    assert any(partial.name in r for r in reports)
+    assert ck.all_steps() == [1]
+    ck.wait()
+    ck.close()
+    assert not partial.exists()
+
+
+def test_unwritable_directory_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OlmaxError, match=r"checkpoint directory .*file/checkpoints is not writable"):
+        Checkpointer(blocker / "checkpoints", CheckpointConfig())
+
+
+DISK_FULL = textwrap.dedent("""
+    import resource, signal, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from olmax.config import CheckpointConfig, OlmaxError
+    from olmax.train.checkpoint import Checkpointer, abstract_tree
+    d = sys.argv[1]
+    small = {"params": {"w": jnp.ones((4,))}, "opt_state": {"m": jnp.zeros((4,))}}
+    big = {"params": {"w": jax.random.normal(jax.random.key(0), (256, 1024))},
+           "opt_state": {"m": jnp.zeros((4,))}}
+    ck = Checkpointer(d, CheckpointConfig(interval=1, keep=1, async_save=True))
+    ck.save(1, small, {"x": 1}); ck.wait()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # writes past the limit fail with EFBIG,
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, hard))  # like a full disk
+    try:
+        ck.save(2, big, {"x": 2}); ck.wait()
+    except OlmaxError as e:
+        print("ERROR:", e)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    ck2 = Checkpointer(d, CheckpointConfig(interval=1, keep=1))
+    step, st, meta = ck2.restore_latest(abstract_tree(small))
+    print("RESTORED", step, ck2.all_steps(), float(st["params"]["w"].sum()), meta["x"])
+""")
+
+
+def test_disk_full_is_a_clear_error_and_keeps_previous(tmp_path):
+    out = subprocess.run([sys.executable, "-c", DISK_FULL, str(tmp_path / "c")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    err = [line for line in lines if line.startswith("ERROR:")]
+    assert err and "checkpoint save" in err[0] and "previous checkpoints intact: [1]" in err[0], lines
+    assert "RESTORED 1 [1] 4.0 1" in lines
+
+
+def test_rewind_jsonl(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "loss": 1.0 / s} for s in range(1, 8)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 8, "lo')
+    assert rewind_jsonl(p, 4) == 4
+    assert [json.loads(line)["step"] for line in p.read_text().splitlines()] == [1, 2, 3, 4]
+    assert rewind_jsonl(p, 4) == 0
+    assert rewind_jsonl(tmp_path / "none.jsonl", 1) == 0
+
+
+def test_stop_signal_turns_sigterm_into_a_flag():
+    with StopSignal() as stop:
+        assert not stop.requested()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested() and stop.received == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
