@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -175,7 +176,10 @@ class Checkpointer:
         self.incomplete = names
         for name in names:
             self.report(f"ignoring incomplete checkpoint {self.directory / name} "
-                        "(an interrupted save); it will be removed")
+                        "(an interrupted save); removing it")
+            if jax.process_index() == 0:
+                shutil.rmtree(self.directory / name, ignore_errors=True)
+        _sync("olmax-checkpoint-scan")
 
     def _manager(self) -> ocp.CheckpointManager:
         opts = ocp.CheckpointManagerOptions(
