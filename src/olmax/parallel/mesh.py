@@ -1,0 +1,54 @@
+"""The device mesh: axes ``(data, fsdp, tensor)`` from :class:`olmax.config.MeshConfig`.
+
+``data`` replicates parameters (pure data parallelism, e.g. across slices/nodes), ``fsdp`` shards
+parameters and optimizer state and splits the batch (ZeRO-3 style), ``tensor`` shards the heads/MLP/
+vocabulary dimensions. The batch is split over ``data x fsdp``. One size may be -1 (all remaining
+devices); the default ``data=1, fsdp=-1, tensor=1`` is FSDP over every device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from olmax.config import ConfigError, MeshConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+def resolve_mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
+    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+    free = [i for i, s in enumerate(sizes) if s == -1]
+    if len(free) > 1:
+        raise ConfigError("mesh: at most one of data/fsdp/tensor may be -1")
+    for name, s in zip(MESH_AXES, sizes):
+        if s == 0 or s < -1:
+            raise ConfigError(f"mesh.{name} must be a positive size or -1 (got {s})")
+    fixed = math.prod(s for s in sizes if s != -1)
+    if free:
+        if n_devices % fixed:
+            raise ConfigError(f"mesh: {n_devices} devices are not divisible by the fixed axes "
+                              f"(product {fixed})")
+        sizes[free[0]] = n_devices // fixed
+    if math.prod(sizes) != n_devices:
+        raise ConfigError(f"mesh: data*fsdp*tensor = {math.prod(sizes)} but {n_devices} devices "
+                          f"are available")
+    return tuple(sizes)  # type: ignore[return-value]
+
+
+def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A GSPMD (``AxisType.Auto``) mesh over ``devices`` (default: all devices)."""
+    devices = list(devices) if devices is not None else jax.devices()
+    shape = resolve_mesh_shape(cfg, len(devices))
+    if devices == jax.devices():
+        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    return int(math.prod(mesh.shape[a] for a in BATCH_AXES))

@@ -1,0 +1,93 @@
+"""Logical axis names -> mesh axes, through one rules table.
+
+The model names every parameter dimension (``olmax.model.olmo3.param_axes``: ``vocab``, ``embed``,
+``heads``, ``kv_heads``, ``mlp``, ``layers``, ``norm``, ``head_dim``); :data:`RULES` maps each to
+mesh axes. FSDP is the default: the ``embed`` dimension of every matrix is sharded over ``fsdp``;
+``tensor`` shards heads, MLP and vocabulary. A mesh axis is dropped from a dimension it does not
+divide (that dimension is then replicated over it) and never used twice in one array.
+Optimizer moments are sharded exactly like the parameters they belong to.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from olmax.config import ModelConfig
+from olmax.parallel.mesh import BATCH_AXES
+
+RULES: Mapping[str, tuple[str, ...]] = {
+    "batch": BATCH_AXES,
+    "vocab": ("tensor",),
+    "embed": ("fsdp",),
+    "heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "mlp": ("tensor",),
+    "layers": (),
+    "norm": (),
+    "head_dim": (),
+    "seq": (),
+}
+
+
+def logical_to_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh,
+                    rules: Mapping[str, tuple[str, ...]] = RULES) -> P:
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(axes, shape):
+        chosen = []
+        size = 1
+        for mesh_axis in (rules.get(name, ()) if name else ()):
+            n = mesh.shape[mesh_axis]
+            if mesh_axis in used or n == 1 or dim % (size * n):
+                continue
+            chosen.append(mesh_axis)
+            size *= n
+        used.update(chosen)
+        spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
+    return P(*spec)
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RULES) -> Any:
+    """NamedShardings for the parameter pytree."""
+    from olmax.model.olmo3 import param_axes, param_shapes
+
+    is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
+    return jax.tree.map(lambda shape, axes: NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules)),
+                        param_shapes(cfg), param_axes(cfg), is_leaf=is_shape)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Rows over ``data x fsdp``; other dimensions replicated."""
+    return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def like_params_shardings(abstract_tree: Any, abstract_params: Any, params_shardings: Any,
+                          mesh: Mesh) -> Any:
+    """Shardings for a pytree (e.g. optimizer state) whose sub-trees mirror the parameters.
+
+    A leaf whose key path ends with a parameter's key path and has that parameter's shape gets the
+    parameter's sharding (Adam's ``mu``/``nu``); every other leaf (counters, skip windows) is
+    replicated.
+    """
+    flat_params = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    flat_shard = jax.tree.leaves(params_shardings)
+    by_path = {tuple(map(str, path)): (leaf.shape, sh)
+               for (path, leaf), sh in zip(flat_params, flat_shard)}
+    lengths = sorted({len(p) for p in by_path}, reverse=True)
+
+    def pick(path, leaf):
+        keys = tuple(map(str, path))
+        for n in lengths:
+            hit = by_path.get(keys[-n:]) if len(keys) >= n else None
+            if hit is not None and tuple(hit[0]) == tuple(getattr(leaf, "shape", ())):
+                return hit[1]
+        return replicated(mesh)
+
+    return jax.tree_util.tree_map_with_path(pick, abstract_tree)

@@ -1,0 +1,89 @@
+"""Learning-rate schedules, exactly as OLMo-core's ``optim/scheduler.py``.
+
+Conventions (OLMo-core): ``current`` is the trainer's ``global_step``, which is incremented *before*
+the optimizer step, so the first update uses ``current = 1``; the schedule advances on every step,
+skipped or not. Values are computed on the host in Python floats (float64), as OLMo-core does, and
+handed to the compiled train step as a scalar.
+
+- ``constant``: ``peak``.
+- ``cos_with_warmup``: linear warmup from ``warmup_min_lr`` to ``peak`` over ``warmup`` steps, then a
+  cosine from ``peak`` to ``alpha_f * peak`` at ``t_max``; ``alpha_f * peak`` afterwards.
+- ``half_cos_with_warmup``: warmup to the cosine's midpoint ``eta_min + (peak - eta_min) / 2``, then
+  the *second half* of a cosine from there to ``eta_min`` at ``t_max`` (the OLMo 3 stage-1 part-2
+  extension to 7T tokens).
+- ``linear_with_warmup``: warmup, then linear from ``peak`` to ``alpha_f * peak`` at ``t_max``
+  (OLMo 3 stage 2: ``warmup=0, alpha_f=0``).
+
+OLMo-core's ``_linear_warmup(lr, c, W, min) = min + (lr - min) * min(c, W) / W``; warmup applies while
+``current < warmup`` for the cosine/linear schedules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from olmax.config import ConfigError, SchedulerConfig
+
+SCHEDULES = ("constant", "cos_with_warmup", "half_cos_with_warmup", "linear_with_warmup")
+
+
+def _linear_warmup(peak: float, current: int, warmup: int, warmup_min_lr: float) -> float:
+    return warmup_min_lr + (peak - warmup_min_lr) * min(current, warmup) / warmup
+
+
+def constant(peak: float, current: int, t_max: int) -> float:
+    del current, t_max
+    return peak
+
+
+def cos_with_warmup(peak: float, current: int, t_max: int, *, warmup: int, alpha_f: float = 0.1,
+                    warmup_min_lr: float = 0.0) -> float:
+    eta_min = peak * alpha_f
+    if current < warmup:
+        return _linear_warmup(peak, current, warmup, warmup_min_lr)
+    if current >= t_max:
+        return eta_min
+    c, t = current - warmup, t_max - warmup
+    return eta_min + (peak - eta_min) * (1 + math.cos(math.pi * c / t)) / 2
+
+
+def half_cos_with_warmup(peak: float, current: int, t_max: int, *, warmup: int,
+                         alpha_f: float = 0.1, warmup_min_lr: float = 0.0) -> float:
+    eta_min = peak * alpha_f
+    if current < warmup:
+        return _linear_warmup(eta_min + (peak - eta_min) / 2, current, warmup, warmup_min_lr)
+    if current >= t_max:
+        return eta_min
+    c, t = current - warmup, t_max - warmup
+    c, t = c + t, 2 * t
+    return eta_min + (peak - eta_min) * (1 + math.cos(math.pi * c / t)) / 2
+
+
+def linear_with_warmup(peak: float, current: int, t_max: int, *, warmup: int,
+                       alpha_f: float = 0.1, warmup_min_lr: float = 0.0) -> float:
+    eta_min = peak * alpha_f
+    if current < warmup:
+        return _linear_warmup(peak, current, warmup, warmup_min_lr)
+    if current >= t_max:
+        return eta_min
+    c, t = current - warmup, t_max - warmup
+    return peak - (peak - eta_min) * (c / t)
+
+
+def build_schedule(cfg: SchedulerConfig, peak_lr: float, max_steps: int) -> Callable[[int], float]:
+    """``step -> lr`` (step counted from 1) for a scheduler config; ``t_max`` defaults to max_steps."""
+    t_max = cfg.t_max if cfg.t_max is not None else max_steps
+    if cfg.name not in SCHEDULES:
+        raise ConfigError(f"scheduler.name: unknown schedule '{cfg.name}' (known: {', '.join(SCHEDULES)})")
+    if cfg.name == "constant":
+        return lambda step: constant(peak_lr, step, t_max)
+    if t_max <= cfg.warmup_steps:
+        raise ConfigError(f"scheduler.t_max ({t_max}) must exceed scheduler.warmup_steps "
+                          f"({cfg.warmup_steps})")
+    if cfg.warmup_steps > 0 and not 0 <= cfg.warmup_min_lr < peak_lr:
+        raise ConfigError(f"scheduler.warmup_min_lr ({cfg.warmup_min_lr}) must be in [0, optim.lr)")
+    fn = {"cos_with_warmup": cos_with_warmup, "half_cos_with_warmup": half_cos_with_warmup,
+          "linear_with_warmup": linear_with_warmup}[cfg.name]
+    kw = dict(warmup=cfg.warmup_steps, alpha_f=cfg.alpha_f, warmup_min_lr=cfg.warmup_min_lr)
+    return lambda step: fn(peak_lr, step, t_max, **kw)

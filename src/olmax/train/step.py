@@ -1,0 +1,108 @@
+"""One training step: forward/backward with micro-batch accumulation, then SkipStep AdamW.
+
+The global batch ``tokens`` [B, T] (sharded by rows over ``data x fsdp``) is split into
+``n_micro = B / (micro_batch_size * dp)`` micro-batches; micro-batch k holds rows
+``k, k + n_micro, k + 2 n_micro, ...`` so that each device keeps its own rows. Every micro-batch's
+loss is divided by the whole batch's scored-token count (OLMo-core normalisation), so the summed
+gradients are the full-batch gradient. Gradients and sums accumulate in fp32; parameters and Adam
+state stay fp32, the forward runs in ``train.compute_dtype``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from olmax.config import ConfigError, ModelConfig, TrainConfig
+from olmax.train.loss import loss_and_sums, loss_denominator, make_labels
+from olmax.train.optim import last_step_info
+from olmax.train.state import TrainState
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def num_micro_batches(train_cfg: TrainConfig, dp: int) -> int:
+    b = train_cfg.global_batch_size
+    if b % dp:
+        raise ConfigError(f"train.global_batch_size ({b}) must be divisible by the data-parallel "
+                          f"size ({dp} = mesh data x fsdp)")
+    per_device = b // dp
+    mb = train_cfg.micro_batch_size or per_device
+    if per_device % mb:
+        raise ConfigError(f"train.micro_batch_size ({mb}) must divide the per-device batch "
+                          f"({per_device} = {b} / {dp})")
+    return per_device // mb
+
+
+def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.GradientTransformationExtraArgs,
+                    *, n_micro: int = 1, mesh: Mesh | None = None, chunk_size: int = 1024) -> Callable:
+    """``step(state, batch, lr) -> (state, metrics)`` (not jitted; see :func:`jit_train_step`).
+
+    ``batch``: ``tokens`` int32 [B, T], ``instance_mask`` bool [B]. ``metrics`` (fp32 scalars):
+    ``loss`` (CE), ``z_loss``, ``grad_norm`` (pre-clip), ``skipped``, ``num_tokens`` (denominator).
+    """
+    if train_cfg.compute_dtype not in COMPUTE_DTYPES:
+        raise ConfigError(f"train.compute_dtype must be one of {list(COMPUTE_DTYPES)} "
+                          f"(got {train_cfg.compute_dtype!r})")
+    compute_dtype = COMPUTE_DTYPES[train_cfg.compute_dtype]
+    loss_fn = partial(loss_and_sums, cfg=model_cfg, z_loss_multiplier=train_cfg.z_loss_multiplier,
+                      compute_dtype=compute_dtype, attn_impl=train_cfg.attn_impl,
+                      remat=train_cfg.remat, chunk_size=chunk_size)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def constrain_rows(x):
+        if mesh is None:
+            return x
+        from olmax.parallel.sharding import batch_sharding
+        return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
+
+    def step(state: TrainState, batch: dict, lr: jax.Array):
+        tokens = batch["tokens"].astype(jnp.int32)
+        instance_mask = batch.get("instance_mask")
+        if instance_mask is None:
+            instance_mask = jnp.ones(tokens.shape[:1], jnp.bool_)
+        labels = make_labels(tokens, instance_mask)
+        denom = loss_denominator(labels, instance_mask)
+        if n_micro == 1:
+            (_, sums), grads = grad_fn(state.params, tokens, labels, denom)
+            ce, z = sums.ce, sums.z
+        else:
+            b, t = tokens.shape
+            split = lambda x: x.reshape(b // n_micro, n_micro, t).swapaxes(0, 1)  # noqa: E731
+
+            def micro(carry, xs):
+                g_acc, ce_acc, z_acc = carry
+                tok, lab = constrain_rows(xs[0]), constrain_rows(xs[1])
+                (_, sums), g = grad_fn(state.params, tok, lab, denom)
+                g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, g)
+                return (g_acc, ce_acc + sums.ce, z_acc + sums.z), None
+
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+            zero = jnp.zeros((), jnp.float32)
+            (grads, ce, z), _ = jax.lax.scan(micro, (zeros, zero, zero), (split(tokens), split(labels)))
+        ce_loss = ce / denom
+        updates, opt_state = tx.update(grads, state.opt_state, state.params, lr=lr, loss=ce_loss)
+        params = optax.apply_updates(state.params, updates)
+        info = last_step_info(opt_state)
+        metrics = {"loss": ce_loss, "z_loss": z / denom, "grad_norm": info["grad_norm"],
+                   "skipped": info["skipped"], "num_tokens": denom}
+        return TrainState(params, opt_state, state.step + 1), metrics
+
+    return step
+
+
+def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings: Any = None,
+                   mesh: Mesh | None = None) -> Callable:
+    """jit with the state donated and, on a mesh, explicit in/out shardings for state and batch."""
+    if state_shardings is None:
+        return jax.jit(step, donate_argnums=(0,))
+    from olmax.parallel.sharding import replicated
+    rep = replicated(mesh)
+    return jax.jit(step, donate_argnums=(0,),
+                   in_shardings=(state_shardings, batch_shardings, rep),
+                   out_shardings=(state_shardings, rep))
