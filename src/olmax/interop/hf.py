@@ -1,0 +1,534 @@
+"""Hugging Face ``Olmo3ForCausalLM`` directories <-> olmax params, without torch.
+
+Config (``config.json``, transformers ``configuration_olmo3.py``) -> :class:`ModelConfig`:
+
+- ``layer_types`` (``sliding_attention`` | ``full_attention`` per layer; default: every 4th layer
+  full) with ``sliding_window`` -> ``window_pattern``, the shortest period that repeats to the
+  layer list (HF's sliding mask ``kv_idx > q_idx - sliding_window`` is olmax's window W).
+- RoPE: v5 ``rope_parameters`` keyed by layer type, or v4.57 ``rope_theta`` + ``rope_scaling``
+  (scaling on full-attention layers only). Default and YaRN types; one theta for all layers.
+  Where a type entry has no ``rope_theta`` the top-level ``rope_theta`` applies to every layer (the
+  v4.57 meaning; transformers 5.24 silently gives sliding layers 500000 in that case).
+- ``rms_norm_eps``, ``tie_word_embeddings``, GQA (``num_key_value_heads``), ``head_dim``.
+- QK-norm is full-width and blocks are reordered post-norm (the only Olmo3 form).
+
+Weights (``model.safetensors`` or a sharded ``model.safetensors.index.json``; F32/BF16/F16) map
+per layer into the stacked olmax pytree (HF linear weights are [out, in], olmax [in, out])::
+
+    model.embed_tokens.weight                     embed          [Vp, D] (rows >= V are zero)
+    model.layers.{i}.self_attn.{q,k,v,o}_proj     layers.{q,k,v,o}_proj[i]     (transposed)
+    model.layers.{i}.self_attn.{q,k}_norm         layers.{q,k}_norm[i]
+    model.layers.{i}.post_attention_layernorm     layers.attn_norm[i]   (on the attention output)
+    model.layers.{i}.post_feedforward_layernorm   layers.mlp_norm[i]    (on the MLP output)
+    model.layers.{i}.mlp.{gate,up,down}_proj      layers.{gate,up,down}_proj[i] (transposed)
+    model.norm.weight                             final_norm
+    lm_head.weight                                lm_head        [D, Vp] (transposed; zero pad)
+
+The HF vocabulary (``vocab_size`` rows, e.g. dolma2's 100278) is padded to a multiple of 128
+(OLMo-core's ``padded_vocab_size``, 100352) on import and cut back on export. Import reads one
+tensor at a time into preallocated stacked arrays, export writes one shard at a time, so
+neither needs twice the model in memory. Import then export reproduces every tensor bit for
+bit (export defaults to the imported file's dtype). Outputs are written atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from olmax.config import ConfigError, ModelConfig, OlmaxError, YarnConfig
+from olmax.params_io import (atomic_output_dir, check_output_dir, load_meta, load_model_config,
+                             load_params, save_params)
+
+HF_ARCHITECTURE = "Olmo3ForCausalLM"
+HF_MODEL_TYPE = "olmo3"
+VOCAB_MULTIPLE = 128
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+DEFAULT_ROPE_THETA = 500_000.0      # transformers Olmo3Config.default_theta
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
+
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+_SAFETENSORS_DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16),
+                       "F16": np.dtype(np.float16)}
+
+# HF per-layer tensor suffix -> (olmax ``layers`` key, stored transposed)
+LAYER_TENSORS: dict[str, tuple[str, bool]] = {
+    "self_attn.q_proj.weight": ("q_proj", True),
+    "self_attn.k_proj.weight": ("k_proj", True),
+    "self_attn.v_proj.weight": ("v_proj", True),
+    "self_attn.o_proj.weight": ("o_proj", True),
+    "self_attn.q_norm.weight": ("q_norm", False),
+    "self_attn.k_norm.weight": ("k_norm", False),
+    "post_attention_layernorm.weight": ("attn_norm", False),
+    "mlp.gate_proj.weight": ("gate_proj", True),
+    "mlp.up_proj.weight": ("up_proj", True),
+    "mlp.down_proj.weight": ("down_proj", True),
+    "post_feedforward_layernorm.weight": ("mlp_norm", False),
+}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some old exports contain
+
+
+def dtype_of(name: str) -> np.dtype:
+    if name not in DTYPES:
+        raise ConfigError(f"unsupported dtype '{name}' (choose from {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+
+def read_hf_config(hf_dir: str | os.PathLike) -> dict:
+    path = Path(hf_dir) / "config.json"
+    if not Path(hf_dir).is_dir():
+        raise OlmaxError(f"Hugging Face model directory not found: {hf_dir}")
+    if not path.is_file():
+        raise OlmaxError(f"{path}: missing (not a Hugging Face model directory)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise OlmaxError(f"{path}: invalid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise OlmaxError(f"{path}: top level must be an object")
+    return data
+
+
+def _minimal_period(seq: list) -> tuple:
+    n = len(seq)
+    for p in range(1, n + 1):
+        if n % p == 0 and all(seq[i] == seq[i % p] for i in range(n)):
+            return tuple(seq[:p])
+    return tuple(seq)
+
+
+def _rope_type(params: Mapping[str, Any]) -> str:
+    return str(params.get("rope_type", params.get("type", "default")))
+
+
+def _rope_from_hf(hf: Mapping[str, Any], used_types: set[str], where: str
+                  ) -> tuple[float, YarnConfig | None]:
+    """(theta, YaRN or None) from v5 ``rope_parameters`` or v4.57 ``rope_theta``/``rope_scaling``."""
+    top_theta = float(hf.get("rope_theta") or DEFAULT_ROPE_THETA)
+    rp = hf.get("rope_parameters")
+    legacy_scaling = hf.get("rope_scaling")
+    if rp is not None and not isinstance(rp, Mapping):
+        raise OlmaxError(f"{where}: rope_parameters must be an object")
+    if rp and ("sliding_attention" in rp or "full_attention" in rp):
+        per = {t: dict(rp.get(t) or {}) for t in ("sliding_attention", "full_attention")}
+    elif rp:  # one flat entry for every layer type
+        per = {t: dict(rp) for t in ("sliding_attention", "full_attention")}
+    else:
+        per = {t: {} for t in ("sliding_attention", "full_attention")}
+    if legacy_scaling:  # merged into the full-attention layers, as transformers does
+        if not isinstance(legacy_scaling, Mapping):
+            raise OlmaxError(f"{where}: rope_scaling must be an object or null")
+        per["full_attention"].update(legacy_scaling)
+
+    thetas = {t: float(per[t].get("rope_theta") or top_theta) for t in used_types}
+    if len(set(thetas.values())) > 1:
+        raise OlmaxError(f"{where}: different rope_theta per layer type ({thetas}) is not supported")
+    theta = next(iter(thetas.values())) if thetas else top_theta
+
+    yarns = {}
+    for t in used_types:
+        kind = _rope_type(per[t])
+        if kind == "default":
+            continue
+        if kind != "yarn":
+            raise OlmaxError(f"{where}: rope_type '{kind}' on {t} layers is not supported "
+                             f"(OLMo 3 uses default RoPE and YaRN)")
+        p = per[t]
+        if p.get("mscale") or p.get("mscale_all_dim"):
+            raise OlmaxError(f"{where}: YaRN mscale/mscale_all_dim is not supported")
+        if p.get("truncate", True) is not True:
+            raise OlmaxError(f"{where}: YaRN truncate=false is not supported")
+        if float(p.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise OlmaxError(f"{where}: partial_rotary_factor != 1 is not supported")
+        orig = int(p.get("original_max_position_embeddings") or hf.get("max_position_embeddings"))
+        factor = p.get("factor")
+        factor = float(factor) if factor is not None else hf["max_position_embeddings"] / orig
+        yarns[t] = YarnConfig(factor=factor, beta_fast=float(p.get("beta_fast") or 32.0),
+                              beta_slow=float(p.get("beta_slow") or 1.0),
+                              original_max_position_embeddings=orig,
+                              attention_factor=(None if p.get("attention_factor") is None
+                                                else float(p["attention_factor"])))
+    if not yarns:
+        return theta, None
+    if "sliding_attention" in yarns:
+        full = yarns.get("full_attention")
+        if "full_attention" in used_types and full != yarns["sliding_attention"]:
+            raise OlmaxError(f"{where}: YaRN on sliding-window layers only is not supported")
+        return theta, dataclasses.replace(yarns["sliding_attention"], full_attention_only=False)
+    return theta, yarns["full_attention"]
+
+
+def model_config_from_hf(hf: Mapping[str, Any], *, where: str = "config.json",
+                         padded_vocab_size: int | None = None) -> ModelConfig:
+    """An HF ``Olmo3ForCausalLM`` config dict -> ModelConfig (other architectures: OlmaxError)."""
+    archs = hf.get("architectures") or []
+    model_type = hf.get("model_type")
+    if model_type != HF_MODEL_TYPE or (archs and HF_ARCHITECTURE not in archs):
+        found = f"model_type '{model_type}'" + (f" ({', '.join(archs)})" if archs else "")
+        raise OlmaxError(f"{where}: {found} is not supported; olmax imports {HF_ARCHITECTURE} only")
+
+    def req(key: str) -> Any:
+        if hf.get(key) is None:
+            raise OlmaxError(f"{where}: missing '{key}'")
+        return hf[key]
+
+    for key, ok in (("hidden_act", "silu"), ("attention_bias", False)):
+        if key in hf and hf[key] != ok:
+            raise OlmaxError(f"{where}: {key}={hf[key]!r} is not supported (Olmo3 uses {ok!r})")
+    d_model, n_layers = int(req("hidden_size")), int(req("num_hidden_layers"))
+    n_heads = int(req("num_attention_heads"))
+    n_kv = int(hf.get("num_key_value_heads") or n_heads)
+    head_dim = int(hf.get("head_dim") or d_model // n_heads)
+    vocab = int(req("vocab_size"))
+    layer_types = hf.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n_layers)]
+    if len(layer_types) != n_layers:
+        raise OlmaxError(f"{where}: layer_types has {len(layer_types)} entries for "
+                         f"{n_layers} layers")
+    bad_types = set(layer_types) - {"sliding_attention", "full_attention"}
+    if bad_types:
+        raise OlmaxError(f"{where}: unknown layer type(s) {sorted(bad_types)}")
+    window = hf.get("sliding_window")
+    if "sliding_attention" in layer_types and not window:
+        raise OlmaxError(f"{where}: sliding_attention layers need a positive sliding_window")
+    windows = [int(window) if t == "sliding_attention" else None for t in layer_types]
+    theta, yarn = _rope_from_hf(hf, set(layer_types), where)
+    try:
+        return ModelConfig(
+            d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
+            head_dim=head_dim, mlp_hidden=int(req("intermediate_size")), vocab_size=vocab,
+            padded_vocab_size=padded_vocab_size or VOCAB_MULTIPLE * math.ceil(vocab / VOCAB_MULTIPLE),
+            rope_theta=theta, rope_scaling=yarn, norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            qk_norm="full", block_type="reordered_norm", window_pattern=_minimal_period(windows),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_seq_len=int(hf.get("max_position_embeddings") or 8192))
+    except ConfigError as e:
+        raise OlmaxError(f"{where}: {e}") from None
+
+
+def _rope_entry(cfg: ModelConfig, yarn: YarnConfig | None) -> dict:
+    if yarn is None:
+        return {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    entry = {"rope_type": "yarn", "rope_theta": cfg.rope_theta, "factor": yarn.factor,
+             "beta_fast": yarn.beta_fast, "beta_slow": yarn.beta_slow,
+             "original_max_position_embeddings": yarn.original_max_position_embeddings}
+    if yarn.attention_factor is not None:
+        entry["attention_factor"] = yarn.attention_factor
+    return entry
+
+
+def hf_config_from_model(cfg: ModelConfig, *, dtype: str = "float32",
+                         base: Mapping[str, Any] | None = None) -> dict:
+    """ModelConfig -> an ``Olmo3ForCausalLM`` config dict (v5 ``rope_parameters`` plus the v4.57
+    ``rope_theta``/``rope_scaling`` keys). Fields the model does not determine (token ids,
+    ...) come from ``base`` (the imported config) when given, else dolma2's."""
+    if cfg.qk_norm != "full" or cfg.block_type != "reordered_norm":
+        raise OlmaxError(f"cannot export to {HF_ARCHITECTURE}: it needs qk_norm='full' and "
+                         f"block_type='reordered_norm' (got {cfg.qk_norm!r}, {cfg.block_type!r})")
+    windows = cfg.layer_windows()
+    sliding = sorted({w for w in windows if w is not None})
+    if len(sliding) > 1:
+        raise OlmaxError(f"cannot export to {HF_ARCHITECTURE}: it has one sliding_window, "
+                         f"the model uses {sliding}")
+    yarn = cfg.rope_scaling
+    out = dict(base or {})
+    for k in ("rope_scaling", "rope_parameters", "rope_theta", "torch_dtype", "head_dim",
+              "transformers_version"):
+        out.pop(k, None)
+    if base is None:
+        dolma2 = cfg.vocab_size > 100277
+        out.update(pad_token_id=100277 if dolma2 else None, eos_token_id=100257 if dolma2 else None,
+                   bos_token_id=None)
+    out.update(
+        architectures=[HF_ARCHITECTURE], model_type=HF_MODEL_TYPE, vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model, intermediate_size=cfg.mlp_hidden, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, hidden_act="silu",
+        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings, attention_bias=False,
+        attention_dropout=out.get("attention_dropout", 0.0),
+        sliding_window=sliding[0] if sliding else None,
+        layer_types=["full_attention" if w is None else "sliding_attention" for w in windows],
+        rope_parameters={
+            "full_attention": _rope_entry(cfg, yarn),
+            "sliding_attention": _rope_entry(
+                cfg, yarn if yarn is not None and not yarn.full_attention_only else None)},
+        rope_theta=cfg.rope_theta,
+        rope_scaling=({k: v for k, v in _rope_entry(cfg, yarn).items() if k != "rope_theta"}
+                      if yarn is not None else None),
+        dtype=dtype)
+    if cfg.head_dim * cfg.n_heads != cfg.d_model:
+        out["head_dim"] = cfg.head_dim
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensors
+
+
+def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The HF state dict (name -> [out, in] shape) of ``cfg``, in HF's module order."""
+    from olmax.model.olmo3 import param_shapes
+
+    layer_shapes = param_shapes(cfg)["layers"]
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.d_model)}
+    for i in range(cfg.n_layers):
+        for suffix, (key, transposed) in LAYER_TENSORS.items():
+            s = tuple(layer_shapes[key][1:])
+            shapes[f"model.layers.{i}.{suffix}"] = s[::-1] if transposed else s
+    shapes["model.norm.weight"] = (cfg.d_model,)
+    if not cfg.tie_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, cfg.d_model)
+    return shapes
+
+
+class SafetensorsDir:
+    """The weights of an HF directory (single file or sharded index), read tensor by tensor."""
+
+    def __init__(self, hf_dir: str | os.PathLike):
+        from safetensors import SafetensorError, safe_open
+
+        self.dir = Path(hf_dir)
+        index, single = self.dir / INDEX_FILE, self.dir / SINGLE_FILE
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise OlmaxError(f"{index}: not a safetensors index (no weight_map)") from None
+        elif single.is_file():
+            weight_map = None
+        else:
+            raise OlmaxError(f"{self.dir}: no {SINGLE_FILE} or {INDEX_FILE}")
+        files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FILE]
+        self._handles: dict[str, Any] = {}
+        self.location: dict[str, str] = {}
+        for fname in files:
+            path = self.dir / fname
+            if not path.is_file():
+                raise OlmaxError(f"{path}: missing (listed in {INDEX_FILE})")
+            try:
+                handle = safe_open(str(path), framework="flax")
+                keys = handle.keys()
+            except (SafetensorError, OSError) as e:
+                raise OlmaxError(f"{path}: unreadable safetensors file ({e})") from None
+            self._handles[fname] = handle
+            for k in keys:
+                self.location.setdefault(k, fname)
+        if weight_map:
+            for name, fname in weight_map.items():
+                if self.location.get(name) != fname:
+                    raise OlmaxError(f"{self.dir / fname}: has no tensor '{name}' "
+                                     f"(listed in {INDEX_FILE})")
+
+    def names(self) -> list[str]:
+        return list(self.location)
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        sl = self._handles[self.location[name]].get_slice(name)
+        return tuple(sl.get_shape()), sl.get_dtype()
+
+    def read(self, name: str) -> np.ndarray:
+        import jax
+        from safetensors import SafetensorError
+
+        fname = self.location[name]
+        try:
+            with jax.default_device(jax.devices("cpu")[0]):
+                return np.asarray(self._handles[fname].get_tensor(name))
+        except (SafetensorError, OSError) as e:
+            raise OlmaxError(f"{self.dir / fname}: cannot read tensor '{name}' ({e})") from None
+
+
+def load_hf(hf_dir: str | os.PathLike, *, dtype: str = "float32",
+            padded_vocab_size: int | None = None) -> tuple[dict, ModelConfig, dict]:
+    """Read an HF Olmo3 directory -> (numpy params in ``dtype``, ModelConfig, source info).
+
+    The source info holds the original ``hf_config`` and the file's ``hf_dtype`` (so an export
+    can reproduce the directory). Every tensor is checked against the config's shapes.
+    """
+    from olmax.model.olmo3 import param_shapes
+
+    target = dtype_of(dtype)
+    hf_dir = Path(hf_dir)
+    hf_cfg = read_hf_config(hf_dir)
+    cfg = model_config_from_hf(hf_cfg, where=str(hf_dir / "config.json"),
+                               padded_vocab_size=padded_vocab_size)
+    weights = SafetensorsDir(hf_dir)
+    expected = hf_tensor_shapes(cfg)
+    for name in weights.names():
+        if name in expected or name.endswith(_IGNORED_SUFFIXES):
+            continue
+        if name == "lm_head.weight" and cfg.tie_embeddings:
+            continue
+        raise OlmaxError(f"{weights.dir / weights.location[name]}: unexpected tensor '{name}' "
+                         f"for {HF_ARCHITECTURE}")
+    file_dtypes = set()
+    for name, shape in expected.items():
+        if name not in weights.location:
+            raise OlmaxError(f"{hf_dir}: missing tensor '{name}'")
+        got, st_dtype = weights.info(name)
+        if got != shape:
+            raise OlmaxError(f"{weights.dir / weights.location[name]}: tensor '{name}' has shape "
+                             f"{list(got)}, config.json implies {list(shape)}")
+        if st_dtype not in _SAFETENSORS_DTYPES:
+            raise OlmaxError(f"{weights.dir / weights.location[name]}: tensor '{name}' has "
+                             f"unsupported dtype {st_dtype}")
+        file_dtypes.add(_SAFETENSORS_DTYPES[st_dtype].name)
+
+    # Preallocated (lazily zeroed) stacked arrays, filled one HF tensor at a time.
+    params = _tree_map_shapes(lambda s: np.zeros(s, target), param_shapes(cfg))
+    layers, v = params["layers"], cfg.vocab_size
+    for name in expected:
+        t = weights.read(name)
+        if name == "model.embed_tokens.weight":
+            params["embed"][:v] = t
+        elif name == "lm_head.weight":
+            params["lm_head"][:, :v] = t.T
+        elif name == "model.norm.weight":
+            params["final_norm"][...] = t
+        else:
+            i, suffix = _layer_index(name)
+            key, transposed = LAYER_TENSORS[suffix]
+            layers[key][i] = t.T if transposed else t
+        del t
+    info = {"format": "hf", "path": str(hf_dir), "hf_config": hf_cfg,
+            "hf_dtype": file_dtypes.pop() if len(file_dtypes) == 1 else None}
+    return params, cfg, info
+
+
+def _layer_index(name: str) -> tuple[int, str]:
+    """``model.layers.{i}.{suffix}`` -> (i, suffix)."""
+    _, _, i, suffix = name.split(".", 3)
+    return int(i), suffix
+
+
+def _tree_map_shapes(fn, shapes: dict) -> dict:
+    return {k: _tree_map_shapes(fn, v) if isinstance(v, dict) else fn(v) for k, v in shapes.items()}
+
+
+def iter_hf_tensors(params: Mapping[str, Any], cfg: ModelConfig, dtype: str
+                    ) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, contiguous [out, in] numpy array in ``dtype``) for every tensor, one at a time."""
+    target = dtype_of(dtype)
+    v = cfg.vocab_size
+
+    def host(x) -> np.ndarray:
+        return np.asarray(x)
+
+    def out(x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x.astype(target, copy=False))
+
+    for name in hf_tensor_shapes(cfg):
+        if name == "model.embed_tokens.weight":
+            yield name, out(host(params["embed"])[:v])
+        elif name == "lm_head.weight":
+            yield name, out(host(params["lm_head"])[:, :v].T)
+        elif name == "model.norm.weight":
+            yield name, out(host(params["final_norm"]))
+        else:
+            i, suffix = _layer_index(name)
+            key, transposed = LAYER_TENSORS[suffix]
+            w = host(params["layers"][key])[i]
+            yield name, out(w.T if transposed else w)
+
+
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    from safetensors import TensorSpec, serialize_file
+
+    specs = {n: TensorSpec(dtype=a.dtype.name, shape=list(a.shape), data_ptr=a.ctypes.data,
+                           data_len=a.nbytes) for n, a in tensors.items()}
+    serialize_file(specs, str(path), metadata={"format": "pt"})
+
+
+def write_hf_dir(out_dir: Path, params: Mapping[str, Any], cfg: ModelConfig, *, dtype: str,
+                 base_config: Mapping[str, Any] | None = None,
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+    """Write config.json and safetensors (sharded with an index when over ``max_shard_bytes``)
+    into the existing directory ``out_dir``; at most one shard is in memory at a time."""
+    itemsize = dtype_of(dtype).itemsize
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name, shape in hf_tensor_shapes(cfg).items():
+        nbytes = math.prod(shape) * itemsize
+        if shards[-1] and used + nbytes > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += nbytes
+    n = len(shards)
+    fnames = [SINGLE_FILE] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+                                          for k in range(n)]
+    shard_of = {name: fnames[k] for k, names in enumerate(shards) for name in names}
+    pending: dict[str, np.ndarray] = {}
+    current = fnames[0]
+    total = 0
+    for name, arr in iter_hf_tensors(params, cfg, dtype):
+        if shard_of[name] != current:
+            _write_safetensors(out_dir / current, pending)
+            pending, current = {}, shard_of[name]
+        pending[name] = arr
+        total += arr.nbytes
+    _write_safetensors(out_dir / current, pending)
+    if n > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": shard_of}
+        (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    hf_cfg = hf_config_from_model(cfg, dtype=dtype, base=base_config)
+    (out_dir / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# Conversions (what ``olmax convert`` runs)
+
+
+def convert_hf_to_olmax(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                        dtype: str = "float32") -> Path:
+    """HF ``Olmo3ForCausalLM`` directory -> olmax step dir (params + meta with the HF source)."""
+    check_output_dir(out_dir)
+    params, cfg, info = load_hf(hf_dir, dtype=dtype)
+    return save_params(out_dir, params, cfg, extra_meta={"source": info})
+
+
+def convert_olmax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                        dtype: str | None = None,
+                        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+    """olmax checkpoint -> HF directory that ``AutoModelForCausalLM.from_pretrained`` loads.
+
+    ``dtype`` None: the dtype of the HF directory the checkpoint was imported from, else float32.
+    """
+    import jax
+
+    from olmax.model.olmo3 import param_shapes
+
+    check_output_dir(out_dir)
+    if dtype is not None:
+        dtype_of(dtype)
+    meta = load_meta(ckpt_dir)
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    dtype = dtype or source.get("hf_dtype") or "float32"
+    if dtype not in DTYPES:
+        dtype = "float32"
+    cfg = load_model_config(ckpt_dir)
+    hf_config_from_model(cfg, dtype=dtype, base=source.get("hf_config"))  # fail before reading
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    params, cfg = load_params(ckpt_dir, shardings=_tree_map_shapes(lambda _: cpu,
+                                                                    param_shapes(cfg)))
+    with atomic_output_dir(out_dir) as tmp:
+        write_hf_dir(tmp, params, cfg, dtype=dtype, base_config=source.get("hf_config"),
+                     max_shard_bytes=max_shard_bytes)
+    return Path(out_dir)
+
+
+__all__ = ["read_hf_config", "model_config_from_hf", "hf_config_from_model", "hf_tensor_shapes",
+           "SafetensorsDir", "load_hf", "iter_hf_tensors", "write_hf_dir", "convert_hf_to_olmax",
+           "convert_olmax_to_hf", "HF_ARCHITECTURE", "DTYPES"]
