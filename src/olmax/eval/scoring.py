@@ -1,0 +1,102 @@
+"""Batched token log-probabilities with the olmax model (shared by perplexity and downstream).
+
+``log p(target | prefix)`` is ``logit[target] - logsumexp(logits)`` with fp32 logits, i.e. the
+negative of ``F.cross_entropy`` as OLMo-core and EV compute it. Logits are produced in chunks of
+positions so a batch never materialises ``[B, T, vocab]`` at once.
+
+``softmax_vocab`` is how many logits enter the normaliser: the padded vocabulary (OLMo-core: its LM
+head has ``padded_vocab_size`` outputs and ``cross_entropy`` sees all of them) or the real vocabulary
+(HF ``Olmo3ForCausalLM``, whose head has ``vocab_size`` rows; used for models imported from HF, whose
+padding rows are not trained). Shapes are bucketed (batch fixed, length a power of two >= 128) so a
+run compiles a handful of programs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from olmax.config import ModelConfig
+from olmax.model import olmo3
+
+MIN_BUCKET = 128
+
+
+def bucket_length(n: int, max_len: int) -> int:
+    """The smallest power of two >= max(n, 128), capped at ``max_len``."""
+    b = MIN_BUCKET
+    while b < n:
+        b *= 2
+    return min(b, max(max_len, n))
+
+
+def _dtype(name: str | Any) -> Any:
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(name, name)
+
+
+class Scorer:
+    """Jitted log-probability functions for one model configuration."""
+
+    def __init__(self, cfg: ModelConfig, *, compute_dtype: str | Any = "float32", attn_impl: str = "xla",
+                 softmax_vocab: int | None = None, chunk: int = 128) -> None:
+        self.cfg = cfg
+        self.compute_dtype = _dtype(compute_dtype)
+        self.attn_impl = attn_impl
+        self.softmax_vocab = softmax_vocab or cfg.padded_vocab_size
+        if not cfg.vocab_size <= self.softmax_vocab <= cfg.padded_vocab_size:
+            raise ValueError(f"softmax_vocab {self.softmax_vocab} outside [{cfg.vocab_size}, "
+                             f"{cfg.padded_vocab_size}]")
+        self.chunk = chunk
+        self._targets = jax.jit(self._target_logprobs)
+        self._choices = jax.jit(self._choice_logprobs)
+
+    def _hidden(self, params, tokens):
+        return olmo3.hidden_states(params, tokens, self.cfg, compute_dtype=self.compute_dtype,
+                                   attn_impl=self.attn_impl)
+
+    def _head(self, params):
+        w = olmo3.lm_head_weight(params, self.cfg).astype(self.compute_dtype)
+        return w[:, : self.softmax_vocab]
+
+    def _target_logprobs(self, params, tokens, targets):
+        """[B, T] log p(targets[b, t] | tokens[b, :t+1])."""
+        h = self._hidden(params, tokens)
+        w = self._head(params)
+        b, t, d = h.shape
+        c = math.gcd(t, self.chunk)
+        n = t // c
+        hc = jnp.moveaxis(h.reshape(b, n, c, d), 1, 0)
+        tc = jnp.moveaxis(targets.reshape(b, n, c), 1, 0)
+
+        def step(_, xs):
+            hh, tt = xs
+            logits = olmo3.logits_from_hidden(hh, w)
+            lse = jax.nn.logsumexp(logits, axis=-1)
+            picked = jnp.take_along_axis(logits, tt[..., None], axis=-1)[..., 0]
+            return None, picked - lse
+
+        _, out = jax.lax.scan(step, None, (hc, tc))
+        return jnp.moveaxis(out, 0, 1).reshape(b, t)
+
+    def _choice_logprobs(self, params, tokens, positions, choices):
+        """[B, K] log p(choices[b, k] | tokens[b, :positions[b]+1]) (fast MC)."""
+        h = self._hidden(params, tokens)
+        hp = jnp.take_along_axis(h, positions[:, None, None], axis=1)[:, 0]
+        logits = olmo3.logits_from_hidden(hp, self._head(params))
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return jnp.take_along_axis(logp, jnp.maximum(choices, 0), axis=-1)
+
+    def target_logprobs(self, params, tokens: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Host wrapper: int arrays [B, T] -> float32 [B, T]."""
+        return np.asarray(self._targets(params, jnp.asarray(tokens, jnp.int32),
+                                        jnp.asarray(targets, jnp.int32)))
+
+    def choice_logprobs(self, params, tokens: np.ndarray, positions: np.ndarray,
+                        choices: np.ndarray) -> np.ndarray:
+        return np.asarray(self._choices(params, jnp.asarray(tokens, jnp.int32),
+                                        jnp.asarray(positions, jnp.int32),
+                                        jnp.asarray(choices, jnp.int32)))
