@@ -1,0 +1,56 @@
+"""``olmax convert``: Hugging Face Olmo3ForCausalLM <-> olmax checkpoint.
+
+    olmax convert hf-to-olmax HF_DIR OUT_DIR [--dtype float32|bfloat16]
+    olmax convert olmax-to-hf CKPT_DIR OUT_DIR [--dtype float32|bfloat16]
+
+hf-to-olmax stores float32 by default (training keeps fp32 master weights); olmax-to-hf writes
+the dtype of the HF directory the checkpoint came from (else float32), so a round trip
+reproduces every tensor bit for bit. See ``olmax.interop.hf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DTYPE_CHOICES = ("float32", "bfloat16")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("convert", help="convert between Hugging Face and olmax checkpoints",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="direction", metavar="DIRECTION")
+    sub.required = True
+    a = sub.add_parser("hf-to-olmax", help="HF Olmo3ForCausalLM directory -> olmax checkpoint")
+    a.add_argument("hf_dir", metavar="HF_DIR")
+    a.add_argument("out_dir", metavar="OUT_DIR")
+    a.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
+                   help="dtype of the stored params (default float32)")
+    a.set_defaults(func=_hf_to_olmax)
+    b = sub.add_parser("olmax-to-hf", help="olmax checkpoint -> HF Olmo3ForCausalLM directory")
+    b.add_argument("ckpt_dir", metavar="CKPT_DIR",
+                   help="a step dir, a run dir or a checkpoints/ dir (latest step)")
+    b.add_argument("out_dir", metavar="OUT_DIR")
+    b.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                   help="safetensors dtype (default: that of the imported HF directory, else float32)")
+    b.set_defaults(func=_olmax_to_hf)
+
+
+def _hf_to_olmax(args) -> int:
+    from olmax.interop.hf import convert_hf_to_olmax
+    from olmax.params_io import load_model_config
+
+    out = convert_hf_to_olmax(args.hf_dir, args.out_dir, dtype=args.dtype)
+    cfg = load_model_config(out)
+    print(f"wrote {out} ({args.dtype}; {cfg.n_layers} layers, d_model {cfg.d_model}, "
+          f"vocab {cfg.vocab_size} padded to {cfg.padded_vocab_size}, "
+          f"windows {list(cfg.window_pattern)})")
+    return 0
+
+
+def _olmax_to_hf(args) -> int:
+    from olmax.interop.hf import convert_olmax_to_hf
+
+    out = convert_olmax_to_hf(args.ckpt_dir, args.out_dir, dtype=args.dtype)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,56 @@
+"""``olmax parity``: logits of HF transformers (torch, CPU) vs olmax on the same tokens.
+
+    olmax parity HF_DIR [--checkpoint CKPT_DIR] [--seq-len N] [--batch B]
+                 [--dtype float32|bfloat16] [--seed S] [--json OUT.json]
+                 [--tokens FILE | --text FILE]
+
+Without --checkpoint the HF weights are converted in memory. Reports KL(HF||olmax) mean and max
+per position, top-1 agreement and max |logit diff| over the first vocab_size logits. The default
+sequence length is twice the largest sliding window (capped at max_position_embeddings). Needs
+torch and transformers. See ``olmax.interop.parity``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("parity", help="logit parity of HF transformers vs olmax",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("hf_dir", metavar="HF_DIR", help="HF Olmo3ForCausalLM directory")
+    p.add_argument("--checkpoint", metavar="CKPT_DIR", default=None,
+                   help="olmax checkpoint to compare (default: convert HF_DIR in memory)")
+    p.add_argument("--seq-len", type=int, default=None, metavar="N")
+    p.add_argument("--batch", type=int, default=1, metavar="B")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random token ids")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--tokens", metavar="FILE", default=None,
+                     help="token ids instead of random ones (.npy or raw uint32 token file)")
+    src.add_argument("--text", metavar="FILE", default=None,
+                     help="a text file, tokenized with HF_DIR's tokenizer.json (else dolma2)")
+    p.add_argument("--json", metavar="OUT.json", default=None, help="also write the report as JSON")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from olmax.config import OlmaxError
+    from olmax.interop.parity import format_report, run_parity, write_json
+
+    text = None
+    if args.text is not None:
+        path = Path(args.text)
+        if not path.is_file():
+            raise OlmaxError(f"text file not found: {path}")
+        text = path.read_text(encoding="utf-8")
+    report = run_parity(args.hf_dir, checkpoint=args.checkpoint, seq_len=args.seq_len,
+                        batch=args.batch, dtype=args.dtype, seed=args.seed,
+                        token_file=args.tokens, text=text)
+    print(format_report(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,277 @@
+"""Logit parity between HF transformers (torch, CPU) and olmax on the same token batches.
+
+Both models see identical token ids. HF runs ``Olmo3ForCausalLM`` with the eager attention
+implementation (explicit mask, softmax in fp32: the reference math of ``modeling_olmo3.py``) in
+the requested dtype; olmax runs :func:`olmax.model.forward` with that compute dtype from the same
+weights (converted in memory, or an olmax checkpoint). Over every position and the first
+``vocab_size`` logits (olmax's padded rows are not part of the HF model) it reports:
+
+- ``kl_mean`` / ``kl_max``: KL(HF || olmax) per position, from log-softmaxes computed in float64;
+- ``top1_agreement``: fraction of positions whose argmax agrees;
+- ``max_abs_logit_diff``; the same KL mean/max over positions at or beyond the largest sliding
+  window (``*_beyond_window``), where windowed attention is actually exercised.
+
+Inputs are deterministic: uniform token ids from ``seed``, or the first ``batch * seq_len`` ids of
+a token file (``.npy`` or raw uint32 as OLMo token files) or a text (tokenized with the HF
+directory's ``tokenizer.json`` if present, else dolma2). torch and transformers are optional
+dependencies imported only here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from olmax.config import ConfigError, ModelConfig, OlmaxError
+from olmax.interop.hf import load_hf, model_config_from_hf, read_hf_config
+
+DTYPES = ("float32", "bfloat16")
+_ARCH_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
+                "vocab_size", "rope_theta", "rope_scaling", "norm_eps", "qk_norm", "block_type",
+                "window_pattern", "tie_embeddings")
+
+
+def _reference():
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise OlmaxError(f"the parity tool needs torch and transformers ({e.name} is not installed; "
+                         f"pip install 'olmax[test]')") from None
+    return torch, transformers
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs
+
+
+def default_seq_len(cfg: ModelConfig) -> int:
+    """Twice the largest sliding window (so windows are exercised), capped at max_seq_len."""
+    windows = [w for w in cfg.window_pattern if w is not None]
+    want = 2 * max(windows) if windows else 512
+    return min(want, cfg.max_seq_len)
+
+
+def seeded_tokens(vocab_size: int, batch: int, seq_len: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab_size, (batch, seq_len)).astype(np.int32)
+
+
+def tokens_from_file(path: str | os.PathLike, batch: int, seq_len: int) -> np.ndarray:
+    """The first batch*seq_len ids of a ``.npy`` array or a raw uint32 token file."""
+    p = Path(path)
+    if not p.is_file():
+        raise OlmaxError(f"token file not found: {p}")
+    ids = np.load(p, mmap_mode="r").reshape(-1) if p.suffix == ".npy" else np.memmap(
+        p, dtype=np.uint32, mode="r")
+    need = batch * seq_len
+    if ids.size < need:
+        raise OlmaxError(f"{p}: has {ids.size} tokens, need batch*seq_len = {need}")
+    return np.asarray(ids[:need], dtype=np.int64).astype(np.int32).reshape(batch, seq_len)
+
+
+def tokens_from_text(text: str, hf_dir: str | os.PathLike, batch: int, seq_len: int) -> np.ndarray:
+    from olmax.data.tokenizer import get_tokenizer
+
+    tok_json = Path(hf_dir) / "tokenizer.json"
+    tok = get_tokenizer(str(tok_json) if tok_json.is_file() else "dolma2")
+    ids = np.asarray(tok.encode(text), dtype=np.int32)
+    need = batch * seq_len
+    if ids.size < need:
+        raise OlmaxError(f"text has {ids.size} tokens, need batch*seq_len = {need}")
+    return ids[:need].reshape(batch, seq_len)
+
+
+# ----------------------------------------------------------------------------------------------
+# Metrics
+
+
+def _log_softmax64(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+
+
+def position_metrics(ref: np.ndarray, out: np.ndarray, chunk: int = 256
+                     ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per position KL(ref || out) (float64) and top-1 agreement, plus max |ref - out|.
+
+    ``ref``/``out``: [T, V] logits over the same V ids; processed in chunks of positions.
+    """
+    kls, agree, max_diff = [], [], 0.0
+    for s in range(0, ref.shape[0], chunk):
+        r, o = ref[s:s + chunk], out[s:s + chunk]
+        lr, lo = _log_softmax64(r), _log_softmax64(o)
+        kls.append(np.sum(np.exp(lr) * (lr - lo), axis=-1))
+        agree.append(np.argmax(r, axis=-1) == np.argmax(o, axis=-1))
+        max_diff = max(max_diff, float(np.max(np.abs(r.astype(np.float64) - o.astype(np.float64)))))
+    return np.concatenate(kls), np.concatenate(agree), max_diff
+
+
+# ----------------------------------------------------------------------------------------------
+# The comparison
+
+
+def _hf_model(hf_dir: str | os.PathLike, dtype: str):
+    torch, transformers = _reference()
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(hf_dir), dtype=tdtype, attn_implementation="eager")
+    except (OSError, ValueError) as e:
+        raise OlmaxError(f"transformers cannot load {hf_dir}: {str(e).splitlines()[0]}") from None
+    return model.eval()
+
+
+def _hf_rope_dtype(model, dtype) -> str | None:
+    """The dtype of the cos table HF's rotary embedding returns for ``dtype`` activations."""
+    torch, _ = _reference()
+    rot = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rot is None:
+        return None
+    x = torch.zeros(1, 1, 1, dtype=dtype)
+    pos = torch.arange(1)[None]
+    for kwargs in ({"layer_type": "full_attention"}, {}):
+        try:
+            cos, _ = rot(x, pos, **kwargs)
+            return str(cos.dtype).replace("torch.", "")
+        except TypeError:
+            continue
+    return None
+
+
+def _check_same_architecture(ckpt_cfg: ModelConfig, hf_cfg: ModelConfig, ckpt: Any) -> None:
+    for f in _ARCH_FIELDS:
+        a, b = getattr(ckpt_cfg, f), getattr(hf_cfg, f)
+        if a != b:
+            raise OlmaxError(f"checkpoint {ckpt} does not match the HF config: {f} is {a!r} "
+                             f"in the checkpoint, {b!r} in config.json")
+
+
+def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | None = None,
+               seq_len: int | None = None, batch: int = 1, dtype: str = "float32", seed: int = 0,
+               tokens: np.ndarray | None = None, token_file: str | None = None,
+               text: str | None = None) -> dict[str, Any]:
+    """Run both models on the same batch and return the parity report (a JSON-able dict)."""
+    import jax
+    import jax.numpy as jnp
+
+    from olmax.model.olmo3 import forward
+    from olmax.params_io import load_params
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"unsupported dtype '{dtype}' (choose from {', '.join(DTYPES)})")
+    if batch < 1 or (seq_len is not None and seq_len < 1):
+        raise ConfigError("batch and seq_len must be positive")
+    torch, transformers = _reference()
+    hf_cfg = model_config_from_hf(read_hf_config(hf_dir), where=str(Path(hf_dir) / "config.json"))
+    if checkpoint is not None:
+        params, cfg = load_params(checkpoint)
+        _check_same_architecture(cfg, hf_cfg, checkpoint)
+        source = str(checkpoint)
+    else:
+        params, cfg, _ = load_hf(hf_dir, dtype="float32")
+        params = jax.tree.map(jnp.asarray, params)
+        source = "in-memory conversion"
+    seq_len = seq_len or default_seq_len(cfg)
+    if tokens is not None:
+        inputs = "given token ids"
+    elif token_file is not None:
+        tokens, inputs = tokens_from_file(token_file, batch, seq_len), f"token file {token_file}"
+    elif text is not None:
+        tokens, inputs = tokens_from_text(text, hf_dir, batch, seq_len), "text"
+    else:
+        tokens, inputs = seeded_tokens(cfg.vocab_size, batch, seq_len, seed), f"seed {seed}"
+    tokens = np.asarray(tokens, dtype=np.int32)
+    batch, seq_len = tokens.shape
+    if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
+        raise OlmaxError(f"token ids must lie in [0, {cfg.vocab_size}) for this model "
+                         f"(got {tokens.min()}..{tokens.max()})")
+
+    model = _hf_model(hf_dir, dtype)
+    compute = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
+    fwd = jax.jit(lambda p, t: forward(p, t, cfg, compute_dtype=compute))
+    v = cfg.vocab_size
+    windows = [w for w in cfg.window_pattern if w is not None]
+    far = max(windows) if windows else None
+    kls, agrees, far_kls, max_diff = [], [], [], 0.0
+    t_hf = t_ox = 0.0
+    for b in range(batch):
+        row = tokens[b:b + 1]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ref = model(torch.from_numpy(row.astype(np.int64))).logits[0, :, :v]
+            ref = ref.float().numpy()
+        t1 = time.perf_counter()
+        out = np.asarray(fwd(params, jnp.asarray(row)))[0, :, :v]
+        t2 = time.perf_counter()
+        t_hf, t_ox = t_hf + t1 - t0, t_ox + t2 - t1
+        kl, agree, diff = position_metrics(ref, out)
+        kls.append(kl)
+        agrees.append(agree)
+        max_diff = max(max_diff, diff)
+        if far is not None:
+            far_kls.append(kl[far:])
+        del ref, out
+    kl = np.concatenate(kls)
+    agree = np.concatenate(agrees)
+    far_kl = np.concatenate(far_kls) if far_kls else np.zeros(0)
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    return {
+        "kl_mean": float(kl.mean()),
+        "kl_max": float(kl.max()),
+        "top1_agreement": float(agree.mean()),
+        "max_abs_logit_diff": max_diff,
+        "num_positions": int(kl.size),
+        "dtype": dtype,
+        "seq_len": int(seq_len),
+        "batch": int(batch),
+        "vocab_compared": int(v),
+        "window_pattern": list(cfg.window_pattern),
+        "num_positions_beyond_window": int(far_kl.size),
+        "kl_mean_beyond_window": float(far_kl.mean()) if far_kl.size else None,
+        "kl_max_beyond_window": float(far_kl.max()) if far_kl.size else None,
+        "inputs": inputs,
+        "olmax_params": source,
+        "hf_attn_implementation": "eager",
+        "hf_rope_dtype": _hf_rope_dtype(model, tdtype),
+        "seconds_hf": round(t_hf, 3),
+        "seconds_olmax": round(t_ox, 3),
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
+                     "jax": jax.__version__, "python": platform.python_version()},
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    lines = [
+        f"parity ({r['dtype']}, batch {r['batch']} x seq_len {r['seq_len']} = "
+        f"{r['num_positions']} positions, windows {r['window_pattern']}, vocab {r['vocab_compared']})",
+        f"  KL(HF||olmax)  mean {r['kl_mean']:.3e}  max {r['kl_max']:.3e}",
+        f"  top-1 agreement {100 * r['top1_agreement']:.4f} %",
+        f"  max |logit diff| {r['max_abs_logit_diff']:.3e}",
+    ]
+    if r.get("num_positions_beyond_window"):
+        lines.append(f"  beyond the window ({r['num_positions_beyond_window']} positions): "
+                     f"KL mean {r['kl_mean_beyond_window']:.3e}  max {r['kl_max_beyond_window']:.3e}")
+    lines.append(f"  HF RoPE table dtype: {r['hf_rope_dtype']}; transformers "
+                 f"{r['versions']['transformers']}, torch {r['versions']['torch']}")
+    return "\n".join(lines)
+
+
+def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
+    """Atomic write (temp file + rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, p)
+
+
+__all__ = ["run_parity", "position_metrics", "format_report", "write_json", "seeded_tokens",
+           "tokens_from_file", "tokens_from_text", "default_seq_len"]
