@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
-from olmax.data.token_files import cache_root, file_num_tokens
+from olmax.data.token_files import cache_root, file_num_tokens, publish_file
 
 DISK_CACHE_MIN = 1 << 24
 
@@ -92,7 +92,7 @@ def epoch_indices(num_instances: int, seed: int, epoch: int,
         try:
             with os.fdopen(fd, "wb") as f:
                 np.save(f, indices)
-            os.replace(tmp, path)
+            publish_file(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -19,6 +19,18 @@ import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def publish_file(tmp: str, path: Path) -> None:
+    """Give the temporary file normal permissions and rename it into place."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
 DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64}
 
 
@@ -125,7 +137,7 @@ def write_tokens_atomic(path: str | os.PathLike, chunks: Iterable[np.ndarray], d
                 n += arr.size
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        publish_file(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -143,7 +155,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        publish_file(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -1,0 +1,367 @@
+"""Tokenize text into OLMo token files: each document's tokens then one EOS, raw little-endian uint32.
+
+Inputs (files, or folders searched recursively for these suffixes, sorted):
+
+* ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` (also ``.json.gz``/``.json.zst``): one JSON object per
+  line, the document in a string field (``text`` by default);
+* ``.parquet``: the document column (``text`` by default);
+* anything else: a plain UTF-8 text file, one document.
+
+Documents with empty text are skipped (counted in the manifest); an input without any document, an
+unreadable line, a missing field, invalid UTF-8 or a token id >= the vocab size is an
+:class:`OlmaxError` naming the file (and line).
+
+Work is cut into *groups* of consecutive inputs (about ``group_bytes`` of input each). Group g writes
+``part-GGGGG-JJJJ.npy`` files of at most ``max_file_tokens`` tokens (split at document boundaries;
+a longer single document gets a file of its own) into a temporary folder, then moves them into place
+and records ``.progress/GGGGG.json``; groups run in worker processes. An interrupted run resumes
+group by group (same inputs and settings required); every file is complete or absent. When all
+groups are done, ``manifest.json`` lists every file (documents, tokens, sha256) in order with the
+tokenizer identity; it is written last, atomically.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import multiprocessing as mp
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from olmax.config import ConfigError, OlmaxError
+from olmax.data.token_files import check_ids, write_bytes_atomic, write_tokens_atomic
+
+MANIFEST = "manifest.json"
+PROGRESS_DIR = ".progress"
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
+_BATCH_DOCS = 256
+
+
+@dataclass(frozen=True)
+class TokenizeSettings:
+    tokenizer: str = "dolma2"
+    text_field: str = "text"
+    max_file_tokens: int = 1 << 28   # 1 GiB of uint32 per output file
+    group_bytes: int = 32 << 20      # input bytes per unit of work
+
+
+@dataclass
+class GroupResult:
+    group: int
+    files: list[dict[str, Any]] = field(default_factory=list)
+    documents: int = 0
+    tokens: int = 0
+    skipped_empty: int = 0
+    input_bytes: int = 0
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+def _kind(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return "text"
+
+
+def expand_inputs(inputs: Sequence[str]) -> list[Path]:
+    """Files as given; folders expanded to their supported files (sorted). Errors name the path."""
+    if not inputs:
+        raise ConfigError("tokenize: no input given")
+    out: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*") if q.is_file() and not q.name.startswith(".")
+                           and q.name.lower().endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES + TEXT_SUFFIXES))
+            if not found:
+                raise OlmaxError(f"{p}: folder holds no .jsonl[.gz|.zst], .parquet or text files")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise OlmaxError(f"input not found: {p}")
+    return out
+
+
+def _open_lines(path: Path) -> io.BufferedIOBase:
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if name.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.open(path, "rb"))  # the raw reader cannot iterate lines
+    return open(path, "rb")
+
+
+def iter_documents(path: Path, text_field: str) -> Iterator[str]:
+    """Document texts of one input, in order (empty ones included)."""
+    kind = _kind(path)
+    if kind == "text":
+        try:
+            yield path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise OlmaxError(f"{path}: not valid UTF-8 at byte {e.start}") from None
+        return
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as e:
+            raise OlmaxError(f"{path}: cannot read Parquet: {e}") from None
+        if text_field not in pf.schema_arrow.names:
+            raise OlmaxError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+        row = 0
+        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
+            for value in batch.column(0).to_pylist():
+                row += 1
+                if not isinstance(value, str):
+                    raise OlmaxError(f"{path}: row {row}: column {text_field!r} is not a string")
+                yield value
+        return
+    try:
+        with _open_lines(path) as f:
+            for n, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise OlmaxError(f"{path}:{n}: unreadable JSON line ({e})") from None
+                if not isinstance(obj, dict) or text_field not in obj:
+                    raise OlmaxError(f"{path}:{n}: no {text_field!r} field")
+                text = obj[text_field]
+                if not isinstance(text, str):
+                    raise OlmaxError(f"{path}:{n}: field {text_field!r} is not a string")
+                yield text
+    except (OSError, EOFError) as e:  # truncated/corrupt compressed input
+        if isinstance(e, FileNotFoundError):
+            raise OlmaxError(f"input not found: {path}") from None
+        raise OlmaxError(f"{path}: cannot read: {e}") from None
+    except Exception as e:
+        if type(e).__module__.startswith("zstandard"):
+            raise OlmaxError(f"{path}: cannot read: {e}") from None
+        raise
+
+
+def plan_groups(paths: Sequence[Path], group_bytes: int) -> list[list[int]]:
+    """Consecutive input indices, about ``group_bytes`` of input each (at least one input)."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i, p in enumerate(paths):
+        current.append(i)
+        size += p.stat().st_size
+        if size >= group_bytes:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        groups.append(current)
+    return groups
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+_WORKER_TOKENIZER: Any = None
+
+
+def _worker_init(tokenizer: str) -> None:
+    global _WORKER_TOKENIZER
+    from olmax.data.tokenizer import get_tokenizer
+
+    _WORKER_TOKENIZER = get_tokenizer(tokenizer)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tokenize_group(task: tuple[int, list[str], str, TokenizeSettings]) -> GroupResult:
+    """Tokenize one group into ``out/part-GGGGG-JJJJ.npy``; returns what it wrote."""
+    group, inputs, out_dir, settings = task
+    from olmax.data.tokenizer import token_dtype
+
+    tok = _WORKER_TOKENIZER
+    if tok is None:
+        _worker_init(settings.tokenizer)
+        tok = _WORKER_TOKENIZER
+    out = Path(out_dir)
+    dtype = token_dtype(tok.vocab_size)
+    tmp = out / f".tmp-group-{group:05d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    result = GroupResult(group)
+    pending: list[np.ndarray] = []
+    pending_tokens = pending_docs = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_tokens, pending_docs
+        name = f"part-{group:05d}-{len(result.files):04d}.npy"
+        write_tokens_atomic(tmp / name, pending, dtype)
+        result.files.append({"path": name, "documents": pending_docs, "tokens": pending_tokens,
+                             "sha256": _sha256_file(tmp / name)})
+        pending, pending_tokens, pending_docs = [], 0, 0
+
+    def add(path: str, texts: list[str]) -> None:
+        nonlocal pending_tokens, pending_docs
+        for ids in tok.encode_batch(texts):
+            arr = np.empty(len(ids) + 1, dtype=dtype)
+            arr[:-1] = ids
+            arr[-1] = tok.eos_token_id
+            check_ids(arr, tok.vocab_size, path)
+            if pending and pending_tokens + arr.size > settings.max_file_tokens:
+                flush()
+            pending.append(arr)
+            pending_tokens += arr.size
+            pending_docs += 1
+            result.documents += 1
+            result.tokens += arr.size
+
+    try:
+        for path in inputs:
+            p = Path(path)
+            result.input_bytes += p.stat().st_size
+            texts: list[str] = []
+            kept = 0
+            for text in iter_documents(p, settings.text_field):
+                if not text:
+                    result.skipped_empty += 1
+                    continue
+                texts.append(text)
+                kept += 1
+                if len(texts) >= _BATCH_DOCS:
+                    add(path, texts)
+                    texts = []
+            if texts:
+                add(path, texts)
+            if kept == 0:
+                raise OlmaxError(f"{p}: empty input (no non-empty document)")
+        if pending:
+            flush()
+        for f in result.files:  # every file is complete: move them into place
+            os.replace(tmp / f["path"], out / f["path"])
+        write_bytes_atomic(out / PROGRESS_DIR / f"{group:05d}.json",
+                           json.dumps(asdict(result)).encode())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+# -- driver -------------------------------------------------------------------------------------
+
+def _input_record(p: Path) -> dict[str, Any]:
+    st = p.stat()
+    return {"path": str(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettings = TokenizeSettings(),
+                   *, workers: int = 1, progress: bool = True,
+                   log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Tokenize ``inputs`` into ``out_dir``; returns the manifest. Resumes an interrupted run."""
+    from olmax.data.tokenizer import get_tokenizer, token_dtype
+
+    if settings.max_file_tokens <= 0:
+        raise ConfigError("tokenize: the file size limit must be positive")
+    paths = expand_inputs(inputs)
+    tok = get_tokenizer(settings.tokenizer)
+    out = Path(out_dir)
+    records = [_input_record(p) for p in paths]
+    groups = plan_groups(paths, settings.group_bytes)
+    plan = {"settings": asdict(settings), "tokenizer": tok.identity, "inputs": records, "groups": groups}
+    plan_path = out / PROGRESS_DIR / "plan.json"
+    if (out / MANIFEST).exists():
+        raise OlmaxError(f"{out / MANIFEST} exists: {out} already holds a finished tokenization "
+                         f"(choose another --out)")
+    if plan_path.exists():
+        started = list((out / PROGRESS_DIR).glob("[0-9]*.json"))
+        if json.loads(plan_path.read_text()) != plan:
+            if started:
+                raise OlmaxError(f"{out} holds an unfinished tokenization of other inputs or settings "
+                                 f"(resume with the same ones, or delete the folder)")
+            write_bytes_atomic(plan_path, json.dumps(plan, indent=1).encode())  # nothing done yet
+    else:
+        if out.exists() and any(p for p in out.iterdir()):
+            raise OlmaxError(f"{out} is not empty; refusing to write into it")
+        write_bytes_atomic(plan_path, json.dumps(plan, indent=1).encode())
+
+    done: dict[int, GroupResult] = {}
+    for g in range(len(groups)):
+        marker = out / PROGRESS_DIR / f"{g:05d}.json"
+        if marker.is_file():
+            done[g] = GroupResult(**json.loads(marker.read_text()))
+    todo = [(g, [str(paths[i]) for i in groups[g]], str(out), settings)
+            for g in range(len(groups)) if g not in done]
+    if done:
+        log(f"resuming: {len(done)} of {len(groups)} groups already done")
+
+    total_bytes = sum(r["bytes"] for r in records)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize",
+                   initial=sum(r.input_bytes for r in done.values()))
+    t0 = time.perf_counter()
+    new_tokens = 0
+    try:
+        if workers > 1 and len(todo) > 1:
+            ctx = mp.get_context("spawn")
+            with ctx.Pool(min(workers, len(todo)), initializer=_worker_init,
+                          initargs=(settings.tokenizer,)) as pool:
+                for res in pool.imap_unordered(_tokenize_group, todo):
+                    done[res.group] = res
+                    new_tokens += res.tokens
+                    if bar is not None:
+                        bar.update(res.input_bytes)
+                        bar.set_postfix(tokens=f"{new_tokens:.3g}")
+        else:
+            for task in todo:
+                res = _tokenize_group(task)
+                done[res.group] = res
+                new_tokens += res.tokens
+                if bar is not None:
+                    bar.update(res.input_bytes)
+                    bar.set_postfix(tokens=f"{new_tokens:.3g}")
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - t0
+
+    files = [f for g in range(len(groups)) for f in done[g].files]
+    manifest = {
+        "format": "olmo raw token files: headerless little-endian, each document + one EOS",
+        "dtype": token_dtype(tok.vocab_size).name,
+        "tokenizer": tok.identity,
+        "text_field": settings.text_field,
+        "max_file_tokens": settings.max_file_tokens,
+        "documents": sum(r.documents for r in done.values()),
+        "tokens": sum(r.tokens for r in done.values()),
+        "skipped_empty": sum(r.skipped_empty for r in done.values()),
+        "inputs": records,
+        "files": files,
+    }
+    if manifest["documents"] == 0:
+        raise OlmaxError("tokenize: the inputs hold no non-empty document")
+    write_bytes_atomic(out / MANIFEST, json.dumps(manifest, indent=1).encode())
+    shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
+    manifest["_seconds"] = seconds
+    manifest["_new_tokens"] = new_tokens
+    return manifest
