@@ -1,0 +1,103 @@
+"""``olmax data``: inspect the training stream (and, when installed, ``data overlap``).
+
+``olmax data inspect (--mix MIXFILE --root DIR | --paths FILE...) --seq-len L --global-batch-size B
+--seed S [--epoch E] --batches START:END [--repetition-filter] --json`` prints a JSON list with one
+object per global batch b in [START, END): ``{"batch": b, "instances": [global instance ids in batch
+order], "sha256": hex sha256 of the batch's tokens as uint32 little-endian in batch order,
+"filtered": [true where the repetition filter rejects the instance]}``. Batch b counts from the
+start of epoch E and rolls over into later epochs, as in training (step s reads b = s - 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import sys
+
+import numpy as np
+
+from olmax.config import ConfigError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("data", help="inspect training data")
+    sub = p.add_subparsers(dest="data_command", metavar="DATA_COMMAND")
+    sub.required = True
+
+    q = sub.add_parser("inspect", help="instance ids and token hashes of global batches",
+                       description="Global batches exactly as training reads them (OLMo-core order).")
+    src = q.add_mutually_exclusive_group(required=True)
+    src.add_argument("--mix", help="OLMo-core mix file (label,path lines with {TOKENIZER})")
+    src.add_argument("--paths", nargs="+", metavar="FILE", help="token files in order")
+    q.add_argument("--root", help="where the mix's relative paths live (default: the mix file's folder)")
+    q.add_argument("--remap", action="append", default=[], metavar="OLD=NEW", help="path prefix rewrite")
+    q.add_argument("--mix-tokenizer", default="allenai/dolma3-tokenizer",
+                   help="value of {TOKENIZER} in the mix (default allenai/dolma3-tokenizer)")
+    q.add_argument("--tokenizer", default="dolma2", help="tokenizer of the files (vocab, EOS, pad)")
+    q.add_argument("--dtype", default="uint32")
+    q.add_argument("--seq-len", type=int, required=True)
+    q.add_argument("--global-batch-size", type=int, required=True, help="sequences per global batch")
+    q.add_argument("--seed", type=int, required=True)
+    q.add_argument("--epoch", type=int, default=1, help="epoch of batch 0 (OLMo-core starts at 1)")
+    q.add_argument("--batches", required=True, metavar="START:END", help="global batch range, END exclusive")
+    q.add_argument("--repetition-filter", action="store_true", help="apply OLMo-core's repetition filter")
+    q.add_argument("--json", action="store_true", help="print the JSON list (default: a table)")
+    q.set_defaults(func=run_inspect)
+
+    try:
+        overlap = importlib.import_module("olmax.commands.data_overlap")
+    except ModuleNotFoundError as e:
+        if e.name != "olmax.commands.data_overlap":
+            raise
+    else:
+        overlap.add_overlap_parser(sub)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    try:
+        start_s, end_s = text.split(":")
+        start, end = int(start_s), int(end_s)
+    except ValueError:
+        raise ConfigError(f"--batches: expected START:END, got {text!r}") from None
+    if start < 0 or end < start:
+        raise ConfigError(f"--batches: need 0 <= START <= END, got {text!r}")
+    return start, end
+
+
+def inspect_batches(data, start: int, end: int) -> list[dict]:
+    """The ``data inspect`` records for global batches [start, end) of a TrainData."""
+    out = []
+    for b in range(start, end):
+        batch = data.global_batch(b)
+        tokens = np.ascontiguousarray(batch["tokens"], dtype="<u4")
+        out.append({"batch": b, "instances": batch["instance_ids"].tolist(),
+                    "sha256": hashlib.sha256(tokens.tobytes()).hexdigest(),
+                    "filtered": (~batch["instance_mask"]).tolist()})
+    return out
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from olmax.config import DataConfig
+    from olmax.data.loader import build_train_data
+
+    start, end = parse_range(args.batches)
+    cfg = DataConfig(paths=tuple(args.paths or ()), mix=args.mix, root=args.root, remap=tuple(args.remap),
+                     mix_tokenizer=args.mix_tokenizer, tokenizer=args.tokenizer, dtype=args.dtype,
+                     epoch=args.epoch, repetition_filter=args.repetition_filter)
+    data = build_train_data(cfg, seq_len=args.seq_len, global_batch_size=args.global_batch_size,
+                            seed=args.seed)
+    records = inspect_batches(data, start, end)
+    if args.json:
+        json.dump(records, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{data.num_instances} instances, {data.batches_per_epoch} batches per epoch, "
+          f"{len(data.index.paths)} files")
+    for r in records:
+        ids = r["instances"]
+        shown = ", ".join(map(str, ids[:6])) + (", ..." if len(ids) > 6 else "")
+        print(f"batch {r['batch']:>8} epoch {data.epoch_of(r['batch'])}  sha256 {r['sha256'][:16]}  "
+              f"filtered {sum(r['filtered'])}  [{shown}]")
+    return 0
