@@ -22,7 +22,8 @@ import optax
 import pytest
 
 from olmax.config import CheckpointConfig, OlmaxError
-from olmax.train.checkpoint import (Checkpointer, StopSignal, abstract_tree, find_step_dir,
+from olmax.params_io import load_params
+from olmax.train.checkpoint import (Checkpointer, StopSignal, abstract_tree, open_step_dir,
                                     rewind_jsonl)
 from olmax.train.state import TrainState
 
@@ -75,8 +76,10 @@ def test_roundtrip_meta_and_step(tmp_path):
     ck.close()
     # the layout promised to params_io: <step>/{params,opt_state,meta}
     assert {p.name for p in (tmp_path / "checkpoints" / "4").iterdir()} >= {"params", "opt_state", "meta"}
-    assert find_step_dir(tmp_path) == tmp_path / "checkpoints" / "4"
-    assert find_step_dir(tmp_path / "checkpoints" / "2") == tmp_path / "checkpoints" / "2"
+    ro, step = open_step_dir(tmp_path)
+    assert step == 4 and ro.directory == tmp_path / "checkpoints"
+    st, _ = ro.restore(2, abstract(states[2]), items=("params",))
+    assert_trees_equal(st.params, states[2].params)
 
 
 def test_interval_force_and_existing_step(tmp_path):
@@ -243,3 +246,19 @@ def test_stop_signal_turns_sigterm_into_a_flag():
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested() and stop.received == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_params_io_reads_a_training_step_dir(tmp_path):
+    from olmax.config import to_dict
+    from olmax.model.olmo3 import init_params
+    from olmax.model.presets import get_preset
+
+    cfg = get_preset("olmo3-tiny").replace(vocab_size=96, padded_vocab_size=128)
+    params = init_params(cfg, jax.random.key(1))
+    tx = optax.adam(1e-3)
+    ck = Checkpointer(tmp_path / "checkpoints", CheckpointConfig(interval=1))
+    ck.save(3, TrainState(params, tx.init(params), jnp.int32(3)), {"model": to_dict(cfg)})
+    ck.wait()
+    loaded, loaded_cfg = load_params(tmp_path, dtype=jnp.bfloat16)
+    assert loaded_cfg == cfg
+    assert_trees_equal(loaded, jax.tree.map(lambda x: x.astype(jnp.bfloat16), params))

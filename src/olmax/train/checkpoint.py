@@ -349,24 +349,14 @@ class Checkpointer:
 # Helpers for the trainer
 
 
-def find_step_dir(path: str | os.PathLike) -> Path:
-    """A step dir, a ``checkpoints/`` dir or a run dir -> the latest complete step dir in it."""
-    p = Path(path)
-    if not p.exists():
-        raise OlmaxError(f"checkpoint not found: {p}")
-    if (p / META_ITEM).is_dir() or (p / "params").is_dir():
-        return p
-    if (p / "checkpoints").is_dir():
-        p = p / "checkpoints"
-    steps = sorted((int(c.name) for c in p.iterdir() if _STEP_RE.match(c.name) and c.is_dir()))
-    if not steps:
-        raise OlmaxError(f"no complete checkpoint in {p}")
-    return p / str(steps[-1])
-
-
 def open_step_dir(path: str | os.PathLike, report: Report | None = None) -> tuple[Checkpointer, int]:
-    """A read-only :class:`Checkpointer` over the directory holding the step dir ``path`` resolves to."""
-    step_dir = find_step_dir(path)
+    """A read-only :class:`Checkpointer` over the step dir ``path`` resolves to (a step dir, a run
+    dir or a ``checkpoints/`` dir: see :func:`olmax.params_io.resolve_step_dir`), and its step."""
+    from olmax.params_io import resolve_step_dir
+
+    step_dir = resolve_step_dir(path)
+    if not _STEP_RE.match(step_dir.name):
+        raise OlmaxError(f"{step_dir}: not a training checkpoint step dir (its name is not a step)")
     return Checkpointer(step_dir.parent, read_only=True, report=report), int(step_dir.name)
 
 
