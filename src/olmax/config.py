@@ -306,6 +306,27 @@ def load_yaml(path: str | Path) -> dict:
 
 
 @dataclass(frozen=True)
+class MixtureSourceConfig:
+    """One source of a run-time mixture (OLMo-core ``SourceMixtureConfig``)."""
+
+    name: str
+    target_ratio: float
+    paths: tuple[str, ...]               # token files; globs allowed (sorted)
+    max_repetition_ratio: float = 1.0
+    max_source_fraction: float = 1.0
+
+
+@dataclass(frozen=True)
+class SourceMixtureConfig:
+    """Run-time source mixture (OLMo-core ``SourceMixtureDatasetConfig``); global batch and seq_len
+    come from the train section."""
+
+    sources: tuple[MixtureSourceConfig, ...] = ()
+    requested_tokens: int = 0
+    seed: int = 42
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Training data: a realised file list (OLMo-core mix file or explicit paths)."""
 
@@ -326,6 +347,7 @@ class DataConfig:
     repetition_min_period: int = 1
     repetition_max_count: int = 32
     cache_dir: str | None = None         # index/embedded caches (None: $OLMAX_CACHE or ~/.cache/olmax)
+    mixture: SourceMixtureConfig | None = None  # run-time source mixture instead of paths/mix
 
 
 @dataclass(frozen=True)
@@ -455,6 +477,7 @@ def resolve_model(section: Mapping[str, Any] | None, path: str = "model") -> Mod
 
 __all__ = [
     "ConfigError", "OlmaxError", "ModelConfig", "YarnConfig", "RunConfig", "DataConfig",
+    "SourceMixtureConfig", "MixtureSourceConfig",
     "TrainConfig", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig",
     "DistributedConfig", "MeshConfig", "EvalConfig", "LoggingConfig", "run_config_from_dict",
     "from_dict", "to_dict",

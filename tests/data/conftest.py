@@ -10,11 +10,11 @@ from datahelp import VOCAB, write_tokens
 
 @pytest.fixture
 def make_files(tmp_path):
-    """make_files([n_tokens, ...], seed) -> paths of random token files of those sizes."""
+    """make_files([n_tokens, ...], seed, prefix=...) -> paths of random token files of those sizes."""
 
-    def make(sizes, seed=0, high=VOCAB):
+    def make(sizes, seed=0, high=VOCAB, prefix="part"):
         rng = np.random.default_rng(seed)
-        return [write_tokens(tmp_path / f"part-{i:03d}.npy", rng.integers(0, high, n))
+        return [write_tokens(tmp_path / f"{prefix}-{i:03d}.npy", rng.integers(0, high, n))
                 for i, n in enumerate(sizes)]
 
     return make

@@ -23,10 +23,12 @@ OVERRIDE = "data.ignore_fingerprint_mismatch=true"
 
 def olmo_core_fingerprint(paths: tuple[str, ...], sizes: tuple[int, ...], *, vocab_size: int,
                           pad_token_id: int, eos_token_id: int, dtype: np.dtype,
-                          bos_token_id: int | None) -> str:
-    """``NumpyFSLDataset.fingerprint`` (``data/numpy_dataset.py``), ``max_target_sequence_length=None``."""
+                          bos_token_id: int | None, class_name: str = "NumpyFSLDataset") -> str:
+    """``NumpyFSLDataset.fingerprint`` (``data/numpy_dataset.py``), ``max_target_sequence_length=None``.
+
+    For a source mixture, ``class_name="NumpyFSLDatasetMixture"`` and sizes are the allocations."""
     h = hashlib.sha256()
-    h.update(b"class=NumpyFSLDataset")
+    h.update(f"class={class_name}".encode())
     fields = (("vocab_size", vocab_size), ("pad_token_id", pad_token_id),
               ("eos_token_id", eos_token_id), ("dtype", np.dtype(dtype).type),
               ("max_target_sequence_length", None), ("bos_token_id", bos_token_id))
@@ -38,7 +40,8 @@ def olmo_core_fingerprint(paths: tuple[str, ...], sizes: tuple[int, ...], *, voc
 
 
 def make_fingerprint(paths: tuple[str, ...], file_tokens: tuple[int, ...], *, seq_len: int,
-                     dtype: np.dtype, tokenizer: dict[str, Any]) -> dict[str, Any]:
+                     dtype: np.dtype, tokenizer: dict[str, Any],
+                     class_name: str = "NumpyFSLDataset") -> dict[str, Any]:
     dtype = np.dtype(dtype)
     sizes = tuple(n * dtype.itemsize for n in file_tokens)
     return {
@@ -51,7 +54,7 @@ def make_fingerprint(paths: tuple[str, ...], file_tokens: tuple[int, ...], *, se
         "olmo_core_sha256": olmo_core_fingerprint(
             paths, sizes, vocab_size=tokenizer["vocab_size"], pad_token_id=tokenizer["pad_token_id"],
             eos_token_id=tokenizer["eos_token_id"], dtype=dtype,
-            bos_token_id=tokenizer.get("bos_token_id")),
+            bos_token_id=tokenizer.get("bos_token_id"), class_name=class_name),
     }
 
 

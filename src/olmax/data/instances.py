@@ -41,12 +41,22 @@ class InstanceIndex:
     offsets: np.ndarray  # int64 [F + 1]
 
     @classmethod
-    def build(cls, paths: tuple[str, ...] | list[str], seq_len: int, dtype: np.dtype) -> "InstanceIndex":
+    def build(cls, paths: tuple[str, ...] | list[str], seq_len: int, dtype: np.dtype,
+              token_limits: tuple[int, ...] | None = None) -> "InstanceIndex":
+        """``token_limits`` (a source mixture's allocation) uses only the first tokens of each entry;
+        a path may then appear more than once."""
         if seq_len <= 0:
             raise ConfigError(f"seq_len must be positive, got {seq_len}")
         if not paths:
             raise ConfigError("no data files given")
         tokens = tuple(file_num_tokens(p, dtype) for p in paths)
+        if token_limits is not None:
+            if len(token_limits) != len(tokens):
+                raise ConfigError("token_limits must give one count per path")
+            for p, n, limit in zip(paths, tokens, token_limits):
+                if not 0 <= limit <= n:
+                    raise OlmaxError(f"{p}: allocation of {limit} tokens exceeds the file's {n}")
+            tokens = tuple(int(t) for t in token_limits)
         per_file = np.array([n // seq_len for n in tokens], dtype=np.int64)
         offsets = np.concatenate(([0], np.cumsum(per_file))).astype(np.int64)
         return cls(tuple(str(p) for p in paths), tokens, seq_len, offsets)

@@ -36,13 +36,14 @@ class TrainData:
                  seed: int, epoch: int = 1, dtype: str = "uint32",
                  tokenizer: dict[str, Any], repetition_filter: RepetitionFilter | None = None,
                  num_workers: int = 0, prefetch: int = 2, labels: list[str] | None = None,
-                 ignore_fingerprint_mismatch: bool = False, cache_dir: str | None = None) -> None:
+                 ignore_fingerprint_mismatch: bool = False, cache_dir: str | None = None,
+                 token_limits: tuple[int, ...] | None = None) -> None:
         self.dtype = parse_dtype(dtype)
         self.tokenizer = dict(tokenizer)
         self.vocab_size = int(tokenizer["vocab_size"])
         if self.vocab_size - 1 > np.iinfo(self.dtype).max:
             raise ConfigError(f"data.dtype {dtype} cannot hold vocab size {self.vocab_size}")
-        self.index = InstanceIndex.build(tuple(paths), seq_len, self.dtype)
+        self.index = InstanceIndex.build(tuple(paths), seq_len, self.dtype, token_limits)
         self.plan = BatchPlan(self.index.num_instances, global_batch_size, seed, epoch, cache_dir)
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
@@ -54,7 +55,9 @@ class TrainData:
         self.prefetch = prefetch
         self.ignore_fingerprint_mismatch = ignore_fingerprint_mismatch
         self.fingerprint = make_fingerprint(self.index.paths, self.index.file_tokens,
-                                            seq_len=seq_len, dtype=self.dtype, tokenizer=tokenizer)
+                                            seq_len=seq_len, dtype=self.dtype, tokenizer=tokenizer,
+                                            class_name="NumpyFSLDataset" if token_limits is None
+                                            else "NumpyFSLDatasetMixture")
         self._reader = TokenReader(self.dtype)
 
     # -- shape of the stream ----------------------------------------------------------------
@@ -146,10 +149,13 @@ def _ensure_absl_flags() -> None:
 def resolve_paths(data_cfg: DataConfig) -> tuple[list[str], list[str] | None]:
     """The config's data files in order (and mix labels when a mix file is used)."""
     chosen = [name for name, on in (("data.paths", bool(data_cfg.paths)), ("data.mix", bool(data_cfg.mix)),
-                                    ("data.embedded", data_cfg.embedded)) if on]
+                                    ("data.embedded", data_cfg.embedded),
+                                    ("data.mixture", data_cfg.mixture is not None)) if on]
     if len(chosen) != 1:
-        raise ConfigError("set exactly one of data.paths, data.mix, data.embedded "
+        raise ConfigError("set exactly one of data.paths, data.mix, data.embedded, data.mixture "
                           f"(got {', '.join(chosen) or 'none'})")
+    if data_cfg.mixture is not None:
+        raise ConfigError("data.mixture is resolved by build_train_data (it needs seq_len and batch size)")
     if data_cfg.embedded:
         from olmax.data.embedded import embedded_token_files
 
@@ -170,8 +176,17 @@ def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: i
     """TrainData for a run's data section (``seed`` is the run seed, as OLMo-core's loader uses it)."""
     from olmax.data.tokenizer import get_tokenizer
 
-    paths, labels = resolve_paths(data_cfg)
     tok = get_tokenizer(data_cfg.tokenizer)
+    limits = None
+    if data_cfg.mixture is not None and not (data_cfg.paths or data_cfg.mix or data_cfg.embedded):
+        from olmax.data.mixture import allocate
+
+        entries = allocate(data_cfg.mixture, seq_len=seq_len, global_batch_size=global_batch_size,
+                           dtype=parse_dtype(data_cfg.dtype))
+        paths, labels = [e.path for e in entries], [e.source for e in entries]
+        limits = tuple(e.tokens for e in entries)
+    else:
+        paths, labels = resolve_paths(data_cfg)
     flt = None
     if data_cfg.repetition_filter:
         flt = RepetitionFilter(data_cfg.repetition_max_period, data_cfg.repetition_min_period,
@@ -181,7 +196,7 @@ def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: i
                      repetition_filter=flt, num_workers=data_cfg.num_workers,
                      prefetch=data_cfg.prefetch, labels=labels,
                      ignore_fingerprint_mismatch=data_cfg.ignore_fingerprint_mismatch,
-                     cache_dir=data_cfg.cache_dir)
+                     cache_dir=data_cfg.cache_dir, token_limits=limits)
 
 
 __all__ = ["TrainData", "build_train_data", "resolve_paths", "OlmaxError"]
