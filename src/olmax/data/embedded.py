@@ -9,7 +9,7 @@ The held-out split is by document and deterministic: a document is held out when
 or ``pydoc/<topic>``, so the split does not depend on the contents.
 
 :func:`embedded_token_files` tokenizes a split with dolma2 into OLMo-format token files (each
-document + one EOS, raw uint32 LE, a new file every ``FILE_TOKENS`` tokens at a document boundary),
+document + one EOS, raw uint32 LE, files of at most ``FILE_TOKENS`` tokens split between documents),
 cached under ``$OLMAX_CACHE`` (default ``~/.cache/olmax``) in a folder keyed by a hash of the
 documents and the tokenizer, built in a temporary folder and renamed into place.
 """
@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from olmax.config import ConfigError
-from olmax.data.token_files import cache_root, write_bytes_atomic, write_tokens_atomic
+from olmax.data.token_files import DocumentWriter, cache_root, write_bytes_atomic
 
 FILE_TOKENS = 1 << 21
 HELDOUT_MODULUS = 20
 SPLITS = ("train", "heldout")
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 
 
 def _is_heldout(name: str) -> bool:
@@ -107,30 +107,14 @@ def embedded_token_files(split: str = "train", cache_dir: str | os.PathLike | No
     tmp = Path(tempfile.mkdtemp(prefix=f".{split}-{key}.", dir=root))
     try:
         texts = embedded_documents(split)
-        files: list[dict] = []
-        pending: list[np.ndarray] = []
-        pending_tokens = pending_docs = 0
-
-        def flush() -> None:
-            nonlocal pending, pending_tokens, pending_docs
-            name = f"part-{len(files):05d}.npy"
-            write_tokens_atomic(tmp / name, pending, np.dtype(np.uint32))
-            files.append({"path": name, "documents": pending_docs, "tokens": pending_tokens})
-            pending, pending_tokens, pending_docs = [], 0, 0
-
-        batch = 64
-        for i in range(0, len(texts), batch):
-            for ids in tok.encode_batch(texts[i:i + batch]):
-                arr = np.empty(len(ids) + 1, dtype=np.uint32)
-                arr[:-1] = ids
-                arr[-1] = tok.eos_token_id
-                pending.append(arr)
-                pending_tokens += arr.size
-                pending_docs += 1
-                if pending_tokens >= FILE_TOKENS:
-                    flush()
-        if pending:
-            flush()
+        writer = DocumentWriter(tmp, lambda k: f"part-{k:05d}.npy", max_tokens=FILE_TOKENS,
+                                dtype=np.dtype(np.uint32), eos_token_id=tok.eos_token_id,
+                                vocab_size=tok.vocab_size)
+        for i in range(0, len(texts), 64):
+            for ids in tok.encode_batch(texts[i:i + 64]):
+                writer.add(ids, "embedded corpus")
+        writer.flush()
+        files = writer.files
         write_bytes_atomic(tmp / "manifest.json", json.dumps(
             {"split": split, "tokenizer": tok.identity, "files": files}, indent=1).encode())
         try:

@@ -19,14 +19,13 @@ rows it reads.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
-from olmax.data.token_files import cache_root, file_num_tokens, publish_file
+from olmax.data.token_files import atomic_output, cache_root, file_num_tokens
 
 DISK_CACHE_MIN = 1 << 24
 
@@ -98,15 +97,8 @@ def epoch_indices(num_instances: int, seed: int, epoch: int,
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         indices = shuffled_indices(num_instances, seed, epoch)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, indices)
-            publish_file(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_output(path) as f:
+            np.save(f, indices)
         del indices
     arr = np.load(path, mmap_mode="r")
     if arr.shape != (num_instances,) or arr.dtype != np.uint32:

@@ -10,10 +10,12 @@ Readers here never map a whole file into Python objects: sizes come from ``stat`
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Iterable, Iterator
 
 import numpy as np
 
@@ -116,25 +118,15 @@ def check_ids(ids: np.ndarray, vocab_size: int, where: str) -> None:
         )
 
 
-def write_tokens_atomic(path: str | os.PathLike, chunks: Iterable[np.ndarray], dtype: np.dtype,
-                        *, overwrite: bool = False) -> int:
-    """Write ``chunks`` back to back as one raw little-endian token file, atomically (temp + rename).
-
-    Returns the number of tokens written. Refuses to replace an existing file unless ``overwrite``.
-    """
+@contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file that appears at ``path`` only when the block completes (temp + fsync + rename)."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise OlmaxError(f"{path} already exists; refusing to overwrite")
     path.parent.mkdir(parents=True, exist_ok=True)
-    le = np.dtype(dtype).newbyteorder("<")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    n = 0
     try:
         with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                arr = np.ascontiguousarray(chunk, dtype=le)
-                f.write(arr.tobytes())
-                n += arr.size
+            yield f
             f.flush()
             os.fsync(f.fileno())
         publish_file(tmp, path)
@@ -142,24 +134,82 @@ def write_tokens_atomic(path: str | os.PathLike, chunks: Iterable[np.ndarray], d
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_tokens_atomic(path: str | os.PathLike, chunks: Iterable[np.ndarray], dtype: np.dtype,
+                        *, overwrite: bool = False) -> int:
+    """Write ``chunks`` back to back as one raw little-endian token file, atomically.
+
+    Returns the number of tokens written. Refuses to replace an existing file unless ``overwrite``.
+    """
+    if Path(path).exists() and not overwrite:
+        raise OlmaxError(f"{path} already exists; refusing to overwrite")
+    le = np.dtype(dtype).newbyteorder("<")
+    n = 0
+    with atomic_output(path) as f:
+        for chunk in chunks:
+            arr = np.ascontiguousarray(chunk, dtype=le)
+            f.write(arr.tobytes())
+            n += arr.size
     return n
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Atomically replace ``path`` with ``data`` (manifests, index caches)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        publish_file(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Atomically replace ``path`` with ``data`` (manifests, progress records)."""
+    with atomic_output(path) as f:
+        f.write(data)
+
+
+class DocumentWriter:
+    """Writes documents (each + one EOS) into token files of at most ``max_tokens`` tokens.
+
+    A file is closed before a document would overflow it (a longer single document gets a file of
+    its own). File k is ``directory / name(k)``, written atomically; :attr:`files` records each one's
+    name, documents, tokens and sha256.
+    """
+
+    def __init__(self, directory: str | os.PathLike, name, *, max_tokens: int, dtype: np.dtype,
+                 eos_token_id: int, vocab_size: int) -> None:
+        self.directory = Path(directory)
+        self.name = name
+        self.max_tokens = max_tokens
+        self.dtype = np.dtype(dtype)
+        self.eos_token_id = eos_token_id
+        self.vocab_size = vocab_size
+        self.files: list[dict] = []
+        self.documents = 0
+        self.tokens = 0
+        self._pending: list[np.ndarray] = []
+        self._pending_tokens = 0
+
+    def add(self, ids: list[int], where: str) -> None:
+        arr = np.empty(len(ids) + 1, dtype=self.dtype)
+        arr[:-1] = ids
+        arr[-1] = self.eos_token_id
+        check_ids(arr, self.vocab_size, where)
+        if self._pending and self._pending_tokens + arr.size > self.max_tokens:
+            self.flush()
+        self._pending.append(arr)
+        self._pending_tokens += arr.size
+        self.documents += 1
+        self.tokens += arr.size
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        name = self.name(len(self.files))
+        write_tokens_atomic(self.directory / name, self._pending, self.dtype)
+        self.files.append({"path": name, "documents": len(self._pending), "tokens": self._pending_tokens,
+                           "sha256": sha256_file(self.directory / name)})
+        self._pending, self._pending_tokens = [], 0
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:

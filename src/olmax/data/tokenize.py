@@ -23,7 +23,6 @@ tokenizer identity; it is written last, atomically.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import multiprocessing as mp
@@ -37,7 +36,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
-from olmax.data.token_files import check_ids, write_bytes_atomic, write_tokens_atomic
+from olmax.data.token_files import DocumentWriter, write_bytes_atomic
 
 MANIFEST = "manifest.json"
 PROGRESS_DIR = ".progress"
@@ -186,14 +185,6 @@ def _worker_init(tokenizer: str) -> None:
     _WORKER_TOKENIZER = get_tokenizer(tokenizer)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _tokenize_group(task: tuple[int, list[str], str, TokenizeSettings]) -> GroupResult:
     """Tokenize one group into ``out/part-GGGGG-JJJJ.npy``; returns what it wrote."""
     group, inputs, out_dir, settings = task
@@ -204,36 +195,17 @@ def _tokenize_group(task: tuple[int, list[str], str, TokenizeSettings]) -> Group
         _worker_init(settings.tokenizer)
         tok = _WORKER_TOKENIZER
     out = Path(out_dir)
-    dtype = token_dtype(tok.vocab_size)
     tmp = out / f".tmp-group-{group:05d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     result = GroupResult(group)
-    pending: list[np.ndarray] = []
-    pending_tokens = pending_docs = 0
-
-    def flush() -> None:
-        nonlocal pending, pending_tokens, pending_docs
-        name = f"part-{group:05d}-{len(result.files):04d}.npy"
-        write_tokens_atomic(tmp / name, pending, dtype)
-        result.files.append({"path": name, "documents": pending_docs, "tokens": pending_tokens,
-                             "sha256": _sha256_file(tmp / name)})
-        pending, pending_tokens, pending_docs = [], 0, 0
+    writer = DocumentWriter(tmp, lambda k: f"part-{group:05d}-{k:04d}.npy",
+                            max_tokens=settings.max_file_tokens, dtype=token_dtype(tok.vocab_size),
+                            eos_token_id=tok.eos_token_id, vocab_size=tok.vocab_size)
 
     def add(path: str, texts: list[str]) -> None:
-        nonlocal pending_tokens, pending_docs
         for ids in tok.encode_batch(texts):
-            arr = np.empty(len(ids) + 1, dtype=dtype)
-            arr[:-1] = ids
-            arr[-1] = tok.eos_token_id
-            check_ids(arr, tok.vocab_size, path)
-            if pending and pending_tokens + arr.size > settings.max_file_tokens:
-                flush()
-            pending.append(arr)
-            pending_tokens += arr.size
-            pending_docs += 1
-            result.documents += 1
-            result.tokens += arr.size
+            writer.add(ids, path)
 
     try:
         for path in inputs:
@@ -254,8 +226,8 @@ def _tokenize_group(task: tuple[int, list[str], str, TokenizeSettings]) -> Group
                 add(path, texts)
             if kept == 0:
                 raise OlmaxError(f"{p}: empty input (no non-empty document)")
-        if pending:
-            flush()
+        writer.flush()
+        result.files, result.documents, result.tokens = writer.files, writer.documents, writer.tokens
         for f in result.files:  # every file is complete: move them into place
             os.replace(tmp / f["path"], out / f["path"])
         write_bytes_atomic(out / PROGRESS_DIR / f"{group:05d}.json",
@@ -321,25 +293,25 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
                    initial=sum(r.input_bytes for r in done.values()))
     t0 = time.perf_counter()
     new_tokens = 0
+
+    def record(res: GroupResult) -> None:
+        nonlocal new_tokens
+        done[res.group] = res
+        new_tokens += res.tokens
+        if bar is not None:
+            bar.update(res.input_bytes)
+            bar.set_postfix(tokens=f"{new_tokens:.3g}")
+
     try:
         if workers > 1 and len(todo) > 1:
             ctx = mp.get_context("spawn")
             with ctx.Pool(min(workers, len(todo)), initializer=_worker_init,
                           initargs=(settings.tokenizer,)) as pool:
                 for res in pool.imap_unordered(_tokenize_group, todo):
-                    done[res.group] = res
-                    new_tokens += res.tokens
-                    if bar is not None:
-                        bar.update(res.input_bytes)
-                        bar.set_postfix(tokens=f"{new_tokens:.3g}")
+                    record(res)
         else:
             for task in todo:
-                res = _tokenize_group(task)
-                done[res.group] = res
-                new_tokens += res.tokens
-                if bar is not None:
-                    bar.update(res.input_bytes)
-                    bar.set_postfix(tokens=f"{new_tokens:.3g}")
+                record(_tokenize_group(task))
     finally:
         if bar is not None:
             bar.close()

@@ -16,7 +16,6 @@ Documents are encoded without any special token added; the token-file writer app
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from functools import lru_cache
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
 from olmax.config import ConfigError, OlmaxError
+from olmax.data.token_files import sha256_file
 
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 
@@ -136,14 +136,6 @@ class Dolma2Tokenizer:
         return self._enc.decode([int(i) for i in ids])
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 _EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 _PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]")
 _BOS_NAMES = ("<s>", "<bos>", "<|begin_of_text|>")
@@ -181,7 +173,7 @@ class HFTokenizer:
         pad = self._lookup(names.get("pad_token"), _PAD_NAMES)
         self.pad_token_id = self.eos_token_id if pad is None else pad
         self.bos_token_id = self._lookup(names.get("bos_token"), _BOS_NAMES)
-        self._sha256 = _file_sha256(self.path)
+        self._sha256 = sha256_file(self.path)
 
     def _special_names(self) -> dict[str, str]:
         cfg = self.path.parent / "tokenizer_config.json"
