@@ -1,0 +1,223 @@
+"""Checkpointing callback: resume, warm start, periodic async saves, NaN guard, SIGTERM save.
+
+The trainer owns one :class:`CheckpointCallback` (built from ``cfg.checkpoint``/``cfg.init`` over
+``RUN_DIR/checkpoints``) and uses it in three places:
+
+1. **Start** — :meth:`CheckpointCallback.initial_state` decides where the state comes from, in this
+   order: the newest readable checkpoint of the run itself (automatic resume; corrupt ones are
+   reported and skipped), else ``init.checkpoint`` (warm start: params, plus with
+   ``init.load_optimizer=true`` Adam's moments and step count; the trainer step, data position and
+   LR schedule restart at 0 and the new recipe's settings apply), else ``init.hf_dir`` (HF weights,
+   fresh optimizer), else a fresh init. On resume, ``metrics.jsonl`` is rewound to the restored step
+   (lines of later steps, which the resumed run will log again, are dropped), so the file always
+   reads like one uninterrupted run.
+2. **Each step** — :meth:`on_step_end`: a non-finite loss (or a non-finite gradient that was applied)
+   stops the run with a one-line error and is never checkpointed, so the last checkpoint on disk is the
+   last good one; every ``checkpoint.interval`` steps an async save starts; after SIGTERM (agreed
+   across processes) a checkpoint is saved and committed and ``trainer.stop_requested`` is set, which
+   the loop honours by ending the run cleanly.
+3. **End** — :meth:`on_train_end`: the final step is saved (if not already), all saves committed.
+
+Meta written with every checkpoint: ``model``, ``config`` (resolved RunConfig), ``seed``,
+``data_position`` (= batches consumed = step; the next batch index is ``data_position``),
+``data_fingerprint``, ``mesh``, ``process_count``, ``device_count`` and ``init`` (where the run
+started from), plus ``format_version`` and ``step`` (added by the Checkpointer).
+
+OLMo-core's counterparts: ``train/callbacks/checkpointer.py`` (periodic saves, ephemeral vs
+permanent) and ``train/trainer.py`` (``maybe_load_checkpoint``: resume first, else the configured
+load path). One deliberate difference from OLMo-core on warm start: the SkipStep rolling loss/grad-norm
+windows restart empty (they describe the previous data mix); OLMo-core also starts them empty,
+since it never saves them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from olmax.config import ModelConfig, OlmaxError, RunConfig, to_dict
+from olmax.train.checkpoint import Checkpointer, StopSignal, open_step_dir, rewind_jsonl
+
+# ModelConfig fields that decide parameter shapes: a warm start must agree on these.
+SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
+                "padded_vocab_size", "qk_norm", "tie_embeddings")
+
+
+class NonFiniteLoss(OlmaxError):
+    """The loss (or an applied gradient) became NaN/Inf; the run stops without saving that state."""
+
+
+def _model_difference(saved: dict, current: ModelConfig, fields: tuple[str, ...] | None) -> str | None:
+    now = to_dict(current)
+    names = fields or tuple(sorted(set(saved) | set(now)))
+    diffs = [f"{k} {saved.get(k)!r} vs {now.get(k)!r}" for k in names if saved.get(k) != now.get(k)]
+    return ", ".join(diffs) or None
+
+
+class CheckpointCallback:
+    """See the module docstring. ``run_dir`` holds ``checkpoints/`` and ``metrics.jsonl``."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path, *, model_cfg: ModelConfig | None = None,
+                 metrics_file: str = "metrics.jsonl") -> None:
+        self.cfg = cfg
+        self.model_cfg = model_cfg or cfg.model
+        self.run_dir = Path(run_dir)
+        self.metrics_path = self.run_dir / metrics_file
+        self.ckpt = Checkpointer(self.run_dir / "checkpoints", cfg.checkpoint)
+        self.stop = StopSignal().__enter__()
+        self.origin: dict[str, Any] = {"kind": "fresh"}
+        self.resumed_step: int | None = None
+        self.last_good: int | None = None  # newest step known finite and saved (or being saved)
+
+    # -- start ----------------------------------------------------------------------------------
+
+    def _check_resume_meta(self, meta: dict) -> None:
+        where = self.ckpt.step_dir(meta.get("step", -1))
+        diff = _model_difference(meta.get("model", {}), self.model_cfg, None)
+        if diff:
+            raise OlmaxError(f"checkpoint {where} was written for a different model ({diff}); use "
+                             f"another --run-dir, or warm-start with init.checkpoint={where}")
+
+    def initial_state(self, abstract_state: Any, init_state: Callable[[Any], Any],
+                      train_data: Any = None) -> Any:
+        """The state to train from; ``self.resumed_step`` says where the run continues.
+
+        ``abstract_state``: a TrainState of ``jax.ShapeDtypeStruct`` with the target shardings.
+        ``init_state(params)``: a fresh TrainState (step 0) around ``params`` (None: fresh params).
+        ``train_data``: its ``check_fingerprint`` is called with the checkpoint's fingerprint.
+        """
+        got = self.ckpt.restore_latest(abstract_state, check_meta=self._check_resume_meta)
+        if got is not None:
+            step, state, meta = got
+            if meta.get("data_position", step) != step:
+                raise OlmaxError(f"checkpoint {self.ckpt.step_dir(step)}: data_position "
+                                 f"{meta.get('data_position')} != step {step}")
+            if train_data is not None and meta.get("data_fingerprint") is not None:
+                train_data.check_fingerprint(meta["data_fingerprint"])
+            if meta.get("seed") not in (None, self.cfg.seed):
+                self.ckpt.report(f"note: seed {self.cfg.seed} differs from the checkpoint's "
+                                 f"{meta['seed']}; the data order follows the new seed")
+            self.origin = meta.get("init", {"kind": "fresh"})
+            self.resumed_step = self.last_good = step
+            if jax.process_index() == 0:
+                rewind_jsonl(self.metrics_path, step)
+            self.ckpt.report(f"resumed from {self.ckpt.step_dir(step)} (step {step})")
+            return state
+        self.resumed_step = 0
+        if self.cfg.init.checkpoint:
+            return self._warm_start(abstract_state, init_state)
+        if self.cfg.init.hf_dir:
+            return self._from_hf(abstract_state, init_state)
+        return init_state(None)
+
+    def _warm_start(self, abstract_state: Any, init_state: Callable[[Any], Any]) -> Any:
+        ro, step = open_step_dir(self.cfg.init.checkpoint, report=self.ckpt.report)
+        where = ro.step_dir(step)
+        meta = ro.read_meta(step)
+        diff = _model_difference(meta.get("model", {}), self.model_cfg, SHAPE_FIELDS)
+        if diff:
+            raise OlmaxError(f"init.checkpoint {where}: its model has other shapes ({diff})")
+        load_opt = self.cfg.init.load_optimizer
+        if load_opt and "opt_state" not in {p.name for p in where.iterdir()}:
+            raise OlmaxError(f"init.checkpoint {where} has no optimizer state "
+                             "(set init.load_optimizer=false to start a fresh optimizer)")
+        items = ("params", "opt_state") if load_opt else ("params",)
+        try:
+            state, _ = ro.restore(step, abstract_state, items=items)
+        except Exception as e:
+            raise OlmaxError(f"cannot warm-start from {where}: {' '.join(str(e).split())[:300]}") from None
+        ro.close()
+        if load_opt:
+            state = state._replace(opt_state=_restart_skip_windows(state.opt_state),
+                                   step=jnp.zeros_like(state.step))
+        else:
+            state = init_state(state.params)
+        self.origin = {"kind": "checkpoint", "path": str(where), "step": step,
+                       "load_optimizer": load_opt}
+        self.ckpt.report(f"warm start from {where} (step {step}; "
+                         f"{'params + optimizer state' if load_opt else 'params, fresh optimizer'})")
+        return state
+
+    def _from_hf(self, abstract_state: Any, init_state: Callable[[Any], Any]) -> Any:
+        from olmax.interop.hf import load_hf
+
+        params, hf_cfg, _ = load_hf(self.cfg.init.hf_dir,
+                                    padded_vocab_size=self.model_cfg.padded_vocab_size)
+        diff = _model_difference(to_dict(hf_cfg), self.model_cfg, SHAPE_FIELDS)
+        if diff:
+            raise OlmaxError(f"init.hf_dir {self.cfg.init.hf_dir}: its model has other shapes ({diff})")
+        target = abstract_state.params
+        params = jax.tree.map(
+            lambda x, t: jax.make_array_from_callback(t.shape, t.sharding,
+                                                      lambda idx: x[idx].astype(t.dtype)),
+            params, target)
+        self.origin = {"kind": "hf", "path": str(self.cfg.init.hf_dir)}
+        self.ckpt.report(f"initialised from HF weights in {self.cfg.init.hf_dir} (fresh optimizer)")
+        return init_state(params)
+
+    # -- meta -----------------------------------------------------------------------------------
+
+    def meta(self, trainer: Any, step: int) -> dict:
+        mesh = getattr(trainer, "mesh", None)
+        data = getattr(trainer, "data", None)
+        return {
+            "model": to_dict(self.model_cfg),
+            "config": to_dict(self.cfg),
+            "seed": self.cfg.seed,
+            "data_position": int(step),
+            "data_fingerprint": getattr(data, "fingerprint", None),
+            "mesh": dict(mesh.shape) if mesh is not None else None,
+            "process_count": jax.process_count(),
+            "device_count": jax.device_count(),
+            "init": self.origin,
+        }
+
+    def save(self, trainer: Any, step: int, force: bool = False) -> bool:
+        return self.ckpt.save(step, trainer.state, self.meta(trainer, step), force=force)
+
+    # -- callback hooks -------------------------------------------------------------------------
+
+    def on_step_end(self, trainer: Any, step: int, metrics: dict) -> dict | None:
+        loss = float(metrics["loss"])
+        grad_norm = float(metrics.get("grad_norm", 0.0))
+        applied = float(metrics.get("skipped", 0.0)) == 0.0
+        if not math.isfinite(loss) or (applied and not math.isfinite(grad_norm)):
+            self.ckpt.wait()  # pending saves hold earlier, finite states
+            what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}"
+            last = (f"the last good checkpoint is {self.ckpt.step_dir(self.last_good)}"
+                    if self.last_good else "no checkpoint was written")
+            raise NonFiniteLoss(f"{what} at step {step}: stopping without saving this state; {last}")
+        stop = self.stop.requested()
+        if self.save(trainer, step, force=stop):
+            self.last_good = step
+        if stop:
+            self.ckpt.wait()
+            trainer.stop_requested = True
+            self.ckpt.report(f"stopping after SIGTERM: checkpoint {self.ckpt.step_dir(step)} saved; "
+                             "run the same command to resume")
+        return None
+
+    def on_train_end(self, trainer: Any) -> None:
+        try:
+            step = int(trainer.step)
+            if step > 0 and self.save(trainer, step, force=True):
+                self.last_good = step
+            self.ckpt.wait()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.stop.__exit__(None, None, None)
+        self.ckpt.close()
+
+
+def _restart_skip_windows(opt_state: Any) -> Any:
+    """Empty the SkipStep rolling windows of a restored optimizer state (Adam moments/count kept)."""
+    if not (hasattr(opt_state, "window") and hasattr(opt_state, "_replace")):
+        return opt_state
+    window = jax.tree.map(jnp.zeros_like, opt_state.window)
+    return opt_state._replace(window=window, last_factor=jnp.ones_like(opt_state.last_factor))
