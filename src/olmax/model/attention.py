@@ -47,6 +47,10 @@ AttentionFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray, "int | None", flo
 
 IMPLEMENTATIONS: dict[str, AttentionFn] = {"xla": xla_attention}
 
+# Faster implementations (block-sparse chunked, jax.nn.dot_product_attention, cuDNN) live in
+# ``olmax.model.attention_impls`` and add themselves to IMPLEMENTATIONS on import.
+from olmax.model import attention_impls as _impls  # noqa: E402,F401  (registers implementations)
+
 
 def attention(q, k, v, window: int | None, scale: float, impl: str = "xla") -> jnp.ndarray:
     try:

@@ -1,0 +1,123 @@
+"""Every attention implementation equals the ``xla`` reference (windows shorter and longer than the
+sequence, GQA, forward and gradients), and the block-sparse path costs O(T*W) on sliding layers."""
+
+from __future__ import annotations
+
+import functools
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from olmax.model import forward, init_params
+from olmax.model.attention import IMPLEMENTATIONS, attention, xla_attention
+from olmax.model.attention_impls import chunked_with_block
+from olmax.model.presets import get_preset
+
+B, T, HQ, HKV, D = 2, 37, 4, 2, 8
+WINDOWS = [1, 5, 16, 36, 100, None]
+
+
+def _qkv(dtype=jnp.float32, t=T, hq=HQ, hkv=HKV):
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    return (jax.random.normal(kq, (B, t, hq, D), dtype), jax.random.normal(kk, (B, t, hkv, D), dtype),
+            jax.random.normal(kv, (B, t, hkv, D), dtype))
+
+
+def _out_and_grads(fn, window):
+    """Jitted (output, d<out, probe>/d(q, k, v)) of one implementation."""
+    probe = jax.random.normal(jax.random.key(1), (B, T, HQ, D))
+
+    def loss(q, k, v):
+        out = fn(q, k, v, window, D ** -0.5)
+        return jnp.sum(out.astype(jnp.float32) * probe), out
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+
+@functools.cache
+def _reference(window):
+    return _out_and_grads(xla_attention, window)(*_qkv())
+
+
+def _check_against_reference(impl, windows):
+    fn = chunked_with_block(int(impl.split("-")[1])) if "-" in impl else IMPLEMENTATIONS[impl]
+    q, k, v = _qkv()
+    for window in windows:
+        (_, ref), g_ref = _reference(window)
+        (_, out), g = _out_and_grads(fn, window)(q, k, v)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-6, rtol=1e-5,
+                                   err_msg=f"window={window}")
+        for a, r in zip(g, g_ref):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-5, rtol=1e-5,
+                                       err_msg=f"grad, window={window}")
+
+
+# Windows shorter than a block, spanning several blocks, one short of T, longer than T, full.
+@pytest.mark.parametrize("impl,windows", [("chunked-4", (5, 36)), ("chunked-16", (None, 16, 100)),
+                                          ("dot_product", (5, None))])
+def test_equals_reference_fp32(impl, windows):
+    _check_against_reference(impl, windows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["chunked-4", "chunked-16", "chunked", "dot_product"])
+def test_equals_reference_fp32_all_windows(impl):
+    _check_against_reference(impl, WINDOWS)
+
+
+@pytest.mark.parametrize("impl", ["chunked", "dot_product", "cudnn"])
+def test_window_is_never_dropped(impl):
+    """On this CPU ``cudnn`` must fall back to a windowed implementation, not to full attention."""
+    q, k, v = _qkv()
+    run = jax.jit(partial(attention, impl=impl), static_argnums=(3, 4))
+    windowed = run(q, k, v, 5, D ** -0.5)
+    np.testing.assert_allclose(np.asarray(windowed), np.asarray(xla_attention(q, k, v, 5, D ** -0.5)),
+                               atol=2e-6)
+    full = xla_attention(q, k, v, None, D ** -0.5)
+    assert float(jnp.max(jnp.abs(windowed - full))) > 1e-2
+    # window 1: every query sees only itself, so the output is its own value vector.
+    own = run(q, k, v, 1, D ** -0.5)
+    np.testing.assert_allclose(np.asarray(own), np.asarray(jnp.repeat(v, HQ // HKV, axis=2)),
+                               atol=1e-6)
+
+
+def test_bf16_close_to_reference():
+    q, k, v = _qkv(jnp.bfloat16)
+    for window in (5, None):
+        ref = jax.jit(xla_attention, static_argnums=(3, 4))(q, k, v, window, D ** -0.5)
+        out = jax.jit(chunked_with_block(8), static_argnums=(3, 4))(q, k, v, window, D ** -0.5)
+        assert out.dtype == ref.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2)
+
+
+def _compiled_flops(fn, t, window):
+    q, k, v = (jax.ShapeDtypeStruct(x.shape, x.dtype) for x in _qkv(t=t))
+    lowered = jax.jit(fn, static_argnums=(3, 4)).lower(q, k, v, window, D ** -0.5)
+    cost = lowered.compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float(cost["flops"])
+
+
+def test_sliding_cost_is_linear_in_sequence_length():
+    window = 16
+    chunked = chunked_with_block(16)
+    c1, c2 = _compiled_flops(chunked, 256, window), _compiled_flops(chunked, 512, window)
+    r1, r2 = _compiled_flops(xla_attention, 256, window), _compiled_flops(xla_attention, 512, window)
+    assert c2 / c1 == pytest.approx(2.0, rel=0.1)      # O(T * W)
+    assert r2 / r1 == pytest.approx(4.0, rel=0.1)      # the reference is O(T^2)
+    assert c2 < r2 / 8
+    # Full layers: block-causal skips the upper triangle (about half the reference's work).
+    f_chunk = _compiled_flops(chunked_with_block(64), 512, None)
+    assert f_chunk < 0.6 * r2
+
+
+def test_model_forward_matches_reference():
+    cfg = get_preset("olmo3-tiny")             # GQA, windows of 64 < T
+    params = init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (1, 96), 0, cfg.vocab_size)
+    ref = jax.jit(lambda p, t: forward(p, t, cfg))(params, tokens)
+    out = jax.jit(lambda p, t: forward(p, t, cfg, attn_impl="chunked"))(params, tokens)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=1e-5)
