@@ -418,11 +418,29 @@ class MeshConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
+    """In-loop evaluation (``olmax.train.callbacks.evaluator``; OLMo-core LM + downstream evaluators)."""
+
     interval: int | None = None      # steps between in-loop evaluations (None: off)
-    heldout: tuple[str, ...] = ()
-    tasks: tuple[str, ...] = ()
-    limit: int | None = None
+    heldout: tuple[str, ...] = ()    # LABEL=PATH[,PATH] | PATH/glob | mix .txt | "embedded"
+    tasks: tuple[str, ...] = ()      # OLMES task names or suites ("fast": OLMo 3 stage 1)
+    limit: int | None = None         # first N documents of each downstream task (None: all)
     batch_size: int = 8
+    heldout_max_docs: int | None = None   # first N documents of each held-out set (None: all)
+    seq_len: int | None = None       # held-out instance length and request context (None: train.seq_len)
+    on_start: bool = False           # also evaluate before the first step
+    on_end: bool = True              # evaluate after the last step when it is not an eval step
+    overlap_check: bool = True       # refuse held-out sets that overlap the training files
+    allow_overlap: bool = False      # ... or only warn
+    drop_overlapping: bool = False   # ... or evaluate without the overlapping documents
+    overlap_max_train_tokens: int | None = 1_000_000_000   # scan budget (None: every token)
+
+    def __post_init__(self) -> None:
+        for name in ("interval", "limit", "heldout_max_docs", "seq_len", "overlap_max_train_tokens"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ConfigError(f"eval.{name} must be positive or null (got {v})")
+        if self.batch_size <= 0:
+            raise ConfigError(f"eval.batch_size must be positive (got {self.batch_size})")
 
 
 @dataclass(frozen=True)
