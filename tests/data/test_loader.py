@@ -154,3 +154,20 @@ def test_padded_heldout_matches_olmo_core(tmp_path):
         item = ds[i]
         np.testing.assert_array_equal(item["input_ids"].numpy(), tokens[i])
         np.testing.assert_array_equal(item["label_mask"].numpy(), mask[i])
+
+
+def test_index_cache_on_disk(tmp_path):
+    """Large epoch orders are cached as .npy and read by slices; same values as in memory."""
+    from olmax.data.instances import IndexFile, epoch_indices, shuffled_indices
+
+    ref = shuffled_indices(5000, 34521, 2)
+    disk = epoch_indices(5000, 34521, 2, cache_dir=tmp_path, disk_cache_min=100)
+    assert isinstance(disk, IndexFile) and len(disk) == 5000
+    for lo, hi in ((0, 512), (4900, 5000), (1234, 1235), (10, 10)):
+        np.testing.assert_array_equal(disk[lo:hi], ref[lo:hi])
+    again = epoch_indices(5000, 34521, 2, cache_dir=tmp_path, disk_cache_min=100)  # reuses the file
+    np.testing.assert_array_equal(again[0:5000], ref)
+    path = disk.path
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(OlmaxError, match="truncated index cache"):
+        epoch_indices(5000, 34521, 2, cache_dir=tmp_path, disk_cache_min=100)

@@ -78,10 +78,35 @@ def find_periodic_sequences(arr: np.ndarray, max_period: int, min_period: int = 
                 yield Repetition(start, end, period, times)
 
 
+def _may_repeat(arr: np.ndarray, max_period: int, min_period: int, max_count: int) -> bool:
+    """A necessary condition for an invalid instance, cheap to test.
+
+    A sequence reported with period p spanning ``[start, end)`` has ``x[i] == x[i - p]`` for every
+    i in ``[start + p, end)`` (its rows equal their previous rows, and the offsets extend that by the
+    matching tail/head entries; padding never matches). So ``times >= max_count`` needs a run of at
+    least ``(max_count - 1) * p`` consecutive such positions. Without one for any p, the instance is
+    valid; otherwise the exact algorithm decides.
+    """
+    n = arr.shape[0]
+    for p in range(min_period, min(max_period, n // 3) + 1):
+        need = (max_count - 1) * p
+        eq = arr[p:] == arr[:-p]
+        if int(eq.sum()) < need:
+            continue
+        breaks = np.flatnonzero(~eq)
+        bounds = np.concatenate(([-1], breaks, [eq.size]))
+        if int(np.max(np.diff(bounds))) - 1 >= need:
+            return True
+    return False
+
+
 def is_valid_instance(ids: np.ndarray, max_period: int = 13, min_period: int = 1,
                       max_count: int = 32) -> bool:
     """False when some period in range repeats ``>= max_count`` times (OLMo-core ``_validate_instance``)."""
-    return all(r.times < max_count for r in find_periodic_sequences(ids, max_period, min_period))
+    arr = np.asarray(ids).astype(np.int64, copy=False)
+    if max_count > 2 and not _may_repeat(arr, max_period, min_period, max_count):
+        return True
+    return all(r.times < max_count for r in find_periodic_sequences(arr, max_period, min_period))
 
 
 def instance_mask(tokens: np.ndarray, flt: RepetitionFilter | None) -> np.ndarray:

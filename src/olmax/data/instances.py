@@ -11,9 +11,9 @@
   ``indices[:total_size].reshape(-1, B)``.
 
 Only index arrays are held: the file offsets (``F + 1`` int64) and one epoch's permutation (``N``
-uint32, 4 bytes per instance). A permutation of at least ``DISK_CACHE_MIN`` instances is written once
-to ``<cache>/indices/*.npy`` (atomically) and memory-mapped, so a process touches only the pages of the
-rows it reads.
+uint32, 4 bytes per instance). A permutation of at least ``DISK_CACHE_MIN`` instances is built once
+(peak 4 bytes per instance), written to ``<cache>/indices/*.npy`` atomically and then read a row at a
+time, so a training process holds only the rows it reads.
 """
 
 from __future__ import annotations
@@ -87,10 +87,50 @@ def _index_cache_path(cache_dir: str | os.PathLike | None, seed: int, epoch: int
     return cache_root(cache_dir) / "indices" / f"global_indices_seed{seed}_epoch{epoch}_size{n}_v1.npy"
 
 
+class IndexFile:
+    """A cached epoch order on disk, read by ``pread`` of just the requested slice.
+
+    (A memory map would do too, but the kernel maps in large parts of a page-cached file on random
+    faults, inflating the process's RSS; a 512-id row is one 2 KiB read.)
+    """
+
+    def __init__(self, path: Path, num_instances: int) -> None:
+        with open(path, "rb") as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+            except ValueError:
+                raise OlmaxError(f"{path}: corrupt index cache (delete it to rebuild)") from None
+            self.offset = f.tell()
+        if shape != (num_instances,) or dtype != np.dtype("<u4") or fortran:
+            raise OlmaxError(f"{path}: corrupt index cache (delete it to rebuild)")
+        if path.stat().st_size != self.offset + 4 * num_instances:
+            raise OlmaxError(f"{path}: truncated index cache (delete it to rebuild)")
+        self.path = path
+        self.size = num_instances
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, item: slice) -> np.ndarray:
+        start, stop, step = item.indices(self.size)
+        if step != 1:
+            raise IndexError("IndexFile supports contiguous slices only")
+        n = max(0, stop - start)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            buf = os.pread(fd, 4 * n, self.offset + 4 * start)
+        finally:
+            os.close(fd)
+        return np.frombuffer(buf, dtype="<u4")
+
+
 def epoch_indices(num_instances: int, seed: int, epoch: int,
                   cache_dir: str | os.PathLike | None = None,
-                  disk_cache_min: int = DISK_CACHE_MIN) -> np.ndarray:
-    """The epoch's order; large ones are built once into the cache and memory-mapped read-only."""
+                  disk_cache_min: int = DISK_CACHE_MIN) -> np.ndarray | IndexFile:
+    """The epoch's order; large ones are built once into the cache (``.npy``) and read by slices."""
     if num_instances < disk_cache_min:
         return shuffled_indices(num_instances, seed, epoch)
     path = _index_cache_path(cache_dir, seed, epoch, num_instances)
@@ -100,10 +140,7 @@ def epoch_indices(num_instances: int, seed: int, epoch: int,
         with atomic_output(path) as f:
             np.save(f, indices)
         del indices
-    arr = np.load(path, mmap_mode="r")
-    if arr.shape != (num_instances,) or arr.dtype != np.uint32:
-        raise OlmaxError(f"{path}: corrupt index cache (delete it to rebuild)")
-    return arr
+    return IndexFile(path, num_instances)
 
 
 class BatchPlan:
