@@ -1,0 +1,37 @@
+"""The embedded corpus: real text, a deterministic by-document held-out split, cached token files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from olmax.data.embedded import embedded_documents, embedded_named_documents, embedded_token_files
+from olmax.data.tokenizer import get_tokenizer
+
+
+def test_split_is_by_document_and_deterministic():
+    train = embedded_named_documents("train")
+    heldout = embedded_named_documents("heldout")
+    names_t, names_h = {n for n, _ in train}, {n for n, _ in heldout}
+    assert not names_t & names_h
+    assert any(n.startswith("pydoc/") for n in names_t | names_h)
+    assert 0.02 < len(heldout) / (len(train) + len(heldout)) < 0.10
+    assert embedded_documents("heldout") == [t for _, t in heldout]
+    assert sum(map(len, embedded_documents("train"))) > 10_000_000  # tens of MB of real text
+
+
+def test_token_files_are_doc_plus_eos_and_cached(tmp_path):
+    tok = get_tokenizer("dolma2")
+    paths = embedded_token_files("heldout", cache_dir=tmp_path)
+    stream = np.concatenate([np.fromfile(p, dtype="<u4") for p in paths])
+    expected = np.concatenate([np.array(ids + [tok.eos_token_id], dtype=np.uint32)
+                               for ids in tok.encode_batch(embedded_documents("heldout"))])
+    np.testing.assert_array_equal(stream, expected)
+    manifest = json.loads((Path(paths[0]).parent / "manifest.json").read_text())
+    assert manifest["tokenizer"]["name"] == "dolma2"
+    mtimes = [Path(p).stat().st_mtime_ns for p in paths]
+    assert embedded_token_files("heldout", cache_dir=tmp_path) == paths  # reused, not rebuilt
+    assert [Path(p).stat().st_mtime_ns for p in paths] == mtimes
+    assert not [p for p in (tmp_path / "embedded").iterdir() if p.name.startswith(".")]
