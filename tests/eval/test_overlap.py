@@ -57,7 +57,7 @@ def test_injected_leak_is_found(leak, chunk):
                   eos_token_id=EOS, chunk_tokens=chunk)
     held, clean = rep.sets
     assert (held.documents, held.exact_documents, held.near_duplicates) == (8, 1, 1)
-    assert held.examples == [2, 5] and held.documents_with_ngram_overlap == 2
+    assert held.flagged == [2, 5] and held.documents_with_ngram_overlap == 2
     assert held.max_ngram_fraction == 1.0
     assert not clean.contaminated and clean.ngrams_in_train == 0
     assert rep.train_documents_scanned == 202 and not rep.partial

@@ -63,7 +63,7 @@ class SetReport:
     near_duplicates: int = 0           # documents with >= threshold of their n-grams in training
     documents_with_ngram_overlap: int = 0
     max_ngram_fraction: float = 0.0
-    examples: list[int] = field(default_factory=list)   # indices of overlapping documents (<= 10)
+    flagged: list[int] = field(default_factory=list)    # indices of verbatim / near-duplicate documents
 
     @property
     def contaminated(self) -> bool:
@@ -145,8 +145,8 @@ class EvalIndex:
                 r.near_duplicates += near
                 r.documents_with_ngram_overlap += frac > 0
                 r.max_ngram_fraction = max(r.max_ngram_fraction, frac)
-                if (exact or near) and len(r.examples) < 10:
-                    r.examples.append(i)
+                if exact or near:
+                    r.flagged.append(i)
             out.append(r)
         return out
 

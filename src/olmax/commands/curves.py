@@ -1,0 +1,78 @@
+"""``olmax curves RUN_OR_FILE... [--metric loss] [--x step|tokens] [--smooth EMA] [--out PLOT.png]
+[--json SUMMARY.json]``: overlay runs and report their differences against the first one.
+
+A source is a run directory (its ``metrics.jsonl``), a ``.jsonl`` file, or a ``.csv`` (W&B /
+OLMo-core export) whose columns are mapped with ``--map step=_step --map loss="train/CE loss"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from olmax.config import ConfigError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("curves", help="compare loss curves of runs (plot + summary)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sources", nargs="+", metavar="RUN_OR_FILE",
+                   help="run directories, metrics .jsonl or .csv files; the first is the reference")
+    p.add_argument("--metric", default="loss", help="metric to compare (default: loss)")
+    p.add_argument("--x", default="step", choices=["step", "tokens"], help="align runs on step or tokens")
+    p.add_argument("--smooth", type=float, default=None, metavar="EMA",
+                   help="EMA weight of the past in [0, 1) (TensorBoard convention)")
+    p.add_argument("--map", action="append", default=[], metavar="NAME=COLUMN",
+                   help="column mapping for CSV/JSONL sources, e.g. loss='train/CE loss'")
+    p.add_argument("--label", action="append", default=[], help="display names, in source order")
+    p.add_argument("--threshold", type=float, default=0.01,
+                   help="divergence threshold (relative to the reference unless --absolute; default 0.01)")
+    p.add_argument("--absolute", action="store_true", help="the threshold is an absolute difference")
+    p.add_argument("--windows", type=int, default=10, help="number of windows for the summary")
+    p.add_argument("--out", help="write the plot here (PNG)")
+    p.add_argument("--json", dest="json_out", help="write the summary here (JSON)")
+    p.add_argument("--force", action="store_true", help="replace existing --out/--json files")
+    p.set_defaults(func=run)
+
+
+def parse_map(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--map expects NAME=COLUMN, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from olmax.analysis.curves import atomic_write, compare_runs, load_curve, plot_comparison
+
+    if args.label and len(args.label) != len(args.sources):
+        raise ConfigError(f"--label given {len(args.label)} times for {len(args.sources)} sources")
+    columns = parse_map(args.map)
+    curves = [load_curve(src, args.metric, args.x, columns=columns,
+                         name=args.label[i] if args.label else None) for i, src in enumerate(args.sources)]
+    names = [c.name for c in curves]
+    for i, c in enumerate(curves):  # keep display names unique
+        if names.count(c.name) > 1:
+            c.name = f"{c.name}#{i}"
+    summary = compare_runs(curves, metric=args.metric, x=args.x, smooth=args.smooth,
+                           threshold=args.threshold, relative=not args.absolute, windows=args.windows)
+    for r in summary["runs"]:
+        print(f"{r['name']}: {r['points']} points, final {args.metric} {r['final']:.6g}, min {r['min']:.6g}")
+    for c in summary["comparisons"]:
+        div = c["first_divergence"]
+        kind = "relative" if c["threshold"]["relative"] else "absolute"
+        print(f"{c['run']} vs {c['reference']}: {c['aligned_points']} aligned points"
+              f"{' (interpolated)' if c['interpolated'] else ''}, mean |diff| {c['mean_abs_diff']:.4g} "
+              f"(max {c['max_abs_diff']:.4g}), mean rel {c['mean_rel_diff']:.3%} (max {c['max_rel_diff']:.3%}); "
+              + (f"first {args.x} beyond {kind} {args.threshold:g}: {div:g}" if div is not None
+                 else f"never beyond {kind} {args.threshold:g}"))
+    if args.json_out:
+        atomic_write(args.json_out, (json.dumps(summary, indent=2) + "\n").encode(), overwrite=args.force)
+    if args.out:
+        plot_comparison(curves, summary, args.out, metric=args.metric, x=args.x, smooth=args.smooth,
+                        overwrite=args.force)
+        print(f"plot: {args.out}")
+    return 0

@@ -1,0 +1,108 @@
+"""``olmax data overlap --train MIX_OR_PATHS --eval SETS``: contamination report.
+
+``--train``: token files, an OLMo-core mix file (``.txt``) or ``embedded``. ``--eval``: held-out
+entries (``LABEL=PATH[,PATH]``, token files/globs, a mix ``.txt``, ``embedded``) and/or OLMES task
+names or suites (their context + gold continuation texts, tokenized with dolma2). Exit status 1 when
+any evaluation set overlaps the training data (verbatim documents or near duplicates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from olmax.config import ConfigError
+
+
+def add_overlap_parser(data_subparsers) -> None:
+    q = data_subparsers.add_parser("overlap", help="exact-document and 13-gram overlap with evaluation data",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("--train", nargs="+", required=True, metavar="MIX_OR_PATHS",
+                   help="training token files, an OLMo-core mix file, or 'embedded'")
+    q.add_argument("--root", help="where a mix file's relative paths live")
+    q.add_argument("--eval", nargs="+", required=True, metavar="SETS",
+                   help="held-out token files / LABEL=PATHS / 'embedded' and/or OLMES tasks or suites")
+    q.add_argument("--ngram", type=int, default=13)
+    q.add_argument("--threshold", type=float, default=0.5,
+                   help="fraction of a document's n-grams seen in training that makes it a near duplicate")
+    q.add_argument("--max-train-tokens", type=int, default=None, help="scan at most this many training tokens")
+    q.add_argument("--limit", type=int, default=None, help="first N documents of each OLMES task")
+    q.add_argument("--dtype", default="uint32")
+    q.add_argument("--json", dest="json_out", help="write the report here")
+    q.add_argument("--force", action="store_true", help="replace an existing --json file")
+    q.set_defaults(func=run_overlap)
+
+
+def _is_heldout_entry(entry: str) -> bool:
+    return entry == "embedded" or "=" in entry or entry.endswith(".txt") or os.path.exists(entry) or any(
+        c in entry for c in "*?[/")
+
+
+def train_files(entries: list[str], root: str | None) -> list[str]:
+    if entries == ["embedded"]:
+        from olmax.data.embedded import embedded_token_files
+
+        return embedded_token_files("train")
+    if len(entries) == 1 and entries[0].endswith(".txt"):
+        from olmax.data.mixfile import read_mix_file
+
+        return [e.path for e in read_mix_file(entries[0], root=root)]
+    for e in entries:
+        if not os.path.isfile(e):
+            raise ConfigError(f"--train: token file not found: {e}")
+    return entries
+
+
+def downstream_documents(names: list[str], tokenizer, limit: int | None):
+    """{task: [token arrays]}: each document's context followed by its gold continuation."""
+    import numpy as np
+
+    from olmax.eval.downstream import prepare_task
+
+    out = {}
+    for name in names:
+        task = prepare_task(name, tokenizer, 1 << 30, limit=limit)
+        docs = {}
+        for inst in task.instances:
+            if inst.choices is not None:
+                gold = inst.choices[inst.label_id] if isinstance(inst.label_id, int) else inst.choices[0]
+                docs.setdefault(inst.doc_id, inst.query + [gold])
+            elif inst.cont_id == inst.label_id or task.metric_type in ("bpb", "ce_loss"):
+                docs.setdefault(inst.doc_id, inst.query + inst.continuation[-1:])
+        out[name] = [np.asarray(d, np.int64) for d in docs.values()]
+    return out
+
+
+def run_overlap(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from olmax.analysis.curves import atomic_write
+    from olmax.config import OlmaxError
+    from olmax.data.tokenizer import get_tokenizer
+    from olmax.eval.contamination.overlap import documents_from_token_files, overlap
+    from olmax.eval.perplexity import parse_heldout
+    from olmax.eval.tasks import expand_tasks, get_task
+
+    if args.json_out and os.path.exists(args.json_out) and not args.force:
+        raise OlmaxError(f"{args.json_out} already exists (remove it or pass --force)")
+    held = [e for e in args.eval if _is_heldout_entry(e)]
+    tasks = expand_tasks([e for e in args.eval if not _is_heldout_entry(e)])
+    for t in tasks:
+        get_task(t)
+    tok = get_tokenizer("dolma2")
+    dtype = np.dtype(args.dtype)
+    sets = {label: documents_from_token_files(files, eos_token_id=tok.eos_token_id, dtype=dtype)
+            for label, files in parse_heldout(held).items()}
+    sets.update(downstream_documents(tasks, tok, args.limit))
+    report = overlap(train_files(args.train, args.root), sets, eos_token_id=tok.eos_token_id,
+                     ngram=args.ngram, threshold=args.threshold, dtype=dtype,
+                     max_train_tokens=args.max_train_tokens)
+    print(f"training: {report.train_files} files, {report.train_tokens_scanned:,} tokens, "
+          f"{report.train_documents_scanned:,} documents{' (partial scan)' if report.partial else ''}")
+    for s in report.sets:
+        print(("OVERLAP  " if s.contaminated else "clean    ") + s.describe())
+    if args.json_out:
+        atomic_write(args.json_out, (json.dumps(report.to_dict(), indent=2) + "\n").encode(),
+                     overwrite=args.force)
+    return 1 if report.contaminated else 0

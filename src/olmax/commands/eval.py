@@ -1,0 +1,83 @@
+"""``olmax eval CKPT_DIR --tasks SUITE_OR_TASKS [--heldout PATHS] [--limit N] --json OUT``.
+
+CKPT_DIR is an olmax checkpoint (a step dir, a run dir or its ``checkpoints/``) or a Hugging Face
+``Olmo3ForCausalLM`` directory (AI2's released checkpoints). Tasks are OLMES task names or suites
+(``fast``: OLMo 3 stage 1's in-loop set; ``quick``); held-out entries are token files
+(``LABEL=PATH[,PATH]``, a path or glob, an OLMo-core mix file, or ``embedded``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from olmax.config import ConfigError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="held-out perplexity and OLMES downstream tasks",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", metavar="CKPT_DIR", help="olmax checkpoint or HF Olmo3 directory")
+    p.add_argument("--tasks", action="append", default=[], metavar="SUITE_OR_TASKS",
+                   help="suite name or comma-separated task names (repeatable)")
+    p.add_argument("--heldout", action="append", default=[], metavar="PATHS",
+                   help="held-out token files: LABEL=PATH[,PATH], PATH/glob, mix .txt, or 'embedded'")
+    p.add_argument("--limit", type=int, default=None, help="first N documents of each task")
+    p.add_argument("--heldout-max-docs", type=int, default=None, help="first N documents of each held-out set")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="model context length for requests (default: the model's max_seq_len)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    p.add_argument("--tokenizer", default="dolma2", help="dolma2 or a tokenizer.json")
+    p.add_argument("--json", dest="json_out", required=True, metavar="OUT", help="write results here")
+    p.add_argument("--force", action="store_true", help="replace an existing --json file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from olmax.analysis.curves import atomic_write
+    from olmax.config import OlmaxError, to_dict
+
+    if not args.tasks and not args.heldout:
+        raise ConfigError("give --tasks and/or --heldout")
+    if args.limit is not None and args.limit <= 0:
+        raise ConfigError(f"--limit must be positive (got {args.limit})")
+    if Path(args.json_out).exists() and not args.force:
+        raise OlmaxError(f"{args.json_out} already exists (remove it or pass --force)")
+    from olmax.eval.tasks import expand_tasks, get_task
+
+    for name in expand_tasks(args.tasks):  # unknown names fail before the model is loaded
+        get_task(name)
+
+    from olmax.data.tokenizer import get_tokenizer
+    from olmax.eval.runner import EvalSuite, load_model, log_metrics
+    from olmax.eval.scoring import Scorer
+
+    model = load_model(args.checkpoint)
+    ctx = args.max_length or model.cfg.max_seq_len
+    tok = get_tokenizer(args.tokenizer)
+    if tok.vocab_size > model.cfg.padded_vocab_size:
+        raise OlmaxError(f"tokenizer '{args.tokenizer}' has {tok.vocab_size} tokens but the model's "
+                         f"vocabulary is {model.cfg.padded_vocab_size}")
+    suite = EvalSuite.prepare(tasks=args.tasks, heldout=args.heldout, tokenizer=tok, model_ctx_len=ctx,
+                              vocab_size=model.cfg.vocab_size, limit=args.limit,
+                              heldout_max_docs=args.heldout_max_docs)
+    scorer = Scorer(model.cfg, compute_dtype=args.dtype, softmax_vocab=model.softmax_vocab)
+    results = suite.run(scorer, model.params, batch_size=args.batch_size,
+                        progress=not args.no_progress and sys.stderr.isatty())
+    report = {"checkpoint": str(args.checkpoint), "source": model.source, "model": to_dict(model.cfg),
+              "compute_dtype": args.dtype, "model_ctx_len": ctx, "softmax_vocab": model.softmax_vocab,
+              "limit": args.limit, **results, "metrics": log_metrics(results)}
+    atomic_write(args.json_out, (json.dumps(report, indent=2) + "\n").encode(), overwrite=args.force)
+    for label, r in results["heldout"].items():
+        print(f"{label}: CE loss {r['CE loss']:.4f}  PPL {r['PPL']:.2f}  ({r['documents']} documents)")
+    for task, r in results["downstream"].items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in r["metrics"].items()
+                          if not k.startswith(("soft", "ce_loss")))
+        print(f"{task} [{r['metric_type']}, {r['documents']} docs]: {shown}")
+    print(f"results: {args.json_out} ({results['seconds']:.1f} s)")
+    return 0

@@ -1,0 +1,132 @@
+"""One evaluation suite (held-out perplexity + downstream tasks) prepared once, run many times.
+
+Used by ``olmax eval`` and by the in-loop callback (``olmax.train.callbacks.evaluator``). Log keys
+follow OLMo-core's evaluator callbacks so curves can be compared with AI2's runs:
+``eval/lm/<label>/CE loss``, ``eval/lm/<label>/PPL`` and ``eval/downstream/<task> (<metric>)``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from olmax.config import ModelConfig, OlmaxError
+from olmax.eval.downstream import DownstreamTask, prepare_task
+from olmax.eval.perplexity import load_heldout_sets, parse_heldout, perplexity
+from olmax.eval.scoring import Scorer
+from olmax.eval.tasks import expand_tasks, get_task
+
+
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return (p / "config.json").is_file() and (any(p.glob("*.safetensors"))
+                                               or (p / "model.safetensors.index.json").is_file())
+
+
+@dataclass
+class LoadedModel:
+    params: Any
+    cfg: ModelConfig
+    source: str           # "olmax" | "hf"
+    softmax_vocab: int    # logits entering the softmax (see olmax.eval.scoring)
+
+
+def load_model(path: str | os.PathLike) -> LoadedModel:
+    """An olmax checkpoint (step/run/checkpoints dir) or an HF ``Olmo3ForCausalLM`` directory."""
+    p = Path(path)
+    if not p.exists():
+        raise OlmaxError(f"checkpoint not found: {p}")
+    if is_hf_dir(p):
+        import jax
+
+        from olmax.interop.hf import load_hf
+
+        params, cfg, _ = load_hf(p)
+        return LoadedModel(jax.tree.map(jax.numpy.asarray, params), cfg, "hf", cfg.vocab_size)
+    from olmax.params_io import load_params
+
+    params, cfg = load_params(p)
+    return LoadedModel(params, cfg, "olmax", cfg.padded_vocab_size)
+
+
+@dataclass
+class EvalSuite:
+    """Prepared evaluation data for one model context length."""
+
+    heldout: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    tasks: list[DownstreamTask] = field(default_factory=list)
+
+    @classmethod
+    def prepare(cls, *, tasks: Sequence[str] = (), heldout: Sequence[str] = (), tokenizer: Any = None,
+                model_ctx_len: int, heldout_seq_len: int | None = None, vocab_size: int | None = None,
+                limit: int | None = None, heldout_max_docs: int | None = None,
+                cache: str | None = None) -> "EvalSuite":
+        names = expand_tasks(list(tasks))
+        for name in names:  # fail on a bad name before any slow work
+            get_task(name, cache)
+        if (names or heldout) and tokenizer is None:
+            from olmax.data.tokenizer import get_tokenizer
+
+            tokenizer = get_tokenizer("dolma2")
+        sets = {}
+        if heldout:
+            sets = load_heldout_sets(parse_heldout(heldout), heldout_seq_len or model_ctx_len,
+                                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                     vocab_size=vocab_size, max_docs=heldout_max_docs)
+        prepared = [prepare_task(n, tokenizer, model_ctx_len, limit=limit, cache=cache) for n in names]
+        return cls(sets, prepared)
+
+    def __bool__(self) -> bool:
+        return bool(self.heldout or self.tasks)
+
+    @property
+    def total_items(self) -> int:
+        return sum(len(t) for t, _ in self.heldout.values()) + sum(len(t.instances) for t in self.tasks)
+
+    def run(self, scorer: Scorer, params: Any, *, batch_size: int = 8, progress: bool = False,
+            desc: str = "eval") -> dict[str, Any]:
+        """{"heldout": {label: {...}}, "downstream": {task: {...}}, "seconds": s}."""
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.total_items, desc=desc, unit="seq", leave=False)
+        tick = bar.update if bar is not None else None
+        t0 = time.time()
+        out: dict[str, Any] = {"heldout": {}, "downstream": {}}
+        try:
+            for label, (tokens, mask) in self.heldout.items():
+                if bar is not None:
+                    bar.set_postfix_str(label)
+                res = perplexity(scorer, params, tokens, mask, batch_size=batch_size, progress=tick)
+                out["heldout"][label] = {**{k.split("/", 1)[1]: v for k, v in res.metrics(label).items()},
+                                         "documents": int(len(tokens)), "tokens": res.mask_tokens}
+            for task in self.tasks:
+                if bar is not None:
+                    bar.set_postfix_str(task.name)
+                values = task.evaluate(scorer, params, batch_size=batch_size, progress=tick)
+                out["downstream"][task.name] = {"metric_type": task.metric_type, "documents": task.num_docs,
+                                                "requests": len(task.instances), "metrics": values}
+        finally:
+            if bar is not None:
+                bar.close()
+        out["seconds"] = time.time() - t0
+        return out
+
+
+def log_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """Flat OLMo-core-style log keys of :meth:`EvalSuite.run` results."""
+    from olmax.eval.metrics import labelled
+
+    flat: dict[str, float] = {}
+    for label, r in results.get("heldout", {}).items():
+        for k in ("CE loss", "PPL"):
+            flat[f"eval/lm/{label}/{k}"] = r[k]
+    for task, r in results.get("downstream", {}).items():
+        for k, v in labelled(task, r["metrics"]).items():
+            flat[f"eval/downstream/{k}"] = v
+    return flat
+
