@@ -1,0 +1,90 @@
+"""``olmax bench train RECIPE [key=value ...] --steps N [--json OUT]`` and ``olmax bench matmul``.
+
+``bench train`` times the trainer's step on synthetic tokens on one device: steady-state tokens/s
+(median step), compile time, peak memory, MFU in OLMo-core's and the causal FLOPs convention, and
+the percentage of the measured matmul ceiling (measured first unless ``--no-ceiling``). Any recipe
+key can be overridden, e.g. ``model.n_layers=4 train.seq_len=8192 train.attn_impl=chunked``.
+
+``bench matmul`` measures the ceiling: the best FLOP/s of a square matmul (fp32 accumulation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from olmax.config import ConfigError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmark training throughput / the matmul ceiling",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="bench_command", metavar="WHAT")
+    sub.required = True
+
+    t = sub.add_parser("train", help="steady-state training step throughput and MFU")
+    t.add_argument("recipe", help="recipe name or YAML path")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    t.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
+    t.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation (default 2)")
+    t.add_argument("--no-ceiling", action="store_true", help="skip the matmul-ceiling measurement")
+    t.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
+    t.add_argument("--force", action="store_true", help="replace an existing --json file")
+    t.set_defaults(func=run_train)
+
+    m = sub.add_parser("matmul", help="measured matmul ceiling (FLOP/s)")
+    m.add_argument("--size", type=int, default=None, help="matrix size (default 8192; 1024 on CPU)")
+    m.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 "
+                                                  "(default bfloat16; float32 on CPU)")
+    m.add_argument("--iters", type=int, default=10)
+    m.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
+    m.add_argument("--force", action="store_true", help="replace an existing --json file")
+    m.set_defaults(func=run_matmul)
+
+
+def _write(path: str | None, data: dict, force: bool) -> None:
+    if path:
+        from olmax.analysis.curves import atomic_write
+
+        atomic_write(path, (json.dumps(data, indent=2) + "\n").encode(), overwrite=force)
+
+
+def _check_output(path: str | None, force: bool) -> None:
+    """Refuse an existing output before spending minutes on the benchmark."""
+    import os
+
+    if path and os.path.exists(path) and not force:
+        raise ConfigError(f"--json {path} already exists (remove it or pass --force)")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from olmax.analysis.bench import bench_train, format_train, matmul_ceiling
+    from olmax.train.recipes import load_recipe
+
+    _check_output(args.json_out, args.force)
+    cfg = load_recipe(args.recipe, args.overrides)
+    ceiling = None
+    if not args.no_ceiling:
+        dtype = "float32" if cfg.train.compute_dtype == "float32" else "bfloat16"
+        ceiling = matmul_ceiling(dtype=dtype)
+        print(f"matmul ceiling    {ceiling['flops_per_s'] / 1e12:.3f} TFLOP/s "
+              f"({ceiling['size']}^3 {ceiling['dtype']})")
+    result = bench_train(cfg, steps=args.steps, warmup=args.warmup,
+                         ceiling_flops=ceiling["flops_per_s"] if ceiling else None)
+    print(format_train(result))
+    _write(args.json_out, {"train": result.to_dict(), "matmul": ceiling,
+                           "recipe": args.recipe, "overrides": list(args.overrides)}, args.force)
+    return 0
+
+
+def run_matmul(args: argparse.Namespace) -> int:
+    from olmax.analysis.bench import matmul_ceiling
+
+    _check_output(args.json_out, args.force)
+    r = matmul_ceiling(size=args.size, dtype=args.dtype, iters=args.iters)
+    peak = r["peak_flops"]
+    print(f"{r['device']}: {r['flops_per_s'] / 1e12:.3f} TFLOP/s ({r['size']}^3 {r['dtype']}, best of "
+          f"{args.iters})" + (f", {100 * r['flops_per_s'] / peak:.1f}% of the {peak / 1e12:.0f} TFLOP/s "
+                              f"peak" if peak else ""))
+    _write(args.json_out, r, args.force)
+    return 0

@@ -1,0 +1,49 @@
+"""``olmax bench``: the training benchmark's figures are consistent with the FLOPs accounting, and
+the CLI writes JSON atomically and refuses to overwrite."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from olmax.cli import main
+from olmax.model.flops import flops_per_token
+from olmax.train.recipes import load_recipe
+
+TINY = ["model.vocab_size=120", "model.padded_vocab_size=128", "train.global_batch_size=2",
+        "train.seq_len=96", "train.attn_impl=chunked"]
+
+
+def test_bench_train_figures(tmp_path):
+    from olmax.analysis.bench import bench_train
+
+    cfg = load_recipe("olmo3_tiny", TINY)
+    r = bench_train(cfg, steps=2, warmup=1, ceiling_flops=1e12)
+    assert r.platform == "cpu" and r.batch == 2 and r.seq_len == 96 and r.attn_impl == "chunked"
+    assert r.tokens_per_s == pytest.approx(2 * 96 / r.step_s)
+    assert r.step_s_min <= r.step_s <= max(r.step_s_mean * 2, r.step_s)
+    assert r.flops_per_token_olmo_core == flops_per_token(cfg.model, 96, "olmo_core")
+    assert r.flops_per_token_causal == flops_per_token(cfg.model, 96, "causal")
+    assert r.pct_of_ceiling_causal == pytest.approx(r.tokens_per_s * r.flops_per_token_causal / 1e12)
+    assert r.mfu_causal is None and r.mfu_olmo_core is None      # no peak for a CPU
+    assert r.compile_s > 0 and r.peak_memory_bytes > 0
+    assert 4.0 < r.final_loss < 6.0                               # ~ln(120) at initialisation
+
+
+def test_bench_matmul_cli_json(tmp_path, capsys):
+    out = tmp_path / "mm.json"
+    assert main(["bench", "matmul", "--size", "128", "--iters", "2", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["size"] == 128 and r["dtype"] == "float32" and r["flops_per_s"] > 0
+    assert r["peak_flops"] is None
+    assert "TFLOP/s" in capsys.readouterr().out
+    # An existing output is never overwritten without --force.
+    assert main(["bench", "matmul", "--size", "64", "--iters", "1", "--json", str(out)]) == 2
+    assert json.loads(out.read_text())["size"] == 128
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_bench_train_bad_override(capsys):
+    assert main(["bench", "train", "olmo3_tiny", "train.no_such_key=1", "--steps", "1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err
