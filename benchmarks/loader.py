@@ -10,7 +10,8 @@
   default 70,000 tokens/s: an 8-GPU H100 host of OLMo 3 7B's stage 1 at about 43 % MFU).
 * index: the epoch permutation of an ``--plan-instances`` mix (OLMo 3 stage 1: 5.93 T tokens / 8192
   = 724 M instances): build time, peak RSS while building, cache file size, and the RSS of a fresh
-  process that reads 200 random global batches of 512 ids. Each measurement runs in its
+  process that reads 200 random global batches of 512 ids, and a TrainData over a 1016-file mix of
+  that size (sparse files, so no disk is used) reading host slices. Each measurement runs in its
   own subprocess so ``ru_maxrss`` is its own.
 """
 
@@ -124,10 +125,46 @@ def _child_read(n: int, cache: str) -> None:
                       "reader_rss_before_mb": round(base), "batches_per_epoch": plan.batches_per_epoch}))
 
 
+def _child_mix(n: int, cache: str) -> None:
+    """A 1016-file mix of n instances as sparse files (no disk used): plan it and read batches."""
+    from olmax.data.loader import TrainData
+    from olmax.data.tokenizer import get_tokenizer
+
+    ident = get_tokenizer("dolma2").identity
+    base = _rss_mb()
+    files = 1016
+    per_file = np.full(files, n // files, dtype=np.int64)
+    per_file[: n % files] += 1
+    mix_dir = Path(cache) / "sparse-mix"
+    mix_dir.mkdir(exist_ok=True)
+    paths = []
+    for i, k in enumerate(per_file.tolist()):
+        p = mix_dir / f"part-{i:04d}.npy"
+        with open(p, "wb") as f:
+            f.truncate(k * 8192 * 4 + 1234 * 4)  # k instances plus a remainder
+        paths.append(str(p))
+    t0 = time.perf_counter()
+    data = TrainData(paths, seq_len=8192, global_batch_size=512, seed=34521, tokenizer=ident,
+                     cache_dir=cache)
+    plan_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    data.host_batch(0, 0, 64)  # builds (or finds in the cache) the epoch order
+    first_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for b in rng.integers(0, data.batches_per_epoch, 20):
+        data.host_batch(int(b), 3, 64)  # host 3 of 64 reads its 8 rows
+    read_s = (time.perf_counter() - t0) / 20
+    print(json.dumps({"mix_files": files, "mix_instances": data.num_instances,
+                      "mix_plan_seconds": round(plan_s, 2), "first_host_batch_seconds": round(first_s, 2),
+                      "host_batch_seconds": round(read_s, 4),
+                      "mix_process_peak_rss_mb": round(_rss_mb()), "mix_rss_before_mb": round(base)}))
+
+
 def bench_index(n: int) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         out = {"instances": n}
-        for mode in ("build", "read"):
+        for mode in ("build", "read", "mix"):
             proc = subprocess.run([sys.executable, __file__, f"--_child-{mode}", str(n), cache],
                                   capture_output=True, text=True, check=True)
             out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -137,7 +174,8 @@ def bench_index(n: int) -> dict:
 
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1].startswith("--_child-"):
-        {"--_child-build": _child_build, "--_child-read": _child_read}[sys.argv[1]](int(sys.argv[2]), sys.argv[3])
+        children = {"--_child-build": _child_build, "--_child-read": _child_read, "--_child-mix": _child_mix}
+        children[sys.argv[1]](int(sys.argv[2]), sys.argv[3])
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=["tokenizer", "loader", "index"], action="append")

@@ -30,7 +30,11 @@ _ITER_END = 1 << 62
 
 
 class TrainData:
-    """Fixed-length training instances over token files, in OLMo-core's order."""
+    """Fixed-length training instances over token files, in OLMo-core's order.
+
+    Picklable for grain worker processes: its BatchPlan and TokenReader drop their cached epoch
+    order and file descriptors when pickled.
+    """
 
     def __init__(self, paths: list[str] | tuple[str, ...], *, seq_len: int, global_batch_size: int,
                  seed: int, epoch: int = 1, dtype: str = "uint32",
@@ -118,9 +122,6 @@ class TrainData:
             it = it.mp_prefetch(grain.MultiprocessingOptions(
                 num_workers=self.num_workers, per_worker_buffer_size=max(1, self.prefetch)))
         return iter(it)
-
-    def __getstate__(self) -> dict:
-        return dict(self.__dict__)  # BatchPlan and TokenReader drop their caches/descriptors
 
 
 class _HostBatch:
