@@ -1,0 +1,84 @@
+"""``hidden_states`` gives the same numbers with every remat policy and with the layer scan as a
+plain per-layer Python loop (layer i uses params[i] and window_pattern[i % period])."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from olmax.config import ModelConfig
+from olmax.model import olmo3
+from olmax.model.rope import rope_tables
+
+CFG = ModelConfig(d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
+                  vocab_size=200, padded_vocab_size=256, window_pattern=(4, 8, None),
+                  rope_theta=10_000.0, max_seq_len=64)
+T = 20
+
+
+def _params_and_tokens():
+    params = olmo3.init_params(CFG, jax.random.key(0))
+    # Make norm weights differ per layer so a wrong layer/param pairing shows.
+    params = jax.tree_util.tree_map_with_path(
+        lambda kp, x: x + 0.2 * jax.random.normal(jax.random.key(len(str(kp))), x.shape)
+        if "norm" in jax.tree_util.keystr(kp) else x, params)
+    tokens = jax.random.randint(jax.random.key(1), (2, T), 0, CFG.vocab_size)
+    return params, tokens
+
+
+def _unrolled(params, tokens, windows):
+    """The per-layer loop, run op by op (no jit, no scan)."""
+    sin, cos = rope_tables(jnp.arange(T), CFG.head_dim, CFG.rope_theta)
+    h = jnp.take(params["embed"], tokens, axis=0)
+    for i, window in enumerate(windows):
+        p = jax.tree.map(lambda x: x[i], params["layers"])
+        h = olmo3._layer(p, h, CFG, window, sin, cos, "xla")
+    return olmo3.rms_norm(h, params["final_norm"], CFG.norm_eps)
+
+
+def _assert_close_scaled(a, b, rel=1e-5):
+    """max |a - b| <= rel * max |b|: equal up to fp32 reassociation (XLA fuses the variants
+    differently), far below what a wrong layer, window or param pairing changes."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.max(np.abs(a - b)) <= rel * np.max(np.abs(b)) + 1e-12
+
+
+def test_scan_equals_per_layer_loop():
+    params, tokens = _params_and_tokens()
+    scanned = jax.jit(lambda p, t: olmo3.hidden_states(p, t, CFG))(params, tokens)
+    _assert_close_scaled(scanned, _unrolled(params, tokens, CFG.layer_windows()))
+    # The windows matter at this length: full attention everywhere gives other numbers.
+    full = _unrolled(params, tokens, [None] * CFG.n_layers)
+    assert np.max(np.abs(np.asarray(full) - np.asarray(scanned))) > 1e-3
+
+
+POLICIES = [r for r in olmo3.REMAT_POLICIES if r != "none"]
+
+
+def test_remat_policies_give_identical_hidden_states():
+    params, tokens = _params_and_tokens()
+    outs = jax.jit(lambda p: {r: olmo3.hidden_states(p, tokens, CFG, remat=r)
+                              for r in olmo3.REMAT_POLICIES})(params)
+    for r in POLICIES:
+        _assert_close_scaled(outs[r], outs["none"])
+
+
+def _loss(params, tokens, remat):
+    h = olmo3.hidden_states(params, tokens, CFG, remat=remat)
+    return jnp.mean(jnp.square(h) * jnp.arange(CFG.d_model))
+
+
+@pytest.mark.parametrize("remat", [pytest.param(r, marks=() if r == "full" else pytest.mark.slow)
+                                   for r in POLICIES])
+def test_remat_policies_give_identical_gradients(remat):
+    params, tokens = _params_and_tokens()
+    g_ref = jax.jit(jax.grad(lambda p: _loss(p, tokens, "none")))(params)
+    g = jax.jit(jax.grad(lambda p: _loss(p, tokens, remat)))(params)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+        _assert_close_scaled(a, b)
+
+
+def test_unknown_remat_policy_is_rejected():
+    params, tokens = _params_and_tokens()
+    with pytest.raises(ValueError, match="unknown remat policy"):
+        olmo3.hidden_states(params, tokens, CFG, remat="bogus")
