@@ -11,6 +11,8 @@ Requests (EV ``src/olmo_eval/tasks.py``: ``OEEvalTask.prep_examples`` and, for M
   attention is causal);
 - ``bpb``/``ce_loss`` tasks keep only the gold continuation (``cont_id = label = 0``); OLMES
   unconditional requests (``doc_id >= 1_000_000``) are skipped;
+- only the continuation's positions go through the LM head (``Scorer.span_logprobs``), so a
+  5-shot request costs one trunk forward plus a few head rows;
 - fast MC (``*_fast``): one request per question, all answer-letter tokens (each continuation must be
   one token) scored at the single position ``ctx_len-1``; the lengths used for normalisation are those
   of the first choice, as EV keeps its ``base_sample``.
@@ -308,18 +310,27 @@ def score_instances(scorer: Scorer, params: Any, instances: Sequence[Instance], 
             for r, (i, inst) in enumerate(zip(idx, batch)):
                 results[i] = [_scored(inst, j, float(lp[r, j])) for j in range(len(inst.choices or []))]
         else:
-            targets = np.zeros((batch_size, t), np.int32)
+            k = _span_bucket(max(len(b.continuation) for b in batch))
+            starts = np.zeros(batch_size, np.int32)
+            targets = np.zeros((batch_size, k), np.int32)
             for r, inst in enumerate(batch):
-                full = inst.query + inst.continuation[-1:]
-                targets[r, : len(inst.query)] = full[1:]
-            lp = scorer.target_logprobs(params, tokens, targets)
+                starts[r] = inst.ctx_len - 1
+                targets[r, : len(inst.continuation)] = inst.continuation
+            lp = scorer.span_logprobs(params, tokens, starts, targets)
             for r, (i, inst) in enumerate(zip(idx, batch)):
-                a = inst.ctx_len - 1
-                total = float(np.sum(lp[r, a: a + len(inst.continuation)], dtype=np.float64))
+                total = float(np.sum(lp[r, : len(inst.continuation)], dtype=np.float64))
                 results[i] = [_scored(inst, inst.cont_id, total)]
         if progress is not None:
             progress(len(batch))
     return [s for i in range(len(instances)) for s in results[i]]
+
+
+def _span_bucket(n: int) -> int:
+    """Continuation span length bucket: a power of two >= n, at least 8."""
+    b = 8
+    while b < n:
+        b *= 2
+    return b
 
 
 def _scored(inst: Instance, cont_id: int, logprob: float) -> Scored:

@@ -53,6 +53,7 @@ class Scorer:
         self.chunk = chunk
         self._targets = jax.jit(self._target_logprobs)
         self._choices = jax.jit(self._choice_logprobs)
+        self._spans = jax.jit(self._span_logprobs)
 
     def _hidden(self, params, tokens):
         return olmo3.hidden_states(params, tokens, self.cfg, compute_dtype=self.compute_dtype,
@@ -89,6 +90,22 @@ class Scorer:
         logits = olmo3.logits_from_hidden(hp, self._head(params))
         logp = jax.nn.log_softmax(logits, axis=-1)
         return jnp.take_along_axis(logp, jnp.maximum(choices, 0), axis=-1)
+
+    def _span_logprobs(self, params, tokens, starts, targets):
+        """[B, K] log p(targets[b, k] | tokens[b, :starts[b]+k+1]): the LM head only at the K
+        positions of each row's span (a continuation), not at every position."""
+        h = self._hidden(params, tokens)
+        k = targets.shape[1]
+        pos = jnp.minimum(starts[:, None] + jnp.arange(k)[None, :], tokens.shape[1] - 1)
+        hs = jnp.take_along_axis(h, pos[..., None], axis=1)
+        logits = olmo3.logits_from_hidden(hs, self._head(params))
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        return jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - lse
+
+    def span_logprobs(self, params, tokens: np.ndarray, starts: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Host wrapper of the span scorer: tokens [B, T], starts [B], targets [B, K] -> [B, K]."""
+        return np.asarray(self._spans(params, jnp.asarray(tokens, jnp.int32), jnp.asarray(starts, jnp.int32),
+                                      jnp.asarray(targets, jnp.int32)))
 
     def target_logprobs(self, params, tokens: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """Host wrapper: int arrays [B, T] -> float32 [B, T]."""

@@ -229,6 +229,17 @@ def _rope_entry(cfg: ModelConfig, yarn: YarnConfig | None) -> dict:
     return entry
 
 
+def _same_rope(base: Mapping[str, Any] | None, cfg: ModelConfig) -> bool:
+    if not base:
+        return False
+    try:
+        other = model_config_from_hf(base)
+    except OlmaxError:
+        return False
+    return (other.rope_theta, other.rope_scaling, other.layer_windows()) == (
+        cfg.rope_theta, cfg.rope_scaling, cfg.layer_windows())
+
+
 def hf_config_from_model(cfg: ModelConfig, *, dtype: str = "float32",
                          base: Mapping[str, Any] | None = None) -> dict:
     """ModelConfig -> an ``Olmo3ForCausalLM`` config dict (v5 ``rope_parameters`` plus the v4.57
@@ -244,8 +255,9 @@ def hf_config_from_model(cfg: ModelConfig, *, dtype: str = "float32",
                          f"the model uses {sliding}")
     yarn = cfg.rope_scaling
     out = dict(base or {})
-    for k in ("rope_scaling", "rope_parameters", "rope_theta", "torch_dtype", "head_dim",
-              "transformers_version"):
+    rope_keys = ("rope_scaling", "rope_parameters", "rope_theta")
+    kept_rope = {k: out[k] for k in rope_keys if k in out} if _same_rope(base, cfg) else None
+    for k in rope_keys + ("torch_dtype", "head_dim", "transformers_version"):
         out.pop(k, None)
     if base is None:
         dolma2 = cfg.vocab_size > 100277
@@ -268,6 +280,10 @@ def hf_config_from_model(cfg: ModelConfig, *, dtype: str = "float32",
         rope_scaling=({k: v for k, v in _rope_entry(cfg, yarn).items() if k != "rope_theta"}
                       if yarn is not None else None),
         dtype=dtype)
+    if kept_rope is not None:  # the imported spelling, when it means the same RoPE
+        for k in rope_keys:
+            out.pop(k)
+        out.update(kept_rope)
     if cfg.head_dim * cfg.n_heads != cfg.d_model:
         out["head_dim"] = cfg.head_dim
     return out

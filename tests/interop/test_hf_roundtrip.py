@@ -1,0 +1,128 @@
+"""HF -> olmax -> HF round trips are bit-exact on every tensor, and transformers loads the export.
+
+Tensors are compared with ``safetensors.torch`` (an independent reader) by their raw bits.
+"""
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from olmax.interop import hf as hfio
+from olmax.params_io import load_meta, load_params
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file  # noqa: E402
+
+from hf_models import FULL, SLIDING, make_hf_model  # noqa: E402
+
+
+def _tensors(d: Path) -> dict:
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def _bits(t):
+    return t.view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
+
+
+def _assert_bit_exact(a: Path, b: Path):
+    ta, tb = _tensors(a), _tensors(b)
+    assert sorted(ta) == sorted(tb)
+    for name in ta:
+        assert ta[name].dtype == tb[name].dtype, name
+        assert ta[name].shape == tb[name].shape, name
+        assert torch.equal(_bits(ta[name]), _bits(tb[name])), name
+
+
+CASES = {
+    "fp32-gqa": dict(dtype="float32"),
+    "bf16-sharded": dict(dtype="bfloat16", max_shard_size="40KB", layer_types=[FULL, SLIDING] * 2),
+    "fp32-tied-headdim-mqa": dict(dtype="float32", tie=True, head_dim=32, kv_heads=1),
+    "fp32-yarn": dict(dtype="float32", yarn={"factor": 4.0, "original_max_position_embeddings": 32},
+                      max_pos=128),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_import_export_is_bit_exact_and_loads_in_transformers(tmp_path, case):
+    kw = CASES[case]
+    src, ckpt, out = tmp_path / "hf", tmp_path / "ckpt", tmp_path / "hf2"
+    model = make_hf_model(src, **kw)
+    if "max_shard_size" in kw:
+        assert (src / hfio.INDEX_FILE).is_file()
+
+    hfio.convert_hf_to_olmax(src, ckpt)
+    params, cfg = load_params(ckpt)
+    assert cfg.padded_vocab_size == 384 and params["embed"].shape == (384, 64)
+    assert params["embed"].dtype == np.float32
+    assert not np.any(np.asarray(params["embed"])[300:])  # padded rows are zero
+    assert load_meta(ckpt)["source"]["hf_dtype"] == kw["dtype"]
+
+    hfio.convert_olmax_to_hf(ckpt, out, max_shard_bytes=30_000)  # dtype: the source's
+    _assert_bit_exact(src, out)
+    assert (out / hfio.INDEX_FILE).is_file()  # the export was sharded
+
+    original = json.loads((src / "config.json").read_text())
+    exported = json.loads((out / "config.json").read_text())
+    for key in ("layer_types", "sliding_window", "rope_parameters", "rms_norm_eps",
+                "num_key_value_heads", "tie_word_embeddings", "vocab_size", "head_dim"):
+        assert exported.get(key) == original.get(key), key
+
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    reloaded = load(out, attn_implementation="eager").eval()
+    reference = load(src, attn_implementation="eager").eval()
+    assert reloaded.config.rope_parameters == model.config.rope_parameters
+    assert reloaded.config.layer_types == model.config.layer_types
+    tokens = torch.from_numpy(np.random.default_rng(0).integers(0, 300, (1, 40)))
+    with torch.no_grad():
+        assert torch.equal(reloaded(tokens).logits, reference(tokens).logits)
+
+
+def test_bf16_storage_round_trip_and_explicit_dtype(tmp_path):
+    src = tmp_path / "hf"
+    make_hf_model(src, dtype="bfloat16")
+    hfio.convert_hf_to_olmax(src, tmp_path / "ckpt", dtype="bfloat16")
+    params, _ = load_params(tmp_path / "ckpt")
+    assert params["layers"]["q_proj"].dtype == np.dtype("bfloat16")
+    hfio.convert_olmax_to_hf(tmp_path / "ckpt", tmp_path / "hf2")
+    _assert_bit_exact(src, tmp_path / "hf2")
+    # An explicit float32 export widens every value exactly.
+    hfio.convert_olmax_to_hf(tmp_path / "ckpt", tmp_path / "hf32", dtype="float32")
+    a, b = _tensors(src), _tensors(tmp_path / "hf32")
+    assert all(b[k].dtype == torch.float32 and torch.equal(a[k].float(), b[k]) for k in a)
+
+
+def test_import_and_export_stream_tensor_by_tensor(tmp_path):
+    """Peak host allocations: import ~ the params once, export ~ one shard (numpy allocations
+    are visible to tracemalloc)."""
+    src = tmp_path / "hf"
+    make_hf_model(src, hidden=256, inter=1024, layers=4, heads=4, kv_heads=4, vocab=1000,
+                  dtype="bfloat16")
+    tracemalloc.start()
+    try:
+        params, cfg, _ = hfio.load_hf(src, dtype="float32")
+        _, peak_import = tracemalloc.get_traced_memory()
+        params_bytes = sum(a.nbytes for a in _leaves(params))
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        (tmp_path / "out").mkdir()
+        shard = 2**20
+        hfio.write_hf_dir(tmp_path / "out", params, cfg, dtype="bfloat16", max_shard_bytes=shard)
+        _, peak_export = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    largest = max(int(np.prod(s)) for s in hfio.hf_tensor_shapes(cfg).values()) * 4
+    assert peak_import < params_bytes + 2 * largest
+    assert peak_export - base < shard + 3 * largest
+    _assert_bit_exact(src, tmp_path / "out")
+
+
+def _leaves(tree):
+    for v in tree.values():
+        yield from (_leaves(v) if isinstance(v, dict) else [v])
