@@ -74,6 +74,8 @@ def test_v5_rope_parameters_per_layer_type():
     (dict(layer_types=[S, F]), "layer_types has 2 entries"),
     (dict(hidden_act="gelu"), "hidden_act"),
     (dict(num_attention_heads=4, num_key_value_heads=3), "multiple of n_kv_heads"),
+    (dict(hidden_size="wide"), "malformed"),
+    (dict(num_hidden_layers=None), "missing 'num_hidden_layers'"),
 ])
 def test_bad_configs_are_one_line_errors(change, message):
     with pytest.raises(OlmaxError, match=message) as e:

@@ -173,6 +173,16 @@ def _rope_from_hf(hf: Mapping[str, Any], used_types: set[str], where: str
 def model_config_from_hf(hf: Mapping[str, Any], *, where: str = "config.json",
                          padded_vocab_size: int | None = None) -> ModelConfig:
     """An HF ``Olmo3ForCausalLM`` config dict -> ModelConfig (other architectures: OlmaxError)."""
+    try:
+        return _model_config_from_hf(hf, where, padded_vocab_size)
+    except ConfigError as e:
+        raise OlmaxError(f"{where}: {e}") from None
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as e:
+        raise OlmaxError(f"{where}: malformed Olmo3 config ({type(e).__name__}: {e})") from None
+
+
+def _model_config_from_hf(hf: Mapping[str, Any], where: str,
+                          padded_vocab_size: int | None) -> ModelConfig:
     archs = hf.get("architectures") or []
     model_type = hf.get("model_type")
     if model_type != HF_MODEL_TYPE or (archs and HF_ARCHITECTURE not in archs):
@@ -205,17 +215,14 @@ def model_config_from_hf(hf: Mapping[str, Any], *, where: str = "config.json",
         raise OlmaxError(f"{where}: sliding_attention layers need a positive sliding_window")
     windows = [int(window) if t == "sliding_attention" else None for t in layer_types]
     theta, yarn = _rope_from_hf(hf, set(layer_types), where)
-    try:
-        return ModelConfig(
-            d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
-            head_dim=head_dim, mlp_hidden=int(req("intermediate_size")), vocab_size=vocab,
-            padded_vocab_size=padded_vocab_size or VOCAB_MULTIPLE * math.ceil(vocab / VOCAB_MULTIPLE),
-            rope_theta=theta, rope_scaling=yarn, norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-            qk_norm="full", block_type="reordered_norm", window_pattern=_minimal_period(windows),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            max_seq_len=int(hf.get("max_position_embeddings") or 8192))
-    except ConfigError as e:
-        raise OlmaxError(f"{where}: {e}") from None
+    return ModelConfig(
+        d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
+        head_dim=head_dim, mlp_hidden=int(req("intermediate_size")), vocab_size=vocab,
+        padded_vocab_size=padded_vocab_size or VOCAB_MULTIPLE * math.ceil(vocab / VOCAB_MULTIPLE),
+        rope_theta=theta, rope_scaling=yarn, norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        qk_norm="full", block_type="reordered_norm", window_pattern=_minimal_period(windows),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_seq_len=int(hf.get("max_position_embeddings") or 8192))
 
 
 def _rope_entry(cfg: ModelConfig, yarn: YarnConfig | None) -> dict:
