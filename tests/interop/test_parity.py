@@ -84,6 +84,26 @@ def test_parity_detects_a_wrong_window(hf_dirs):
     assert kl_bad[8:].min() > 1e-6
 
 
+def test_v457_style_rope_theta(tmp_path):
+    """A config.json with only a top-level rope_theta (v4.57 style) means that theta on every
+    layer. transformers 5.x resolves sliding layers to its default 500000 instead; the report
+    says so rather than hiding the mismatch."""
+    import json
+
+    d = tmp_path / "hf"
+    make_hf_model(d, window=8, rope_theta=10_000.0)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["rope_parameters"]
+    cfg["rope_theta"] = 10_000.0
+    (d / "config.json").write_text(json.dumps(cfg))
+    r = run_parity(d, seq_len=16, dtype="float32")
+    if r["warnings"]:
+        assert "sliding_attention" in r["warnings"][0] and "500000" in r["warnings"][0]
+        assert r["kl_max"] > 1e-6
+    else:
+        assert r["kl_max"] <= 1e-9
+
+
 def test_metrics_match_torch_kl_div():
     rng = np.random.default_rng(0)
     ref, out = rng.normal(size=(40, 50)) * 3, rng.normal(size=(40, 50)) * 3

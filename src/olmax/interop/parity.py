@@ -146,6 +146,20 @@ def _hf_rope_dtype(model, dtype) -> str | None:
     return None
 
 
+def _hf_rope_warnings(model, cfg: ModelConfig) -> list[str]:
+    """Where transformers' resolved per-layer-type RoPE theta differs from olmax's reading of
+    config.json (transformers 5.x gives sliding layers its default 500000 when a v4.57-style
+    config has only a top-level ``rope_theta``)."""
+    rp = getattr(model.config, "rope_parameters", None) or {}
+    out = []
+    for t in sorted(set(getattr(model.config, "layer_types", None) or [])):
+        theta = (rp.get(t) or {}).get("rope_theta") if isinstance(rp, dict) else None
+        if theta is not None and float(theta) != cfg.rope_theta:
+            out.append(f"transformers uses rope_theta {theta} on {t} layers; config.json "
+                       f"(as olmax reads it) says {cfg.rope_theta}")
+    return out
+
+
 def _check_same_architecture(ckpt_cfg: ModelConfig, hf_cfg: ModelConfig, ckpt: Any) -> None:
     for f in _ARCH_FIELDS:
         a, b = getattr(ckpt_cfg, f), getattr(hf_cfg, f)
@@ -241,6 +255,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "olmax_params": source,
         "hf_attn_implementation": "eager",
         "hf_rope_dtype": _hf_rope_dtype(model, tdtype),
+        "warnings": _hf_rope_warnings(model, cfg),
         "seconds_hf": round(t_hf, 3),
         "seconds_olmax": round(t_ox, 3),
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
@@ -259,6 +274,7 @@ def format_report(r: dict[str, Any]) -> str:
     if r.get("num_positions_beyond_window"):
         lines.append(f"  beyond the window ({r['num_positions_beyond_window']} positions): "
                      f"KL mean {r['kl_mean_beyond_window']:.3e}  max {r['kl_max_beyond_window']:.3e}")
+    lines += [f"  warning: {w}" for w in r.get("warnings", [])]
     lines.append(f"  HF RoPE table dtype: {r['hf_rope_dtype']}; transformers "
                  f"{r['versions']['transformers']}, torch {r['versions']['torch']}")
     return "\n".join(lines)
