@@ -158,3 +158,24 @@ def test_output_trains(inputs, tmp_path):
     td = build_train_data(DataConfig(paths=tuple(f["path"] for f in m["files"]), root=str(out)),
                           seq_len=32, global_batch_size=2, seed=0)
     assert td.global_batch(0)["tokens"].shape == (2, 32)
+
+
+def test_big_jsonl_is_split_into_byte_ranges(tmp_path):
+    """A plain JSONL file larger than a group is cut at line starts: same stream, correct line numbers."""
+    texts = docs(80, "split")
+    texts[10] = "a very long document " * 200  # longer than a range: some ranges start no line
+    src = tmp_path / "big.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    settings = tk.TokenizeSettings(max_file_tokens=300, group_bytes=700)
+    assert len(tk.plan_groups([src], settings.group_bytes)) > 5
+    out = tmp_path / "out"
+    tk.tokenize_files([str(src)], str(out), settings, workers=1, progress=False)
+    _, arrays = read_output(out)
+    np.testing.assert_array_equal(np.concatenate(arrays), expected_stream(texts))
+
+    lines = src.read_text().splitlines(keepends=True)
+    lines[57] = '{"text": broken\n'
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(lines))
+    with pytest.raises(OlmaxError, match=r"bad\.jsonl:58: unreadable JSON line"):
+        tk.tokenize_files([str(bad)], str(tmp_path / "out2"), settings, workers=1, progress=False)

@@ -11,7 +11,8 @@ Documents with empty text are skipped (counted in the manifest); an input withou
 unreadable line, a missing field, invalid UTF-8 or a token id >= the vocab size is an
 :class:`OlmaxError` naming the file (and line).
 
-Work is cut into *groups* of consecutive inputs (about ``group_bytes`` of input each). Group g writes
+Work is cut into *groups* of consecutive inputs (about ``group_bytes`` of input each; a larger plain
+JSONL file is cut into byte ranges at line starts, so one big file still uses every worker). Group g writes
 ``part-GGGGG-JJJJ.npy`` files of at most ``max_file_tokens`` tokens (split at document boundaries;
 a longer single document gets a file of its own) into a temporary folder, then moves them into place
 and records ``.progress/GGGGG.json``; groups run in worker processes. An interrupted run resumes
@@ -62,6 +63,7 @@ class GroupResult:
     tokens: int = 0
     skipped_empty: int = 0
     input_bytes: int = 0
+    range_documents: dict[str, int] = field(default_factory=dict)  # per split input, this range's count
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -106,8 +108,51 @@ def _open_lines(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def iter_documents(path: Path, text_field: str) -> Iterator[str]:
-    """Document texts of one input, in order (empty ones included)."""
+def _splittable(path: Path) -> bool:
+    """Uncompressed JSONL can be cut into byte ranges at line starts."""
+    return path.name.lower().endswith((".jsonl", ".ndjson"))
+
+
+def _line_number(path: Path, pos: int) -> int:
+    """1-based number of the line starting at byte ``pos`` (only computed for error messages)."""
+    count = 0
+    with open(path, "rb") as f:
+        remaining = pos
+        while remaining > 0:
+            chunk = f.read(min(remaining, 1 << 22))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            remaining -= len(chunk)
+    return count + 1
+
+
+def _jsonl_lines(path: Path, start: int, end: int | None) -> Iterator[tuple[int | None, int, bytes]]:
+    """(line number or None, byte offset, raw line) of the lines that *start* in [start, end)."""
+    if start == 0 and end is None:
+        with _open_lines(path) as f:
+            for n, raw in enumerate(f, start=1):
+                yield n, -1, raw
+        return
+    with open(path, "rb") as f:
+        if start > 0:
+            f.seek(start - 1)
+            f.readline()  # the rest of a line that started before this range
+        pos = f.tell()
+        while end is None or pos < end:
+            raw = f.readline()
+            if not raw:
+                break
+            yield None, pos, raw
+            pos += len(raw)
+
+
+def iter_documents(path: Path, text_field: str, start: int = 0,
+                   end: int | None = None) -> Iterator[str]:
+    """Document texts of one input, in order (empty ones included).
+
+    ``start``/``end`` (plain JSONL only) restrict it to the lines starting in that byte range.
+    """
     kind = _kind(path)
     if kind == "text":
         try:
@@ -133,20 +178,20 @@ def iter_documents(path: Path, text_field: str) -> Iterator[str]:
                 yield value
         return
     try:
-        with _open_lines(path) as f:
-            for n, raw in enumerate(f, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    obj = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raise OlmaxError(f"{path}:{n}: unreadable JSON line ({e})") from None
-                if not isinstance(obj, dict) or text_field not in obj:
-                    raise OlmaxError(f"{path}:{n}: no {text_field!r} field")
-                text = obj[text_field]
-                if not isinstance(text, str):
-                    raise OlmaxError(f"{path}:{n}: field {text_field!r} is not a string")
-                yield text
+        for n, pos, raw in _jsonl_lines(path, start, end):
+            if not raw.strip():
+                continue
+            where = lambda: f"{path}:{n if n is not None else _line_number(path, pos)}"  # noqa: E731
+            try:
+                obj = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise OlmaxError(f"{where()}: unreadable JSON line ({e})") from None
+            if not isinstance(obj, dict) or text_field not in obj:
+                raise OlmaxError(f"{where()}: no {text_field!r} field")
+            text = obj[text_field]
+            if not isinstance(text, str):
+                raise OlmaxError(f"{where()}: field {text_field!r} is not a string")
+            yield text
     except (OSError, EOFError) as e:  # truncated/corrupt compressed input
         if isinstance(e, FileNotFoundError):
             raise OlmaxError(f"input not found: {path}") from None
@@ -157,14 +202,27 @@ def iter_documents(path: Path, text_field: str) -> Iterator[str]:
         raise
 
 
-def plan_groups(paths: Sequence[Path], group_bytes: int) -> list[list[int]]:
-    """Consecutive input indices, about ``group_bytes`` of input each (at least one input)."""
-    groups: list[list[int]] = []
-    current: list[int] = []
+def plan_groups(paths: Sequence[Path], group_bytes: int) -> list[list[list]]:
+    """Units of work: lists of segments ``[input index, start byte, end byte or None]``.
+
+    Consecutive small inputs share a group of about ``group_bytes``; a plain JSONL file larger than
+    that is cut into byte ranges (a line belongs to the range it starts in), one group each.
+    """
+    groups: list[list[list]] = []
+    current: list[list] = []
     size = 0
     for i, p in enumerate(paths):
-        current.append(i)
-        size += p.stat().st_size
+        n = p.stat().st_size
+        if n > group_bytes and _splittable(p):
+            if current:
+                groups.append(current)
+                current, size = [], 0
+            for start in range(0, n, group_bytes):
+                end = start + group_bytes
+                groups.append([[i, start, end if end < n else None]])
+            continue
+        current.append([i, 0, None])
+        size += n
         if size >= group_bytes:
             groups.append(current)
             current, size = [], 0
@@ -185,9 +243,9 @@ def _worker_init(tokenizer: str) -> None:
     _WORKER_TOKENIZER = get_tokenizer(tokenizer)
 
 
-def _tokenize_group(task: tuple[int, list[str], str, TokenizeSettings]) -> GroupResult:
-    """Tokenize one group into ``out/part-GGGGG-JJJJ.npy``; returns what it wrote."""
-    group, inputs, out_dir, settings = task
+def _tokenize_group(task: tuple[int, list[tuple[str, int, int | None]], str, TokenizeSettings]) -> GroupResult:
+    """Tokenize one group of input segments into ``out/part-GGGGG-JJJJ.npy``; returns what it wrote."""
+    group, segments, out_dir, settings = task
     from olmax.data.tokenizer import token_dtype
 
     tok = _WORKER_TOKENIZER
@@ -208,12 +266,13 @@ def _tokenize_group(task: tuple[int, list[str], str, TokenizeSettings]) -> Group
             writer.add(ids, path)
 
     try:
-        for path in inputs:
+        for path, start, end in segments:
             p = Path(path)
-            result.input_bytes += p.stat().st_size
+            whole = start == 0 and end is None
+            result.input_bytes += (p.stat().st_size if end is None else end) - start
             texts: list[str] = []
             kept = 0
-            for text in iter_documents(p, settings.text_field):
+            for text in iter_documents(p, settings.text_field, start, end):
                 if not text:
                     result.skipped_empty += 1
                     continue
@@ -224,8 +283,10 @@ def _tokenize_group(task: tuple[int, list[str], str, TokenizeSettings]) -> Group
                     texts = []
             if texts:
                 add(path, texts)
-            if kept == 0:
+            if whole and kept == 0:
                 raise OlmaxError(f"{p}: empty input (no non-empty document)")
+            if not whole:
+                result.range_documents[path] = kept  # emptiness is judged over all its ranges
         writer.flush()
         result.files, result.documents, result.tokens = writer.files, writer.documents, writer.tokens
         for f in result.files:  # every file is complete: move them into place
@@ -279,7 +340,7 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
         marker = out / PROGRESS_DIR / f"{g:05d}.json"
         if marker.is_file():
             done[g] = GroupResult(**json.loads(marker.read_text()))
-    todo = [(g, [str(paths[i]) for i in groups[g]], str(out), settings)
+    todo = [(g, [(str(paths[i]), start, end) for i, start, end in groups[g]], str(out), settings)
             for g in range(len(groups)) if g not in done]
     if done:
         log(f"resuming: {len(done)} of {len(groups)} groups already done")
@@ -317,6 +378,13 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
             bar.close()
     seconds = time.perf_counter() - t0
 
+    split_docs: dict[str, int] = {}
+    for r in done.values():
+        for path, n in r.range_documents.items():
+            split_docs[path] = split_docs.get(path, 0) + n
+    for path, n in split_docs.items():
+        if n == 0:
+            raise OlmaxError(f"{path}: empty input (no non-empty document)")
     files = [f for g in range(len(groups)) for f in done[g].files]
     manifest = {
         "format": "olmo raw token files: headerless little-endian, each document + one EOS",
