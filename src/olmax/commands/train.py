@@ -1,0 +1,87 @@
+"""``olmax train RECIPE [--run-dir DIR] [key=value ...]``.
+
+RECIPE is a YAML file or a packaged recipe name (``olmo3_7b_stage1``, ``olmo3_7b_stage1_part2``,
+``olmo3_7b_stage2``, ``olmo3_tiny``). Overrides use the config's dotted keys, e.g.
+``train.max_steps=100 train.global_batch_size=8 train.seq_len=256 data.paths=[a.npy,b.npy]
+model.preset=olmo3-14m seed=1 optim.lr=1e-3 init.hf_dir=HF_DIR``. Re-running the same command with
+the same ``--run-dir`` resumes from ``DIR/checkpoints/``. The device count comes from the
+environment (e.g. ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a model from a recipe", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", metavar="RECIPE", help="recipe YAML path or packaged recipe name")
+    p.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value", help="config overrides")
+    p.add_argument("--run-dir", default=None,
+                   help="run directory (default: runs/<recipe>-<UTC time>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
+    p.set_defaults(func=run)
+
+
+def split_options(args: argparse.Namespace) -> None:
+    """Options may follow the overrides (``RECIPE key=value --run-dir DIR``): pull them out."""
+    from olmax.config import ConfigError
+
+    rest, i = [], 0
+    items = list(args.overrides)
+    while i < len(items):
+        a = items[i]
+        if a in ("--run-dir",) or a.startswith("--run-dir="):
+            if "=" in a:
+                args.run_dir = a.split("=", 1)[1]
+            elif i + 1 < len(items):
+                args.run_dir = items[i + 1]
+                i += 1
+            else:
+                raise ConfigError("--run-dir needs a directory")
+        elif a == "--quiet" and hasattr(args, "quiet"):
+            args.quiet = True
+        elif a.startswith("-"):
+            raise ConfigError(f"unknown option '{a}'")
+        else:
+            rest.append(a)
+        i += 1
+    args.overrides = rest
+
+
+def default_run_dir(recipe: str) -> str:
+    from pathlib import Path
+
+    name = Path(recipe).name
+    for suffix in (".yaml", ".yml"):
+        name = name[: -len(suffix)] if name.endswith(suffix) else name
+    return str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+
+
+def format_summary(summary: dict) -> str:
+    tps = summary.get("tokens_per_sec")
+    parts = [f"steps {summary['start_step'] + 1}..{summary['last_step']}"]
+    if summary.get("first_loss") is not None:
+        parts.append(f"loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f} "
+                     f"(min {summary['min_loss']:.4f})")
+    if tps:
+        parts.append(f"{tps:,.0f} tokens/s")
+    parts.append(f"run dir {summary['run_dir']}")
+    return "; ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    split_options(args)
+    from olmax.train.recipes import load_recipe
+    from olmax.train.trainer import Trainer
+
+    cfg = load_recipe(args.recipe, args.overrides)
+    run_dir = args.run_dir or default_run_dir(args.recipe)
+    trainer = Trainer(cfg, run_dir, quiet=args.quiet)
+    summary = trainer.run()
+    if trainer.is_main:
+        print(f"olmax train: done: {format_summary(summary)}", file=sys.stdout)
+    return 0

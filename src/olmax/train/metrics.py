@@ -1,0 +1,77 @@
+"""Run-directory logging: ``metrics.jsonl`` (one JSON object per line), TensorBoard, optional W&B.
+
+Only process 0 writes. ``metrics.jsonl`` lines are written whole and flushed, so a killed run leaves
+at most one torn last line (which a resume drops). TensorBoard events go to ``RUN_DIR/tb``; W&B (if
+``logging.wandb`` and the package is installed) runs offline unless ``WANDB_MODE`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from olmax.config import LoggingConfig
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)  # "nan" / "inf": JSON has no literal for them
+    return v
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str | Path, cfg: LoggingConfig, *, enabled: bool = True,
+                 run_config: Mapping[str, Any] | None = None, filename: str = "metrics.jsonl") -> None:
+        self.enabled = enabled
+        self.path = Path(run_dir) / filename
+        self._file = None
+        self._tb = None
+        self._wandb = None
+        if not enabled:
+            return
+        self._file = open(self.path, "a", encoding="utf-8")
+        if cfg.tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(logdir=str(Path(run_dir) / "tb"))
+        if cfg.wandb:
+            try:
+                import wandb  # type: ignore[import-not-found]
+            except ImportError:
+                print("olmax train: logging.wandb=true but wandb is not installed; skipping W&B",
+                      file=sys.stderr)
+            else:
+                os.environ.setdefault("WANDB_MODE", "offline")
+                self._wandb = wandb.init(project=cfg.wandb_project or "olmax", dir=str(run_dir),
+                                         config=dict(run_config or {}), resume="allow")
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        numeric = {k: v for k, v in record.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self._tb is not None:
+            for k, v in numeric.items():
+                self._tb.add_scalar(k if "/" in k else f"train/{k}", v, step)
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

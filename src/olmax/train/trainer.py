@@ -1,0 +1,351 @@
+"""The training loop: a RunConfig and a run directory in, a trained checkpoint and metrics out.
+
+``Trainer(cfg, run_dir).run()``:
+
+1. ``jax.distributed`` from ``cfg.distributed``/the environment; the (data, fsdp, tensor) mesh;
+   parameter and optimizer-state shardings from the logical-axis rules (FSDP by default).
+2. Training data (``olmax.data.loader.build_train_data``); trainer step s >= 1 consumes data batch
+   b = s - 1. Each process reads only its rows (``host_batch``) and the global array is assembled
+   with ``jax.make_array_from_process_local_data``.
+3. Start state from the checkpoint callback (resume from ``RUN_DIR/checkpoints/``, else warm start
+   from ``init.checkpoint`` / ``init.hf_dir``, else a fresh init from ``init.seed``).
+4. Per step: LR from the OLMo-core schedule at ``step`` (counted from 1), the compiled step, then
+   the callbacks (speed monitor, checkpointing, evaluation) and one line in ``metrics.jsonl``:
+   ``step, loss`` (CE, full precision), ``z_loss, lr, grad_norm`` (pre-clip), ``skipped, tokens``
+   (cumulative tokens trained on), ``tokens_per_sec, mfu, batch_hash`` (sha256 of the global
+   batch's token ids as uint32 little-endian), ``epoch``. A NaN/Inf loss stops the run.
+
+Run directory: ``metrics.jsonl``, ``tb/`` (TensorBoard), ``config.yaml`` (the resolved config),
+``run_info.json`` (olmax version, git revision, JAX version, devices, command line),
+``checkpoints/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from olmax.config import OlmaxError, RunConfig, to_dict
+
+
+def batch_hash(tokens: np.ndarray) -> str:
+    """sha256 of token ids as uint32 little-endian, row-major."""
+    return hashlib.sha256(np.ascontiguousarray(tokens, dtype="<u4").tobytes()).hexdigest()
+
+
+def _git_revision() -> str | None:
+    src = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True,
+                             timeout=10)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+class NonFiniteLossError(OlmaxError):
+    """Raised when a step's loss is NaN or Inf."""
+
+
+class Trainer:
+    """See the module docstring. Attributes callbacks may use: ``cfg``, ``model_cfg``, ``run_dir``,
+    ``mesh``, ``data``, ``state``, ``params``, ``step``, ``is_main``, ``log(step, metrics)``,
+    ``stop_requested``."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | os.PathLike, *, callbacks: list | None = None,
+                 quiet: bool = False) -> None:
+        from olmax.parallel.distributed import maybe_initialize
+
+        maybe_initialize(cfg.distributed)
+        import jax
+
+        self.cfg = cfg
+        self.model_cfg = cfg.model
+        self.run_dir = Path(run_dir)
+        self.extra_callbacks = list(callbacks or [])
+        self.quiet = quiet
+        self.is_main = jax.process_index() == 0
+        self.step = 0
+        self.state: Any = None
+        self.stop_requested = False
+        self.logger: Any = None
+        self.speed: Any = None
+        self.summary: dict[str, Any] = {}
+        self._validate()
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        t = self.cfg.train
+        if t.max_steps <= 0:
+            raise OlmaxError(f"train.max_steps must be positive (got {t.max_steps})")
+        if t.seq_len <= 1:
+            raise OlmaxError(f"train.seq_len must be at least 2 (got {t.seq_len})")
+        if t.seq_len > self.model_cfg.max_seq_len and self.model_cfg.rope_scaling is None:
+            raise OlmaxError(f"train.seq_len {t.seq_len} exceeds model.max_seq_len "
+                             f"{self.model_cfg.max_seq_len}")
+        if t.global_batch_size <= 0:
+            raise OlmaxError(f"train.global_batch_size must be positive (got {t.global_batch_size})")
+
+    @property
+    def params(self) -> Any:
+        return self.state.params
+
+    def log(self, step: int, metrics: dict) -> None:
+        if self.logger is not None:
+            self.logger.log(step, metrics)
+
+    def _say(self, msg: str) -> None:
+        if self.is_main and not self.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    def _prepare_run_dir(self) -> None:
+        import jax
+
+        import olmax
+
+        if not self.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cfg_text = json.dumps(to_dict(self.cfg), indent=2)
+        import yaml
+
+        cfg_yaml = yaml.safe_dump(json.loads(cfg_text), sort_keys=False)
+        path = self.run_dir / "config.yaml"
+        if path.exists() and path.read_text() != cfg_yaml:
+            path = self.run_dir / f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml"
+        if not path.exists():
+            _write_atomic(path, cfg_yaml)
+        info = {"olmax_version": olmax.__version__, "git_revision": _git_revision(),
+                "jax_version": jax.__version__, "devices": jax.device_count(),
+                "device_kind": jax.devices()[0].device_kind, "processes": jax.process_count(),
+                "command": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        _write_atomic(self.run_dir / "run_info.json", json.dumps(info, indent=2) + "\n")
+
+    def _build(self) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        from olmax.data.loader import build_train_data
+        from olmax.model.olmo3 import abstract_params, init_params
+        from olmax.parallel.mesh import data_parallel_size, make_mesh
+        from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings,
+                                             replicated)
+        from olmax.train.optim import build_optimizer
+        from olmax.train.schedules import build_schedule
+        from olmax.train.state import TrainState, init_train_state
+        from olmax.train.step import jit_train_step, make_train_step, num_micro_batches
+
+        cfg, t = self.cfg, self.cfg.train
+        self.mesh = make_mesh(cfg.mesh)
+        dp = data_parallel_size(self.mesh)
+        n_micro = num_micro_batches(t, dp)
+        if t.global_batch_size % jax.process_count():
+            raise OlmaxError(f"train.global_batch_size {t.global_batch_size} is not divisible by "
+                             f"the process count {jax.process_count()}")
+        self.data = build_train_data(cfg.data, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
+                                     seed=cfg.seed)
+        if self.data.num_instances < t.global_batch_size:
+            raise OlmaxError(f"training data has {self.data.num_instances} instances of {t.seq_len} "
+                             f"tokens, fewer than one global batch ({t.global_batch_size})")
+        self.tx = build_optimizer(cfg.optim)
+        self.schedule = build_schedule(cfg.scheduler, cfg.optim.lr, t.max_steps)
+
+        p_sh = param_shardings(self.model_cfg, self.mesh)
+        abs_params = abstract_params(self.model_cfg)
+        abs_opt = jax.eval_shape(self.tx.init, abs_params)
+        o_sh = like_params_shardings(abs_opt, abs_params, p_sh, self.mesh)
+        rep = replicated(self.mesh)
+        self.state_shardings = TrainState(p_sh, o_sh, rep)
+        abs_state = TrainState(abs_params, abs_opt, jax.ShapeDtypeStruct((), jnp.int32))
+        self.abstract_state = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state,
+            self.state_shardings)
+        self.batch_sharding = {"tokens": batch_sharding(self.mesh, 2),
+                               "instance_mask": batch_sharding(self.mesh, 1)}
+
+        seed = cfg.init.seed if cfg.init.seed is not None else cfg.seed
+        init_p = jax.jit(lambda k: init_params(self.model_cfg, k), out_shardings=p_sh)
+        make_state = jax.jit(lambda p: init_train_state(p, self.tx), out_shardings=self.state_shardings)
+
+        def init_state(params):
+            if params is None:
+                params = init_p(jax.random.key(seed))
+            return make_state(params)
+
+        self._init_state = init_state
+        step = make_train_step(self.model_cfg, t, self.tx, n_micro=n_micro, mesh=self.mesh)
+        self.step_fn = jit_train_step(step, self.state_shardings, self.batch_sharding, self.mesh)
+        self.n_micro = n_micro
+
+    def _callbacks(self) -> list:
+        from olmax.train.callbacks.speed_monitor import SpeedMonitor
+
+        self.speed = SpeedMonitor()
+        cbs: list = [self.speed]
+        try:
+            from olmax.train.callbacks.checkpointing import CheckpointCallback
+        except ImportError:
+            CheckpointCallback = None  # type: ignore[assignment,misc]
+        self.ckpt_cb = (CheckpointCallback(self.cfg, self.run_dir, model_cfg=self.model_cfg)
+                        if CheckpointCallback is not None else None)
+        if self.ckpt_cb is not None:
+            cbs.append(self.ckpt_cb)
+        try:
+            from olmax.train.callbacks.evaluator import EvaluatorCallback
+        except ImportError:
+            EvaluatorCallback = None  # type: ignore[assignment,misc]
+        if EvaluatorCallback is not None:
+            ev = EvaluatorCallback.from_config(self.cfg)
+            if ev is not None:
+                cbs.append(ev)
+        return cbs + self.extra_callbacks
+
+    def _initial_state(self) -> Any:
+        if self.ckpt_cb is not None:
+            state = self.ckpt_cb.initial_state(self.abstract_state, self._init_state, self.data)
+            return state, int(self.ckpt_cb.resumed_step or 0)
+        if self.cfg.init.checkpoint or self.cfg.init.hf_dir:
+            raise OlmaxError("init.checkpoint / init.hf_dir need olmax.train.checkpoint")
+        return self._init_state(None), 0
+
+    def _global_batch(self, host: dict) -> tuple[dict, str]:
+        import jax
+
+        t = self.cfg.train
+        shape = (t.global_batch_size, t.seq_len)
+        tokens = np.asarray(host["tokens"], dtype=np.int32)
+        mask = np.asarray(host["instance_mask"], dtype=bool)
+        batch = {
+            "tokens": jax.make_array_from_process_local_data(self.batch_sharding["tokens"], tokens, shape),
+            "instance_mask": jax.make_array_from_process_local_data(
+                self.batch_sharding["instance_mask"], mask, shape[:1]),
+        }
+        if jax.process_count() == 1:
+            digest = batch_hash(tokens)
+        else:
+            from jax.experimental import multihost_utils
+
+            everything = multihost_utils.process_allgather(tokens, tiled=True)
+            digest = batch_hash(everything)
+        return batch, digest
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Train to ``train.max_steps`` (or until stopped); returns a summary dict."""
+        import jax
+
+        from olmax.train.metrics import MetricsLogger
+
+        t = self.cfg.train
+        self._prepare_run_dir()
+        self._build()
+        callbacks = self._callbacks()
+        self.state, start = self._initial_state()
+        self.step = start
+        if start == 0 and self.is_main and (self.run_dir / "metrics.jsonl").exists():
+            from olmax.train.checkpoint import rewind_jsonl
+
+            rewind_jsonl(self.run_dir / "metrics.jsonl", 0)   # a restart from scratch
+        self.logger = MetricsLogger(self.run_dir, self.cfg.logging, enabled=self.is_main,
+                                    run_config=to_dict(self.cfg))
+        self._say(f"olmax train: {self.model_cfg.num_params() / 1e6:.1f}M params, mesh "
+                  f"{dict(self.mesh.shape)}, batch {t.global_batch_size}x{t.seq_len}, "
+                  f"{self.n_micro} micro-batch(es), steps {start + 1}..{t.max_steps}, "
+                  f"run dir {self.run_dir}")
+        bar = None
+        if self.is_main and self.cfg.logging.progress and not self.quiet and start < t.max_steps:
+            from tqdm import tqdm
+
+            bar = tqdm(total=t.max_steps, initial=start, desc="train", unit="step",
+                       dynamic_ncols=True, file=sys.stderr)
+        losses: list[float] = []
+        try:
+            for cb in callbacks:
+                if hasattr(cb, "on_train_start"):
+                    cb.on_train_start(self)
+            it = self.data.iterate(start, jax.process_index(), jax.process_count()) \
+                if start < t.max_steps else iter(())
+            for step in range(start + 1, t.max_steps + 1):
+                b, host = next(it)
+                if b != step - 1:
+                    raise OlmaxError(f"data loader served batch {b} for step {step}")
+                batch, digest = self._global_batch(host)
+                lr = self.schedule(step)
+                self.state, m = self.step_fn(self.state, batch, np.float32(lr))
+                m = jax.device_get(m)
+                self.step = step
+                metrics: dict[str, Any] = {
+                    "loss": float(m["loss"]), "z_loss": float(m["z_loss"]), "lr": lr,
+                    "grad_norm": float(m["grad_norm"]), "skipped": bool(m["skipped"] > 0),
+                    "tokens": step * t.global_batch_size * t.seq_len,
+                    "batch_hash": digest, "epoch": int(self.data.epoch_of(b)),
+                }
+                losses.append(metrics["loss"])
+                if not math.isfinite(metrics["loss"]):
+                    self._stop_non_finite(step, metrics, callbacks)
+                for cb in callbacks:
+                    if hasattr(cb, "on_step_end"):
+                        extra = cb.on_step_end(self, step, metrics)
+                        if extra:
+                            metrics.update(extra)
+                self.log(step, metrics)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{lr:.2e}")
+                if self.stop_requested:
+                    break
+            for cb in callbacks:
+                if hasattr(cb, "on_train_end"):
+                    cb.on_train_end(self)
+        except BaseException:
+            if self.ckpt_cb is not None:
+                try:
+                    self.ckpt_cb.close()
+                except Exception:
+                    pass
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            if self.logger is not None:
+                self.logger.close()
+        self.summary = {
+            "run_dir": str(self.run_dir), "start_step": start, "last_step": self.step,
+            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+            "min_loss": min(losses) if losses else None,
+            "tokens_per_sec": self.speed.steady_tokens_per_sec() if self.speed else None,
+            "stopped_early": self.stop_requested,
+        }
+        return self.summary
+
+    def _stop_non_finite(self, step: int, metrics: dict, callbacks: list) -> None:
+        """Log the step, let the checkpoint callback report the last good checkpoint, stop."""
+        self.log(step, metrics)
+        if self.ckpt_cb is not None:
+            self.ckpt_cb.on_step_end(self, step, metrics)   # raises with the checkpoint situation
+        raise NonFiniteLossError(f"loss is {metrics['loss']} at step {step}: stopping the run "
+                                 "(lower optim.lr or check the data)")
