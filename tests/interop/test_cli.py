@@ -33,6 +33,7 @@ def sharded_dir(tmp_path_factory):
 
 
 def _fails(capsys, argv, message):
+    capsys.readouterr()  # drop earlier output (e.g. model building progress bars)
     rc = main(argv)
     err = capsys.readouterr().err.strip()
     assert rc != 0
@@ -173,3 +174,20 @@ def test_console_script_prints_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "not found" in proc.stderr
+
+
+def test_parity_on_text_with_the_dolma2_vocabulary(tmp_path, capsys):
+    """Real text through the dolma2 tokenizer into a model with the real 100278-id vocabulary
+    (padded to 100352 in olmax; only the first 100278 logits are compared)."""
+    d = tmp_path / "hf"
+    make_hf_model(d, vocab=100278, hidden=32, inter=64, heads=2, kv_heads=1, window=8)
+    text = tmp_path / "doc.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 8)
+    assert main(["parity", str(d), "--text", str(text), "--seq-len", "24",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["inputs"] == "text" and r["vocab_compared"] == 100278
+    assert r["kl_max"] <= 1e-9 and r["top1_agreement"] == 1.0
+    short = tmp_path / "short.txt"
+    short.write_text("Too short.")
+    _fails(capsys, ["parity", str(d), "--text", str(short), "--seq-len", "24"], "need batch*seq_len")

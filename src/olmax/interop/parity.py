@@ -190,7 +190,8 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         _check_same_architecture(cfg, hf_cfg, checkpoint)
         source = str(checkpoint)
     else:
-        params, cfg, _ = load_hf(hf_dir, dtype="float32")
+        # bf16: rounding the weights on load is what the bf16 compute cast does anyway.
+        params, cfg, _ = load_hf(hf_dir, dtype=dtype)
         params = jax.tree.map(jnp.asarray, params)
         source = "in-memory conversion"
     seq_len = seq_len or default_seq_len(cfg)
