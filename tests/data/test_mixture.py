@@ -116,3 +116,14 @@ def test_mixture_validation(make_files):
                   global_batch_size=2, dtype=np.dtype("<u4"))
     assert sum(e.tokens for e in ok) == 64
     assert DOLMA2["vocab_size"] == VOCAB
+
+
+def test_resolve_paths_lists_mixture_files(make_files):
+    from olmax.data.loader import resolve_paths
+
+    a, b = make_files([100], prefix="a"), make_files([100, 50], prefix="b")
+    cfg = DataConfig(mixture=SourceMixtureConfig(requested_tokens=64, sources=(
+        MixtureSourceConfig("a", 0.5, tuple(a)), MixtureSourceConfig("b", 0.5, (b[0].replace("000", "*"),)))))
+    assert resolve_paths(cfg) == (a + b, ["a", "b", "b"])
+    with pytest.raises(ConfigError, match="exactly one"):
+        build_train_data(DataConfig(paths=tuple(a), mixture=cfg.mixture), seq_len=8, global_batch_size=1, seed=0)

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from olmax.config import ConfigError, DataConfig, OlmaxError
+from olmax.config import ConfigError, DataConfig
 from olmax.data.filters import RepetitionFilter, instance_mask
 from olmax.data.fingerprint import check_fingerprint, make_fingerprint
 from olmax.data.instances import BatchPlan, InstanceIndex
@@ -148,15 +148,21 @@ def _ensure_absl_flags() -> None:
 
 
 def resolve_paths(data_cfg: DataConfig) -> tuple[list[str], list[str] | None]:
-    """The config's data files in order (and mix labels when a mix file is used)."""
+    """The config's data files in order, with labels for a mix file or a mixture (else None).
+
+    For ``data.mixture`` these are all of its sources' files (what the mixture may draw from)."""
     chosen = [name for name, on in (("data.paths", bool(data_cfg.paths)), ("data.mix", bool(data_cfg.mix)),
                                     ("data.embedded", data_cfg.embedded),
                                     ("data.mixture", data_cfg.mixture is not None)) if on]
     if len(chosen) != 1:
         raise ConfigError("set exactly one of data.paths, data.mix, data.embedded, data.mixture "
                           f"(got {', '.join(chosen) or 'none'})")
-    if data_cfg.mixture is not None:
-        raise ConfigError("data.mixture is resolved by build_train_data (it needs seq_len and batch size)")
+    if data_cfg.mixture is not None:  # every file a source may draw from (the allocation needs seq_len)
+        from olmax.data.mixture import resolve_source_paths
+
+        pairs = [(p, s.name) for s in data_cfg.mixture.sources
+                 for p in resolve_source_paths(s.paths, s.name)]
+        return [p for p, _ in pairs], [name for _, name in pairs]
     if data_cfg.embedded:
         from olmax.data.embedded import embedded_token_files
 
@@ -200,4 +206,4 @@ def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: i
                      cache_dir=data_cfg.cache_dir, token_limits=limits)
 
 
-__all__ = ["TrainData", "build_train_data", "resolve_paths", "OlmaxError"]
+__all__ = ["TrainData", "build_train_data", "resolve_paths"]
