@@ -7,17 +7,19 @@ import pytest
 
 from olmax.data.filters import RepetitionFilter, find_periodic_sequences, is_valid_instance
 
-oc_utils = pytest.importorskip("olmo_core.data.utils")
+
+
+def _oc_find(arr, max_period, min_period):
+    oc_utils = pytest.importorskip("olmo_core.data.utils")
+    return oc_utils.find_periodic_sequences(np.asarray(arr, dtype=np.int64), max_period, min_period)
 
 
 def oc_sequences(arr, max_period=13, min_period=1):
-    return [tuple(int(x) for x in r) for r in
-            oc_utils.find_periodic_sequences(np.asarray(arr, dtype=np.int64), max_period, min_period)]
+    return [tuple(int(x) for x in r) for r in _oc_find(arr, max_period, min_period)]
 
 
 def oc_valid(arr, max_period=13, min_period=1, max_count=32):
-    return all(r.times < max_count for r in
-               oc_utils.find_periodic_sequences(np.asarray(arr, dtype=np.int64), max_period, min_period))
+    return all(r.times < max_count for r in _oc_find(arr, max_period, min_period))
 
 
 def crafted():
@@ -45,6 +47,7 @@ def crafted():
     return cases
 
 
+@pytest.mark.reference
 def test_crafted_sequences_and_decisions():
     cases = crafted()
     decisions = []
@@ -57,6 +60,7 @@ def test_crafted_sequences_and_decisions():
     assert any(decisions) and not all(decisions)
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("seed", range(4))
 def test_random_data_decisions(seed):
     """Random low-entropy token streams (small alphabets make accidental repeats common)."""

@@ -11,10 +11,6 @@ import pytest
 from datahelp import EOS, PAD, VOCAB, write_tokens
 from olmax.cli import main
 
-torch = pytest.importorskip("torch")
-numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
-data_loader = pytest.importorskip("olmo_core.data.data_loader")
-collator_mod = pytest.importorskip("olmo_core.data.collator")
 
 SEQ, BATCH, SEED = 32, 4, 34521
 
@@ -38,6 +34,10 @@ def mix(tmp_path):
 
 
 def olmo_core_records(paths, epoch, filtered):
+    pytest.importorskip("torch")
+    numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
+    data_loader = pytest.importorskip("olmo_core.data.data_loader")
+    collator_mod = pytest.importorskip("olmo_core.data.collator")
     flt = numpy_dataset.InstanceFilterConfig() if filtered else None
     ds = numpy_dataset.NumpyFSLDataset(*paths, sequence_length=SEQ, pad_token_id=PAD, eos_token_id=EOS,
                                        vocab_size=VOCAB, dtype=np.uint32, instance_filter_config=flt)
@@ -55,6 +55,7 @@ def olmo_core_records(paths, epoch, filtered):
     return out
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("filtered", [False, True])
 def test_inspect_json_matches_olmo_core(mix, capsys, filtered):
     mix_path, root = mix

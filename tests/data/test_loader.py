@@ -137,6 +137,7 @@ def test_padded_heldout_instances(tmp_path):
     assert t2.shape[0] == 4
 
 
+@pytest.mark.reference
 def test_padded_heldout_matches_olmo_core(tmp_path):
     numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
     rng = np.random.default_rng(0)

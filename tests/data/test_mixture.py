@@ -10,14 +10,19 @@ from olmax.config import ConfigError, DataConfig, MixtureSourceConfig, SourceMix
 from olmax.data.loader import build_train_data
 from olmax.data.mixture import allocate, source_proportions
 
-torch = pytest.importorskip("torch")
-sm = pytest.importorskip("olmo_core.data.source_mixture")
-numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
-data_loader = pytest.importorskip("olmo_core.data.data_loader")
-collator_mod = pytest.importorskip("olmo_core.data.collator")
+
+
+def olmo_core():
+    """The OLMo-core modules these reference tests compare with (skip when not installed)."""
+    pytest.importorskip("torch")
+    return (pytest.importorskip("olmo_core.data.source_mixture"),
+            pytest.importorskip("olmo_core.data.numpy_dataset"),
+            pytest.importorskip("olmo_core.data.data_loader"),
+            pytest.importorskip("olmo_core.data.collator"))
 
 
 def oc_build(cfg: SourceMixtureConfig, seq_len, batch):
+    sm = olmo_core()[0]
     oc_cfg = sm.SourceMixtureDatasetConfig(
         source_list=sm.SourceMixtureList(sources=[
             sm.SourceMixtureConfig(source_name=s.name, target_ratio=s.target_ratio, paths=list(s.paths),
@@ -44,6 +49,7 @@ def random_sources(make_files, rng, n_sources):
     return sources
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("seed", range(16))
 def test_allocation_and_proportions_match(make_files, seed):
     rng = np.random.default_rng(seed)
@@ -66,8 +72,10 @@ def test_allocation_and_proportions_match(make_files, seed):
     assert source_proportions(ours) == pytest.approx({k: v / total for k, v in oc_props.items()}, abs=0)
 
 
+@pytest.mark.reference
 def test_upsampled_mixture_instances_and_order_match(make_files, tmp_path, monkeypatch):
     """A mixture that repeats one source (take ratio > 1): same instances, same epoch order."""
+    _, numpy_dataset, data_loader, collator_mod = olmo_core()
     monkeypatch.setenv("OLMO_DATA_PREP_WORKERS", "1")
     a = make_files([900, 700], seed=1, prefix="web", high=EOS)
     b = make_files([400], seed=2, prefix="code", high=EOS)

@@ -13,6 +13,8 @@ numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
 data_loader = pytest.importorskip("olmo_core.data.data_loader")
 collator_mod = pytest.importorskip("olmo_core.data.collator")
 
+pytestmark = pytest.mark.reference
+
 # Sizes chosen so files have remainders, one file is shorter than an instance and one is empty.
 SIZES = [1000, 37, 0, 2500, 64 * 5, 777, 4096 + 3]
 SEQ = 64

@@ -96,6 +96,7 @@ def test_matches_cl100k_on_ordinary_text():
     assert tok.encode_batch(docs) == [ref.encode_ordinary(d) for d in docs]
 
 
+@pytest.mark.reference
 def test_identical_to_allenai_dolma2_json(hf_dolma2):
     from olmax.data.embedded import embedded_documents
 
@@ -108,6 +109,7 @@ def test_identical_to_allenai_dolma2_json(hf_dolma2):
     assert sum(map(len, got)) > 300_000  # real text, not a toy
 
 
+@pytest.mark.reference
 def test_hf_json_path_gives_same_ids(dolma2_json):
     pytest.importorskip("tokenizers")
     hf = get_tokenizer(str(dolma2_json))
@@ -119,6 +121,7 @@ def test_hf_json_path_gives_same_ids(dolma2_json):
 
 
 @pytest.mark.slow
+@pytest.mark.reference
 def test_identical_on_whole_embedded_corpus(hf_dolma2):
     from olmax.data.embedded import embedded_documents
 
