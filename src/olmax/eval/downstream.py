@@ -310,7 +310,7 @@ def score_instances(scorer: Scorer, params: Any, instances: Sequence[Instance], 
             for r, (i, inst) in enumerate(zip(idx, batch)):
                 results[i] = [_scored(inst, j, float(lp[r, j])) for j in range(len(inst.choices or []))]
         else:
-            k = _span_bucket(max(len(b.continuation) for b in batch))
+            k = bucket_length(max(len(b.continuation) for b in batch), minimum=8)
             starts = np.zeros(batch_size, np.int32)
             targets = np.zeros((batch_size, k), np.int32)
             for r, inst in enumerate(batch):
@@ -323,14 +323,6 @@ def score_instances(scorer: Scorer, params: Any, instances: Sequence[Instance], 
         if progress is not None:
             progress(len(batch))
     return [s for i in range(len(instances)) for s in results[i]]
-
-
-def _span_bucket(n: int) -> int:
-    """Continuation span length bucket: a power of two >= n, at least 8."""
-    b = 8
-    while b < n:
-        b *= 2
-    return b
 
 
 def _scored(inst: Instance, cont_id: int, logprob: float) -> Scored:

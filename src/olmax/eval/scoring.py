@@ -26,12 +26,12 @@ from olmax.model import olmo3
 MIN_BUCKET = 128
 
 
-def bucket_length(n: int, max_len: int) -> int:
-    """The smallest power of two >= max(n, 128), capped at ``max_len``."""
-    b = MIN_BUCKET
+def bucket_length(n: int, max_len: int | None = None, minimum: int = MIN_BUCKET) -> int:
+    """The smallest power of two >= max(n, minimum), capped at ``max_len`` (but never below n)."""
+    b = minimum
     while b < n:
         b *= 2
-    return min(b, max(max_len, n))
+    return b if max_len is None else min(b, max(max_len, n))
 
 
 def _dtype(name: str | Any) -> Any:
