@@ -348,6 +348,7 @@ class DataConfig:
     repetition_max_count: int = 32
     cache_dir: str | None = None         # index/embedded caches (None: $OLMAX_CACHE or ~/.cache/olmax)
     mixture: SourceMixtureConfig | None = None  # run-time source mixture instead of paths/mix
+    max_target_seq_len: int | None = None  # OLMo-core max_target_sequence_length (OLMo 3 scripts: 8192)
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ SIZES = [1000, 37, 0, 2500, 64 * 5, 777, 4096 + 3]
 SEQ = 64
 
 
-def oc_dataset(paths, seq_len, work_dir, filter_config=None):
+def oc_dataset(paths, seq_len, work_dir, filter_config=None, max_target=None):
     ds = numpy_dataset.NumpyFSLDataset(
         *paths, sequence_length=seq_len, pad_token_id=PAD, eos_token_id=EOS, vocab_size=VOCAB,
-        dtype=np.uint32, instance_filter_config=filter_config)
+        dtype=np.uint32, instance_filter_config=filter_config, max_target_sequence_length=max_target)
     ds.work_dir = work_dir
     ds.prepare()
     return ds
@@ -95,6 +95,21 @@ def test_fingerprint_is_olmo_cores(make_files, tmp_path):
     paths = make_files([500, 300], seed=2)
     ds = oc_dataset(paths, SEQ, tmp_path)
     assert ours(paths, SEQ, 2, seed=0).fingerprint["olmo_core_sha256"] == ds.fingerprint
+
+
+@pytest.mark.parametrize("max_target", [SEQ, 4 * SEQ])
+def test_max_target_sequence_length(make_files, tmp_path, max_target):
+    """OLMo 3 sets max_target_sequence_length (= seq_len); larger values change chunking and hash."""
+    paths = make_files(SIZES, seed=4)
+    ds = oc_dataset(paths, SEQ, tmp_path, max_target=max_target)
+    ref = oc_epoch(ds, seed=3, epoch=1, batch=4, work_dir=tmp_path)
+    td = ours(paths, SEQ, 4, seed=3, max_target_seq_len=max_target)
+    assert td.num_instances == len(ds) and td.fingerprint["olmo_core_sha256"] == ds.fingerprint
+    for b, (idx, tokens, _) in enumerate(ref):
+        got = td.global_batch(b)
+        np.testing.assert_array_equal(got["instance_ids"], idx)
+        np.testing.assert_array_equal(got["tokens"], tokens)
+    assert ours(paths, SEQ, 4, seed=3).fingerprint["olmo_core_sha256"] != ds.fingerprint
 
 
 def test_repetition_filter_decisions_in_loader(tmp_path):

@@ -38,6 +38,7 @@ def add_parser(subparsers) -> None:
     q.add_argument("--tokenizer", default="dolma2", help="tokenizer of the files (vocab, EOS, pad)")
     q.add_argument("--dtype", default="uint32")
     q.add_argument("--seq-len", type=int, required=True)
+    q.add_argument("--max-target-seq-len", type=int, help="OLMo-core max_target_sequence_length")
     q.add_argument("--global-batch-size", type=int, required=True, help="sequences per global batch")
     q.add_argument("--seed", type=int, required=True)
     q.add_argument("--epoch", type=int, default=1, help="epoch of batch 0 (OLMo-core starts at 1)")
@@ -85,7 +86,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     start, end = parse_range(args.batches)
     cfg = DataConfig(paths=tuple(args.paths or ()), mix=args.mix, root=args.root, remap=tuple(args.remap),
                      mix_tokenizer=args.mix_tokenizer, tokenizer=args.tokenizer, dtype=args.dtype,
-                     epoch=args.epoch, repetition_filter=args.repetition_filter)
+                     epoch=args.epoch, repetition_filter=args.repetition_filter,
+                     max_target_seq_len=args.max_target_seq_len)
     data = build_train_data(cfg, seq_len=args.seq_len, global_batch_size=args.global_batch_size,
                             seed=args.seed)
     records = inspect_batches(data, start, end)

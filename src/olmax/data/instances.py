@@ -4,7 +4,8 @@
 * Files are taken in the given (mix) order. File i of ``n_i`` tokens holds ``n_i // seq_len``
   instances; its remainder is dropped, so instances never cross files. Global instance k lives in the
   file i with ``offsets[i] <= k < offsets[i + 1]``, at tokens ``[(k - offsets[i]) * seq_len, ... +
-  seq_len)`` (``_get_file_size_and_length`` with ``max_target_sequence_length`` unset or equal).
+  seq_len)`` (``_get_file_size_and_length``). With ``max_target_sequence_length`` M > seq_len (a
+  sequence-length warm-up) a file holds ``(n_i // M) * (M // seq_len)`` instances instead.
 * Epoch e's order: ``np.random.Generator(np.random.PCG64(seed + e)).shuffle(np.arange(N, uint32))``
   (``_build_global_indices`` with ``chunk_size=1``). The trainer starts at epoch 1.
 * ``total_size = B * (N // B)`` drops the tail; global batch b of the epoch is row b of
@@ -38,10 +39,12 @@ class InstanceIndex:
     file_tokens: tuple[int, ...]
     seq_len: int
     offsets: np.ndarray  # int64 [F + 1]
+    max_target_seq_len: int | None = None
 
     @classmethod
     def build(cls, paths: tuple[str, ...] | list[str], seq_len: int, dtype: np.dtype,
-              token_limits: tuple[int, ...] | None = None) -> "InstanceIndex":
+              token_limits: tuple[int, ...] | None = None,
+              max_target_seq_len: int | None = None) -> "InstanceIndex":
         """``token_limits`` (a source mixture's allocation) uses only the first tokens of each entry;
         a path may then appear more than once."""
         if seq_len <= 0:
@@ -56,9 +59,16 @@ class InstanceIndex:
                 if not 0 <= limit <= n:
                     raise OlmaxError(f"{p}: allocation of {limit} tokens exceeds the file's {n}")
             tokens = tuple(int(t) for t in token_limits)
-        per_file = np.array([n // seq_len for n in tokens], dtype=np.int64)
+        if max_target_seq_len is None or max_target_seq_len == seq_len:
+            per_file = np.array([n // seq_len for n in tokens], dtype=np.int64)
+        elif max_target_seq_len > seq_len and max_target_seq_len % seq_len == 0:
+            per_file = np.array([(n // max_target_seq_len) * (max_target_seq_len // seq_len)
+                                 for n in tokens], dtype=np.int64)
+        else:
+            raise ConfigError(f"data.max_target_seq_len ({max_target_seq_len}) must be a multiple of "
+                              f"seq_len ({seq_len})")
         offsets = np.concatenate(([0], np.cumsum(per_file))).astype(np.int64)
-        return cls(tuple(str(p) for p in paths), tokens, seq_len, offsets)
+        return cls(tuple(str(p) for p in paths), tokens, seq_len, offsets, max_target_seq_len)
 
     @property
     def num_instances(self) -> int:

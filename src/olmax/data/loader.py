@@ -41,13 +41,14 @@ class TrainData:
                  tokenizer: dict[str, Any], repetition_filter: RepetitionFilter | None = None,
                  num_workers: int = 0, prefetch: int = 2, labels: list[str] | None = None,
                  ignore_fingerprint_mismatch: bool = False, cache_dir: str | None = None,
-                 token_limits: tuple[int, ...] | None = None) -> None:
+                 token_limits: tuple[int, ...] | None = None,
+                 max_target_seq_len: int | None = None) -> None:
         self.dtype = parse_dtype(dtype)
         self.tokenizer = dict(tokenizer)
         self.vocab_size = int(tokenizer["vocab_size"])
         if self.vocab_size - 1 > np.iinfo(self.dtype).max:
             raise ConfigError(f"data.dtype {dtype} cannot hold vocab size {self.vocab_size}")
-        self.index = InstanceIndex.build(tuple(paths), seq_len, self.dtype, token_limits)
+        self.index = InstanceIndex.build(tuple(paths), seq_len, self.dtype, token_limits, max_target_seq_len)
         self.plan = BatchPlan(self.index.num_instances, global_batch_size, seed, epoch, cache_dir)
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
@@ -61,7 +62,8 @@ class TrainData:
         self.fingerprint = make_fingerprint(self.index.paths, self.index.file_tokens,
                                             seq_len=seq_len, dtype=self.dtype, tokenizer=tokenizer,
                                             class_name="NumpyFSLDataset" if token_limits is None
-                                            else "NumpyFSLDatasetMixture")
+                                            else "NumpyFSLDatasetMixture",
+                                            max_target_seq_len=max_target_seq_len)
         self._reader = TokenReader(self.dtype)
 
     # -- shape of the stream ----------------------------------------------------------------
@@ -203,7 +205,8 @@ def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: i
                      repetition_filter=flt, num_workers=data_cfg.num_workers,
                      prefetch=data_cfg.prefetch, labels=labels,
                      ignore_fingerprint_mismatch=data_cfg.ignore_fingerprint_mismatch,
-                     cache_dir=data_cfg.cache_dir, token_limits=limits)
+                     cache_dir=data_cfg.cache_dir, token_limits=limits,
+                     max_target_seq_len=data_cfg.max_target_seq_len)
 
 
 __all__ = ["TrainData", "build_train_data", "resolve_paths"]

@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
 from olmax.data.token_files import DocumentWriter, write_bytes_atomic
