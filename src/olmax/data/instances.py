@@ -164,6 +164,8 @@ class BatchPlan:
                  cache_dir: str | os.PathLike | None = None) -> None:
         if global_batch_size <= 0:
             raise ConfigError(f"global batch size must be positive, got {global_batch_size}")
+        if first_epoch < 1:
+            raise ConfigError(f"data.epoch must be >= 1 (OLMo-core starts at epoch 1), got {first_epoch}")
         if num_instances < global_batch_size:
             raise OlmaxError(
                 f"the data holds {num_instances} instances, fewer than one global batch of "
