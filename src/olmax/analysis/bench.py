@@ -116,43 +116,54 @@ def _peak_memory(device: jax.Device) -> tuple[int | None, str]:
     return int(rss if sys.platform == "darwin" else rss * 1024), "process_max_rss"
 
 
+class TrainStepRunner:
+    """The trainer's compiled step on synthetic tokens, one device; ``run()`` does one step and
+    waits for it. ``compile_s`` is the ahead-of-time lowering + compilation time."""
+
+    def __init__(self, cfg: RunConfig, seed: int = 0):
+        from olmax.model.olmo3 import init_params
+        from olmax.train.optim import build_optimizer
+        from olmax.train.state import init_train_state
+        from olmax.train.step import jit_train_step, make_train_step, num_micro_batches
+
+        model_cfg, train_cfg = cfg.model, cfg.train
+        b, t = train_cfg.global_batch_size, train_cfg.seq_len
+        tx = build_optimizer(cfg.optim)
+        step = make_train_step(model_cfg, train_cfg, tx, n_micro=num_micro_batches(train_cfg, 1))
+        self.state = init_train_state(init_params(model_cfg, jax.random.key(seed)), tx)
+        rng = np.random.default_rng(seed)
+        self.batch = {"tokens": jnp.asarray(rng.integers(0, model_cfg.vocab_size, (b, t)), jnp.int32),
+                      "instance_mask": jnp.ones((b,), jnp.bool_)}
+        self.lr = jnp.asarray(cfg.optim.lr, jnp.float32)
+        t0 = time.perf_counter()
+        self.compiled = jit_train_step(step).lower(self.state, self.batch, self.lr).compile()
+        self.compile_s = time.perf_counter() - t0
+        self.metrics: dict = {}
+
+    def run(self) -> float:
+        """One step; returns its wall time in seconds."""
+        t0 = time.perf_counter()
+        self.state, self.metrics = self.compiled(self.state, self.batch, self.lr)
+        _sync((self.state, self.metrics))
+        return time.perf_counter() - t0
+
+
 def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
                 ceiling_flops: float | None = None, seed: int = 0) -> TrainBench:
     """Time ``steps`` training steps of ``cfg`` (model, train, optim sections) on one device."""
-    from olmax.model.olmo3 import count_params, init_params
-    from olmax.train.optim import build_optimizer
-    from olmax.train.state import init_train_state
-    from olmax.train.step import jit_train_step, make_train_step, num_micro_batches
+    from olmax.model.olmo3 import count_params
 
     if steps < 1 or warmup < 0:
         raise ConfigError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
     model_cfg, train_cfg = cfg.model, cfg.train
     device = jax.devices()[0]
     b, t = train_cfg.global_batch_size, train_cfg.seq_len
-    tx = build_optimizer(cfg.optim)
-    step = make_train_step(model_cfg, train_cfg, tx, n_micro=num_micro_batches(train_cfg, 1))
-    jitted = jit_train_step(step)
-
-    params = init_params(model_cfg, jax.random.key(seed))
-    state = init_train_state(params, tx)
-    rng = np.random.default_rng(seed)
-    batch = {"tokens": jnp.asarray(rng.integers(0, model_cfg.vocab_size, (b, t)), jnp.int32),
-             "instance_mask": jnp.ones((b,), jnp.bool_)}
-    lr = jnp.asarray(cfg.optim.lr, jnp.float32)
-
-    t0 = time.perf_counter()
-    compiled = jitted.lower(state, batch, lr).compile()
-    compile_s = time.perf_counter() - t0
-
+    runner = TrainStepRunner(cfg, seed)
+    compile_s = runner.compile_s
     for _ in range(warmup):
-        state, metrics = compiled(state, batch, lr)
-    _sync(state)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        state, metrics = compiled(state, batch, lr)
-        _sync((state, metrics))
-        times.append(time.perf_counter() - t0)
+        runner.run()
+    times = [runner.run() for _ in range(steps)]
+    metrics = runner.metrics
 
     step_s = statistics.median(times)
     tps = b * t / step_s
