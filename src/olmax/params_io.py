@@ -17,6 +17,7 @@ to the target is filled and then renamed; an existing non-empty target is refuse
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -83,11 +84,16 @@ def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
 # Saving
 
 
-def _checkpointer():
+def _checkpointer(restore_concurrent_gb: int | None = None):
+    """Composite checkpointer for the params + meta items. ``restore_concurrent_gb`` bounds the
+    bytes orbax reads at once (its default, 96 GB, lets a restore briefly hold about twice the
+    model); it must be at least the largest single array."""
     import orbax.checkpoint as ocp
 
+    kw = {} if restore_concurrent_gb is None else {"restore_concurrent_gb": restore_concurrent_gb}
     return ocp.Checkpointer(ocp.CompositeCheckpointHandler(
-        **{PARAMS_ITEM: ocp.StandardCheckpointHandler(), META_ITEM: ocp.JsonCheckpointHandler()}))
+        **{PARAMS_ITEM: ocp.StandardCheckpointHandler(**kw),
+           META_ITEM: ocp.JsonCheckpointHandler()}))
 
 
 def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfig, *,
@@ -217,8 +223,9 @@ def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None):
     target = [jax.ShapeDtypeStruct(tuple(s), dtype or stored[_dotted(kp)][1], sharding=sh)
               for (kp, s), sh in zip(flat_shapes, flat_shard)]
     target = jax.tree_util.tree_unflatten(treedef, target)
+    largest = max(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in jax.tree.leaves(target))
     try:
-        restored = _checkpointer().restore(step, args=ocp.args.Composite(
+        restored = _checkpointer(max(1, math.ceil(largest / 1e9))).restore(step, args=ocp.args.Composite(
             **{PARAMS_ITEM: ocp.args.StandardRestore(target)}))[PARAMS_ITEM]
     except Exception as e:
         raise OlmaxError(f"cannot restore params from {step}: {str(e).splitlines()[0]}") from None

@@ -446,23 +446,25 @@ def iter_hf_tensors(params: Mapping[str, Any], cfg: ModelConfig, dtype: str
     target = dtype_of(dtype)
     v = cfg.vocab_size
 
-    def host(x) -> np.ndarray:
-        return np.asarray(x)
+    def host(x, index) -> np.ndarray:
+        # Slice before converting: np.asarray on a whole jax array would keep a cached host
+        # copy of the full stacked parameter alive.
+        return x[index] if isinstance(x, np.ndarray) else np.asarray(x[index])
 
     def out(x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x.astype(target, copy=False))
 
     for name in hf_tensor_shapes(cfg):
         if name == "model.embed_tokens.weight":
-            yield name, out(host(params["embed"])[:v])
+            yield name, out(host(params["embed"], np.s_[:v]))
         elif name == "lm_head.weight":
-            yield name, out(host(params["lm_head"])[:, :v].T)
+            yield name, out(host(params["lm_head"], np.s_[:, :v]).T)
         elif name == "model.norm.weight":
-            yield name, out(host(params["final_norm"]))
+            yield name, out(host(params["final_norm"], np.s_[:]))
         else:
             i, suffix = _layer_index(name)
             key, transposed = LAYER_TENSORS[suffix]
-            w = host(params["layers"][key])[i]
+            w = host(params["layers"][key], i)
             yield name, out(w.T if transposed else w)
 
 
@@ -517,9 +519,24 @@ def write_hf_dir(out_dir: Path, params: Mapping[str, Any], cfg: ModelConfig, *, 
 def convert_hf_to_olmax(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                         dtype: str = "float32") -> Path:
     """HF ``Olmo3ForCausalLM`` directory -> olmax step dir (params + meta with the HF source)."""
+    import jax
+
     check_output_dir(out_dir)
     params, cfg, info = load_hf(hf_dir, dtype=dtype)
+    # orbax copies numpy leaves wholesale before writing; jax arrays it streams. Move each leaf
+    # to a CPU jax array, dropping the numpy one, so the model is held once.
+    cpu = jax.devices("cpu")[0]
+    _replace_leaves(params, lambda a: jax.device_put(a, cpu))
     return save_params(out_dir, params, cfg, extra_meta={"source": info})
+
+
+def _replace_leaves(tree: dict, fn) -> None:
+    """In place, one leaf at a time (the old leaf is released before the next is converted)."""
+    for k in list(tree):
+        if isinstance(tree[k], dict):
+            _replace_leaves(tree[k], fn)
+        else:
+            tree[k] = fn(tree.pop(k))
 
 
 def convert_olmax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
