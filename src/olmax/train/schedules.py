@@ -78,9 +78,9 @@ def build_schedule(cfg: SchedulerConfig, peak_lr: float, max_steps: int) -> Call
         raise ConfigError(f"scheduler.name: unknown schedule '{cfg.name}' (known: {', '.join(SCHEDULES)})")
     if cfg.name == "constant":
         return lambda step: constant(peak_lr, step, t_max)
-    if t_max <= cfg.warmup_steps:
-        raise ConfigError(f"scheduler.t_max ({t_max}) must exceed scheduler.warmup_steps "
-                          f"({cfg.warmup_steps})")
+    if cfg.warmup_steps < 0 or t_max <= 0:
+        raise ConfigError(f"scheduler: warmup_steps ({cfg.warmup_steps}) must be >= 0 and t_max "
+                          f"({t_max}) positive")
     if cfg.warmup_steps > 0 and not 0 <= cfg.warmup_min_lr < peak_lr:
         raise ConfigError(f"scheduler.warmup_min_lr ({cfg.warmup_min_lr}) must be in [0, optim.lr)")
     fn = {"cos_with_warmup": cos_with_warmup, "half_cos_with_warmup": half_cos_with_warmup,

@@ -11,7 +11,7 @@ state stay fp32, the forward runs in ``train.compute_dtype``.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -106,3 +106,46 @@ def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings:
     return jax.jit(step, donate_argnums=(0,),
                    in_shardings=(state_shardings, batch_shardings, rep),
                    out_shardings=(state_shardings, rep))
+
+
+class ShardedTraining(NamedTuple):
+    """Everything a loop needs to train on a mesh (built by :func:`build_sharded_training`)."""
+
+    step_fn: Callable            # jitted (state, batch, lr) -> (state, metrics)
+    init_state: Callable         # params | None -> TrainState (None: fresh init from ``key``)
+    state_shardings: Any         # TrainState of NamedShardings
+    abstract_state: Any          # TrainState of ShapeDtypeStructs carrying those shardings
+    batch_shardings: dict        # tokens [B, T] / instance_mask [B], rows over data x fsdp
+    n_micro: int
+
+
+def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
+                           tx: optax.GradientTransformationExtraArgs, mesh: Mesh,
+                           key: jax.Array) -> ShardedTraining:
+    """Shard parameters by the logical-axis rules, optimizer moments like their parameters,
+    counters/skip windows replicated, the batch by rows; jit the step with those shardings."""
+    from olmax.model.olmo3 import abstract_params, init_params
+    from olmax.parallel.mesh import data_parallel_size
+    from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings,
+                                         replicated)
+    from olmax.train.state import init_train_state
+
+    n_micro = num_micro_batches(train_cfg, data_parallel_size(mesh))
+    p_sh = param_shardings(model_cfg, mesh)
+    abs_params = abstract_params(model_cfg)
+    abs_opt = jax.eval_shape(tx.init, abs_params)
+    o_sh = like_params_shardings(abs_opt, abs_params, p_sh, mesh)
+    state_sh = TrainState(p_sh, o_sh, replicated(mesh))
+    abs_state = TrainState(abs_params, abs_opt, jax.ShapeDtypeStruct((), jnp.int32))
+    abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                  abs_state, state_sh)
+    b_sh = {"tokens": batch_sharding(mesh, 2), "instance_mask": batch_sharding(mesh, 1)}
+    init_p = jax.jit(lambda k: init_params(model_cfg, k), out_shardings=p_sh)
+    make_state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=state_sh)
+
+    def init_state(params=None):
+        return make_state(init_p(key) if params is None else params)
+
+    step = make_train_step(model_cfg, train_cfg, tx, n_micro=n_micro, mesh=mesh)
+    return ShardedTraining(jit_train_step(step, state_sh, b_sh, mesh), init_state, state_sh,
+                           abstract_state, b_sh, n_micro)

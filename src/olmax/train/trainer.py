@@ -108,6 +108,15 @@ class Trainer:
                              f"{self.model_cfg.max_seq_len}")
         if t.global_batch_size <= 0:
             raise OlmaxError(f"train.global_batch_size must be positive (got {t.global_batch_size})")
+        from olmax.train.optim import build_optimizer
+        from olmax.train.schedules import build_schedule
+        from olmax.train.step import COMPUTE_DTYPES
+
+        if t.compute_dtype not in COMPUTE_DTYPES:
+            raise OlmaxError(f"train.compute_dtype must be one of {list(COMPUTE_DTYPES)} "
+                             f"(got {t.compute_dtype!r})")
+        self.tx = build_optimizer(self.cfg.optim)
+        self.schedule = build_schedule(self.cfg.scheduler, self.cfg.optim.lr, t.max_steps)
 
     @property
     def params(self) -> Any:
@@ -146,22 +155,15 @@ class Trainer:
 
     def _build(self) -> None:
         import jax
-        import jax.numpy as jnp
 
         from olmax.data.loader import build_train_data
-        from olmax.model.olmo3 import abstract_params, init_params
-        from olmax.parallel.mesh import data_parallel_size, make_mesh
-        from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings,
-                                             replicated)
-        from olmax.train.optim import build_optimizer
-        from olmax.train.schedules import build_schedule
-        from olmax.train.state import TrainState, init_train_state
-        from olmax.train.step import jit_train_step, make_train_step, num_micro_batches
+        from olmax.parallel.mesh import make_mesh
+        from olmax.train.step import build_sharded_training
 
         cfg, t = self.cfg, self.cfg.train
         self.mesh = make_mesh(cfg.mesh)
-        dp = data_parallel_size(self.mesh)
-        n_micro = num_micro_batches(t, dp)
+        seed = cfg.init.seed if cfg.init.seed is not None else cfg.seed
+        st = build_sharded_training(self.model_cfg, t, self.tx, self.mesh, jax.random.key(seed))
         if t.global_batch_size % jax.process_count():
             raise OlmaxError(f"train.global_batch_size {t.global_batch_size} is not divisible by "
                              f"the process count {jax.process_count()}")
@@ -170,35 +172,9 @@ class Trainer:
         if self.data.num_instances < t.global_batch_size:
             raise OlmaxError(f"training data has {self.data.num_instances} instances of {t.seq_len} "
                              f"tokens, fewer than one global batch ({t.global_batch_size})")
-        self.tx = build_optimizer(cfg.optim)
-        self.schedule = build_schedule(cfg.scheduler, cfg.optim.lr, t.max_steps)
-
-        p_sh = param_shardings(self.model_cfg, self.mesh)
-        abs_params = abstract_params(self.model_cfg)
-        abs_opt = jax.eval_shape(self.tx.init, abs_params)
-        o_sh = like_params_shardings(abs_opt, abs_params, p_sh, self.mesh)
-        rep = replicated(self.mesh)
-        self.state_shardings = TrainState(p_sh, o_sh, rep)
-        abs_state = TrainState(abs_params, abs_opt, jax.ShapeDtypeStruct((), jnp.int32))
-        self.abstract_state = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state,
-            self.state_shardings)
-        self.batch_sharding = {"tokens": batch_sharding(self.mesh, 2),
-                               "instance_mask": batch_sharding(self.mesh, 1)}
-
-        seed = cfg.init.seed if cfg.init.seed is not None else cfg.seed
-        init_p = jax.jit(lambda k: init_params(self.model_cfg, k), out_shardings=p_sh)
-        make_state = jax.jit(lambda p: init_train_state(p, self.tx), out_shardings=self.state_shardings)
-
-        def init_state(params):
-            if params is None:
-                params = init_p(jax.random.key(seed))
-            return make_state(params)
-
-        self._init_state = init_state
-        step = make_train_step(self.model_cfg, t, self.tx, n_micro=n_micro, mesh=self.mesh)
-        self.step_fn = jit_train_step(step, self.state_shardings, self.batch_sharding, self.mesh)
-        self.n_micro = n_micro
+        self.step_fn, self._init_state = st.step_fn, st.init_state
+        self.state_shardings, self.abstract_state = st.state_shardings, st.abstract_state
+        self.batch_sharding, self.n_micro = st.batch_shardings, st.n_micro
 
     def _callbacks(self) -> list:
         from olmax.train.callbacks.speed_monitor import SpeedMonitor
@@ -261,8 +237,8 @@ class Trainer:
         from olmax.train.metrics import MetricsLogger
 
         t = self.cfg.train
+        self._build()              # bad data/mesh settings fail before anything is written
         self._prepare_run_dir()
-        self._build()
         callbacks = self._callbacks()
         self.state, start = self._initial_state()
         self.step = start

@@ -1,0 +1,88 @@
+"""1 device vs 8 devices (FSDP 8, and data 2 x fsdp 2 x tensor 2): the same losses and parameters.
+
+Runs in a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``; meshes are built
+over 1 and 8 of those devices, with different micro-batch counts (8, 1 and 2 micro-batches).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, jax, jax.numpy as jnp
+    from olmax.config import MeshConfig, ModelConfig, OptimConfig, SchedulerConfig, TrainConfig
+    from olmax.parallel.mesh import make_mesh
+    from olmax.train.optim import skip_step_adamw
+    from olmax.train.schedules import build_schedule
+    from olmax.train.step import build_sharded_training
+
+    assert jax.device_count() == 8
+    cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
+                      vocab_size=250, padded_vocab_size=256, window_pattern=(8, 8, 8, None),
+                      max_seq_len=32)
+    train = TrainConfig(seq_len=32, global_batch_size=16, micro_batch_size=2, max_steps=5)
+    tx = skip_step_adamw(OptimConfig(lr=5e-3))
+    sched = build_schedule(SchedulerConfig(warmup_steps=2), 5e-3, 5)
+    rng = np.random.default_rng(0)
+    batches = [np.minimum(rng.geometric(0.05, size=(16, 32)), 249).astype(np.int32) for _ in range(5)]
+    out = {}
+    meshes = {"1": (MeshConfig(fsdp=1), 1), "fsdp8": (MeshConfig(), 8),
+              "2x2x2": (MeshConfig(data=2, fsdp=2, tensor=2), 8)}
+    for name in sys.argv[1:]:
+        mcfg, n = meshes[name]
+        mesh = make_mesh(mcfg, jax.devices()[:n])
+        st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
+        state = st.init_state()
+        losses = []
+        for s, toks in enumerate(batches, start=1):
+            batch = {"tokens": jax.device_put(toks, st.batch_shardings["tokens"]),
+                     "instance_mask": jax.device_put(np.ones(16, bool), st.batch_shardings["instance_mask"])}
+            state, m = st.step_fn(state, batch, np.float32(sched(s)))
+            losses.append(float(m["loss"]))
+        emb = state.params["embed"]
+        out[name] = {"losses": losses, "n_micro": st.n_micro,
+                     "n_shards": len({d.id for d in emb.sharding.device_set}),
+                     "embed_spec": str(emb.sharding.spec),
+                     "params": [np.asarray(x).ravel()[:4096].tolist() for x in jax.tree.leaves(state.params)]}
+    json.dump(out, sys.stdout)
+""")
+
+
+def _run(*meshes):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, *meshes], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _compare(out, names):
+    ref = np.array(out["1"]["losses"])
+    assert ref[-1] < ref[0]
+    for k in names:
+        got = np.array(out[k]["losses"])
+        print(k, "max relative loss difference vs 1 device:", np.max(np.abs(got - ref) / ref))
+        np.testing.assert_allclose(got, ref, rtol=1e-5)
+        for a, b in zip(out[k]["params"], out["1"]["params"]):
+            np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_one_vs_eight_devices_fsdp_same_losses():
+    out = _run("1", "fsdp8")
+    assert [out[k]["n_micro"] for k in ("1", "fsdp8")] == [8, 1]
+    assert out["fsdp8"]["n_shards"] == 8 and "fsdp" in out["fsdp8"]["embed_spec"]
+    _compare(out, ["fsdp8"])
+
+
+@pytest.mark.slow
+def test_one_vs_data_fsdp_tensor_mesh_same_losses():
+    out = _run("1", "2x2x2")
+    assert out["2x2x2"]["n_micro"] == 2 and "tensor" in out["2x2x2"]["embed_spec"]
+    _compare(out, ["2x2x2"])

@@ -1,0 +1,86 @@
+"""The trainer end to end through ``olmax train`` on raw uint32 token files."""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from olmax.cli import main
+from olmax.config import DataConfig
+from olmax.train.recipes import load_recipe
+from olmax.train.schedules import build_schedule
+
+KEYS = {"step", "loss", "z_loss", "lr", "grad_norm", "skipped", "tokens", "tokens_per_sec", "mfu",
+        "batch_hash"}
+
+
+def _records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_train_cli_writes_a_complete_run_dir(token_files, tmp_path, capsys):
+    paths, recipe = token_files
+    run_dir = tmp_path / "run"
+    rc = main(["train", str(recipe), "--run-dir", str(run_dir), "train.max_steps=6", "--quiet"])
+    assert rc == 0
+    recs = _records(run_dir)
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, 6]
+    for r in recs:
+        assert KEYS <= set(r), KEYS - set(r)
+        assert np.isfinite(r["loss"]) and r["z_loss"] > 0 and r["skipped"] is False
+    assert recs[-1]["loss"] < recs[0]["loss"]
+    assert [r["tokens"] for r in recs] == [8 * 32 * s for s in range(1, 7)]
+
+    # lr: the OLMo-core schedule at step s (counted from 1)
+    cfg = load_recipe(str(recipe), ["train.max_steps=6"])
+    sched = build_schedule(cfg.scheduler, cfg.optim.lr, 6)
+    assert [r["lr"] for r in recs] == [sched(s) for s in range(1, 7)]
+
+    # batch_hash: sha256 of the global batch b = step - 1 as uint32 little-endian
+    from olmax.data.loader import build_train_data
+
+    data = build_train_data(DataConfig(paths=tuple(paths)), seq_len=32, global_batch_size=8, seed=11)
+    for r in recs:
+        toks = data.global_batch(r["step"] - 1)["tokens"]
+        assert r["batch_hash"] == hashlib.sha256(toks.astype("<u4").tobytes()).hexdigest()
+
+    assert (run_dir / "config.yaml").is_file()
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["olmax_version"] and "git_revision" in info
+    assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tb").iterdir())
+    assert "loss" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("train.max_stepz=3", "train.max_stepz"),
+    ("train.max_steps=three", "train.max_steps"),
+    ("optim.lr=fast", "optim.lr"),
+    ("model.preset=olmo3-nope", "olmo3-nope"),
+])
+def test_bad_overrides_are_one_line(token_files, tmp_path, capsys, override, needle):
+    _, recipe = token_files
+    rc = main(["train", str(recipe), "--run-dir", str(tmp_path / "r"), override])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and needle in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_unknown_recipe_is_one_line(capsys):
+    assert main(["train", "no_such_recipe"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no_such_recipe" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_the_run(token_files, tmp_path, capsys):
+    _, recipe = token_files
+    rc = main(["train", str(recipe), "--run-dir", str(tmp_path / "nan"), "--quiet",
+               "optim.lr=1e38", "optim.max_grad_norm=0", "scheduler.warmup_steps=0",
+               "train.max_steps=6"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "nan" in err.lower() and "step" in err, err
+    recs = _records(tmp_path / "nan")
+    assert not np.isfinite(float(recs[-1]["loss"])) and len(recs) < 6
