@@ -284,11 +284,15 @@ class Trainer:
                 if not math.isfinite(metrics["loss"]):
                     self._stop_non_finite(step, metrics, callbacks)
                 for cb in callbacks:
-                    if hasattr(cb, "on_step_end"):
+                    if hasattr(cb, "on_step_end") and cb is not self.ckpt_cb:
                         extra = cb.on_step_end(self, step, metrics)
                         if extra:
                             metrics.update(extra)
                 self.log(step, metrics)
+                # Checkpoint only once the step's metrics line is written: a resume rewinds
+                # metrics.jsonl to the restored step, so that step's line must already be there.
+                if self.ckpt_cb is not None:
+                    self.ckpt_cb.on_step_end(self, step, metrics)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{lr:.2e}")
