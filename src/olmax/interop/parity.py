@@ -211,7 +211,9 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
 
     model = _hf_model(hf_dir, dtype)
     compute = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
-    fwd = jax.jit(lambda p, t: forward(p, t, cfg, compute_dtype=compute))
+    # fp32 means fp32: no TF32 / reduced-precision matmul passes on accelerators.
+    with jax.default_matmul_precision("highest"):
+        fwd = jax.jit(lambda p, t: forward(p, t, cfg, compute_dtype=compute))
     v = cfg.vocab_size
     windows = [w for w in cfg.window_pattern if w is not None]
     far = max(windows) if windows else None
@@ -224,7 +226,8 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
             ref = model(torch.from_numpy(row.astype(np.int64))).logits[0, :, :v]
             ref = ref.float().numpy()
         t1 = time.perf_counter()
-        out = np.asarray(fwd(params, jnp.asarray(row)))[0, :, :v]
+        with jax.default_matmul_precision("highest"):
+            out = np.asarray(fwd(params, jnp.asarray(row)))[0, :, :v]
         t2 = time.perf_counter()
         t_hf, t_ox = t_hf + t1 - t0, t_ox + t2 - t1
         kl, agree, diff = position_metrics(ref, out)
@@ -255,6 +258,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "inputs": inputs,
         "olmax_params": source,
         "hf_attn_implementation": "eager",
+        "olmax_device": jax.devices()[0].device_kind,
         "hf_rope_dtype": _hf_rope_dtype(model, tdtype),
         "warnings": _hf_rope_warnings(model, cfg),
         "seconds_hf": round(t_hf, 3),
