@@ -105,3 +105,13 @@ def test_export_rejects_what_olmo3_cannot_express():
         hf_config_from_model(cfg.replace(window_pattern=(8, 16, None, None)))
     with pytest.raises(OlmaxError, match="reordered_norm"):
         hf_config_from_model(cfg.replace(block_type="prenorm"))
+
+
+def test_parity_without_torch_is_a_clear_error(monkeypatch):
+    import sys
+
+    from olmax.interop.parity import run_parity
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(OlmaxError, match="needs torch and transformers"):
+        run_parity("/nonexistent")
