@@ -1,0 +1,130 @@
+"""Helpers for the end-to-end fault tests: run ``olmax train`` in subprocesses, read metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RECIPE = "olmo3_tiny"
+# Smaller than olmo3-tiny where it costs nothing in coverage: a step takes well under a second on
+# 2 CPU cores and a checkpoint (params + Adam) is ~40 MB.
+SMALL = ["model.d_model=32", "model.mlp_hidden=64", "train.seq_len=32", "train.global_batch_size=8",
+         "scheduler.warmup_steps=3", "scheduler.t_max=40", "logging.tensorboard=false",
+         "logging.progress=false", "checkpoint.keep=2"]
+
+
+def env_for(devices: int) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
+    env["JAX_PLATFORMS"] = "cpu"
+    if os.environ.get("OLMAX_FAULT_JAX_CACHE"):  # compiled steps shared by the runs of a session
+        env["JAX_COMPILATION_CACHE_DIR"] = os.environ["OLMAX_FAULT_JAX_CACHE"]
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    return env
+
+
+def command(run_dir: Path, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "olmax.cli", "train", RECIPE, "--run-dir", str(run_dir),
+            *SMALL, *overrides]
+
+
+def log_path(run_dir: Path) -> Path:
+    return Path(run_dir).parent / f"{Path(run_dir).name}.log"
+
+
+def start(run_dir: Path, overrides: list[str], devices: int = 8) -> subprocess.Popen:
+    """``olmax train`` in the background; its output is appended to :func:`log_path` (a file, so
+    that a process nobody reads from never blocks on a full pipe)."""
+    Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path(run_dir), "a") as log:
+        return subprocess.Popen(command(run_dir, overrides), env=env_for(devices), stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+
+
+def train(run_dir: Path, overrides: list[str], devices: int = 8, timeout: float = 900,
+          check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(command(run_dir, overrides), env=env_for(devices), capture_output=True,
+                         text=True, timeout=timeout)
+    if check and out.returncode != 0:
+        raise AssertionError(f"olmax train failed ({out.returncode}):\n{out.stdout[-2000:]}\n"
+                             f"{out.stderr[-4000:]}")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def train_multiprocess(run_dir: Path, overrides: list[str], processes: int = 2,
+                       devices_per_process: int = 4, timeout: float = 900) -> list[str]:
+    """``olmax train`` as ``processes`` jax.distributed processes on localhost; their outputs."""
+    coord = f"localhost:{free_port()}"
+    Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
+    logs = [Path(run_dir).parent / f"{Path(run_dir).name}.process{i}.log" for i in range(processes)]
+    procs = []
+    for i, log in enumerate(logs):
+        with open(log, "a") as f:
+            procs.append(subprocess.Popen(
+                command(run_dir, [*overrides, f"distributed.coordinator={coord}",
+                                  f"distributed.num_processes={processes}",
+                                  f"distributed.process_id={i}"]),
+                env=env_for(devices_per_process), stdout=f, stderr=subprocess.STDOUT, text=True))
+    deadline = time.time() + timeout
+    try:
+        for p, log in zip(procs, logs):
+            rc = p.wait(timeout=max(1.0, deadline - time.time()))
+            if rc != 0:
+                raise AssertionError(f"process failed ({rc}):\n{log.read_text()[-4000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [log.read_text() for log in logs]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    p = Path(run_dir) / "metrics.jsonl"
+    if not p.is_file():
+        return []
+    rows = []
+    for line in p.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line being written right now
+            continue
+        if "loss" in rec:
+            rows.append(rec)
+    return rows
+
+
+def series(run_dir: Path, key: str) -> dict[int, object]:
+    return {r["step"]: r[key] for r in metrics(run_dir)}
+
+
+def wait_for_step(p: subprocess.Popen, run_dir: Path, step: int, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = metrics(run_dir)
+        if rows and rows[-1]["step"] >= step:
+            return
+        if p.poll() is not None:
+            raise AssertionError(f"olmax train exited ({p.returncode}) before step {step}:\n"
+                                 f"{log_path(run_dir).read_text()[-4000:]}")
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    d = Path(run_dir) / "checkpoints"
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
