@@ -246,7 +246,8 @@ def plot_comparison(curves: Sequence[Curve], summary: Mapping[str, Any], out: st
 # Run dashboard
 
 _PANELS: list[tuple[str, tuple[str, ...]]] = [
-    ("loss", ("loss", "z_loss")),
+    ("loss", ("loss",)),
+    ("z-loss", ("z_loss",)),
     ("learning rate", ("lr",)),
     ("grad norm", ("grad_norm",)),
     ("tokens / s", ("tokens_per_sec",)),
@@ -284,15 +285,17 @@ def write_dashboard(run_dir: str | os.PathLike, out: str | os.PathLike | None = 
     ppl = sorted(k for k in keys if k.startswith("eval/") and k.endswith("/CE loss"))
     if ppl:
         panels.append(("held-out CE loss", ppl))
-    downstream = sorted(k for k in keys if k.startswith("eval/downstream/")
-                        and any(m in k for m in ("(BPB v2)", "(accuracy)", "(length-normalized accuracy)")))
-    if downstream:
-        panels.append(("downstream", downstream))
+    for title, suffixes in (("downstream BPB (v2)", ("(BPB v2)",)),
+                            ("downstream accuracy", ("(accuracy)", "(length-normalized accuracy)"))):
+        ks = sorted(k for k in keys if k.startswith("eval/downstream/") and k.endswith(suffixes))
+        if ks:
+            panels.append((title, ks))
     if not panels:
         return None
     cols = 2 if len(panels) > 1 else 1
     nrows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 3.2 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 3.2 * nrows), squeeze=False,
+                             layout="constrained")
     for ax, (title, ks) in zip(axes.flat, panels):
         for k in ks:
             xs, ys = _series(rows, k)
@@ -301,7 +304,7 @@ def write_dashboard(run_dir: str | os.PathLike, out: str | os.PathLike | None = 
                     label=k.replace("eval/downstream/", "").replace("eval/lm/", "").replace("eval/", ""))
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-        if len(ks) > 1 or title in ("held-out CE loss", "downstream"):
+        if len(ks) > 1 or title.startswith(("held-out", "downstream")):
             ax.legend(fontsize=6)
         ax.set_xlabel("step")
     for ax in list(axes.flat)[len(panels):]:
