@@ -37,38 +37,40 @@ def constant(peak: float, current: int, t_max: int) -> float:
     return peak
 
 
-def cos_with_warmup(peak: float, current: int, t_max: int, *, warmup: int, alpha_f: float = 0.1,
-                    warmup_min_lr: float = 0.0) -> float:
+def _warmup_then(decay: Callable[[float, float, int, int], float], peak: float, current: int,
+                 t_max: int, warmup: int, alpha_f: float, warmup_min_lr: float,
+                 warmup_peak: float | None = None) -> float:
+    """OLMo-core's shared frame: warmup while ``current < warmup``, ``eta_min`` from ``t_max`` on,
+    else ``decay(peak, eta_min, current - warmup, t_max - warmup)``."""
     eta_min = peak * alpha_f
     if current < warmup:
-        return _linear_warmup(peak, current, warmup, warmup_min_lr)
+        top = peak if warmup_peak is None else warmup_peak
+        return _linear_warmup(top, current, warmup, warmup_min_lr)
     if current >= t_max:
         return eta_min
-    c, t = current - warmup, t_max - warmup
+    return decay(peak, eta_min, current - warmup, t_max - warmup)
+
+
+def _cosine(peak: float, eta_min: float, c: float, t: float) -> float:
     return eta_min + (peak - eta_min) * (1 + math.cos(math.pi * c / t)) / 2
+
+
+def cos_with_warmup(peak: float, current: int, t_max: int, *, warmup: int, alpha_f: float = 0.1,
+                    warmup_min_lr: float = 0.0) -> float:
+    return _warmup_then(_cosine, peak, current, t_max, warmup, alpha_f, warmup_min_lr)
 
 
 def half_cos_with_warmup(peak: float, current: int, t_max: int, *, warmup: int,
                          alpha_f: float = 0.1, warmup_min_lr: float = 0.0) -> float:
     eta_min = peak * alpha_f
-    if current < warmup:
-        return _linear_warmup(eta_min + (peak - eta_min) / 2, current, warmup, warmup_min_lr)
-    if current >= t_max:
-        return eta_min
-    c, t = current - warmup, t_max - warmup
-    c, t = c + t, 2 * t
-    return eta_min + (peak - eta_min) * (1 + math.cos(math.pi * c / t)) / 2
+    return _warmup_then(lambda p, e, c, t: _cosine(p, e, c + t, 2 * t), peak, current, t_max,
+                        warmup, alpha_f, warmup_min_lr, warmup_peak=eta_min + (peak - eta_min) / 2)
 
 
 def linear_with_warmup(peak: float, current: int, t_max: int, *, warmup: int,
                        alpha_f: float = 0.1, warmup_min_lr: float = 0.0) -> float:
-    eta_min = peak * alpha_f
-    if current < warmup:
-        return _linear_warmup(peak, current, warmup, warmup_min_lr)
-    if current >= t_max:
-        return eta_min
-    c, t = current - warmup, t_max - warmup
-    return peak - (peak - eta_min) * (c / t)
+    return _warmup_then(lambda p, e, c, t: p - (p - e) * (c / t), peak, current, t_max, warmup,
+                        alpha_f, warmup_min_lr)
 
 
 def build_schedule(cfg: SchedulerConfig, peak_lr: float, max_steps: int) -> Callable[[int], float]:
