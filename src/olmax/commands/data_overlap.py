@@ -40,18 +40,22 @@ def _is_heldout_entry(entry: str) -> bool:
 
 
 def train_files(entries: list[str], root: str | None) -> list[str]:
+    """``embedded``, one mix (a file or a packaged mix name), or token files -> token files."""
+    from olmax.config import DataConfig
+    from olmax.data.loader import resolve_paths
+
     if entries == ["embedded"]:
-        from olmax.data.embedded import embedded_token_files
-
-        return embedded_token_files("train")
-    if len(entries) == 1 and entries[0].endswith(".txt"):
-        from olmax.data.mixfile import read_mix_file
-
-        return [e.path for e in read_mix_file(entries[0], root=root)]
-    for e in entries:
-        if not os.path.isfile(e):
-            raise ConfigError(f"--train: token file not found: {e}")
-    return entries
+        cfg = DataConfig(embedded=True)
+    elif len(entries) == 1 and (entries[0].endswith(".txt") or "/" not in entries[0]
+                                and not os.path.exists(entries[0])):
+        cfg = DataConfig(mix=entries[0], root=root)
+    else:
+        cfg = DataConfig(paths=tuple(entries), root=root)
+    paths, _ = resolve_paths(cfg)
+    for p in paths:
+        if not os.path.isfile(p):
+            raise ConfigError(f"--train: token file not found: {p}")
+    return paths
 
 
 def downstream_documents(names: list[str], tokenizer, limit: int | None):
@@ -92,10 +96,11 @@ def run_overlap(args: argparse.Namespace) -> int:
         get_task(t)
     tok = get_tokenizer("dolma2")
     dtype = np.dtype(args.dtype)
+    train = train_files(args.train, args.root)
     sets = {label: documents_from_token_files(files, eos_token_id=tok.eos_token_id, dtype=dtype)
             for label, files in parse_heldout(held).items()}
     sets.update(downstream_documents(tasks, tok, args.limit))
-    report = overlap(train_files(args.train, args.root), sets, eos_token_id=tok.eos_token_id,
+    report = overlap(train, sets, eos_token_id=tok.eos_token_id,
                      ngram=args.ngram, threshold=args.threshold, dtype=dtype,
                      max_train_tokens=args.max_train_tokens)
     print(f"training: {report.train_files} files, {report.train_tokens_scanned:,} tokens, "

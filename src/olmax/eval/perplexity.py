@@ -152,6 +152,18 @@ def _label_of(path: str) -> str:
     return p.stem
 
 
+def require_documents(files: Sequence[str], *, eos_token_id: int, dtype=np.uint32) -> None:
+    """Every held-out token file must hold at least one EOS-terminated document."""
+    from olmax.data.token_files import file_num_tokens
+
+    dt = np.dtype(dtype).newbyteorder("<")
+    for f in files:
+        n = file_num_tokens(f, dt)
+        if n == 0 or not (np.memmap(f, mode="r", dtype=dt, shape=(n,)) == eos_token_id).any():
+            raise OlmaxError(f"held-out token file {f} holds no EOS-terminated document "
+                             f"(EOS id {eos_token_id}, {dt.name} tokens)")
+
+
 def load_heldout_sets(sets: dict[str, list[str]], seq_len: int, *, eos_token_id: int, pad_token_id: int,
                       vocab_size: int | None = None, max_docs: int | None = None,
                       dtype=np.uint32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -160,6 +172,7 @@ def load_heldout_sets(sets: dict[str, list[str]], seq_len: int, *, eos_token_id:
 
     out = {}
     for label, files in sets.items():
+        require_documents(files, eos_token_id=eos_token_id, dtype=dtype)
         tokens, mask = padded_instances(files, seq_len, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                                         max_docs=max_docs, dtype=dtype, vocab_size=vocab_size)
         if len(tokens) == 0:

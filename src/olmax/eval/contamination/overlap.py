@@ -219,7 +219,9 @@ def overlap(train_paths: Sequence[str], eval_sets: Mapping[str, Sequence[np.ndar
 def documents_from_token_files(paths: Sequence[str], *, eos_token_id: int, dtype=np.uint32) -> list[np.ndarray]:
     """EOS-terminated documents of token files, EOS removed (held-out sets)."""
     from olmax.data.heldout import document_spans
+    from olmax.eval.perplexity import require_documents
 
+    require_documents(paths, eos_token_id=eos_token_id, dtype=dtype)
     dt = np.dtype(dtype).newbyteorder("<")
     docs = []
     for path in paths:
