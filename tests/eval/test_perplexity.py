@@ -79,3 +79,16 @@ def test_parse_heldout_labels(tmp_path):
     from olmax.config import OlmaxError
     with pytest.raises(OlmaxError, match="not found"):
         parse_heldout([str(tmp_path / "missing.bin")])
+
+
+def test_heldout_file_without_documents(tmp_path):
+    from olmax.config import OlmaxError
+    from olmax.eval.perplexity import load_heldout_sets
+
+    f = tmp_path / "noeos.bin"
+    np.array([1, 2, 3], "<u4").tofile(f)
+    with pytest.raises(OlmaxError, match="holds no EOS-terminated document"):
+        load_heldout_sets({"x": [str(f)]}, 16, eos_token_id=100257, pad_token_id=100277)
+    f.write_bytes(b"\x01\x02\x03")
+    with pytest.raises(OlmaxError, match="not a multiple of 4"):
+        load_heldout_sets({"x": [str(f)]}, 16, eos_token_id=100257, pad_token_id=100277)
