@@ -1,6 +1,8 @@
 """``hidden_states`` gives the same numbers with every remat policy and with the layer scan as a
 plain per-layer Python loop (layer i uses params[i] and window_pattern[i % period])."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,24 +12,27 @@ from olmax.config import ModelConfig
 from olmax.model import olmo3
 from olmax.model.rope import rope_tables
 
-CFG = ModelConfig(d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                  vocab_size=200, padded_vocab_size=256, window_pattern=(4, 8, None),
+# Two scan groups of a period-2 pattern: a wrong group/position pairing changes the numbers.
+CFG = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
+                  vocab_size=200, padded_vocab_size=256, window_pattern=(4, None),
                   rope_theta=10_000.0, max_seq_len=64)
-T = 20
+T = 16
 
 
 def _params_and_tokens():
-    params = olmo3.init_params(CFG, jax.random.key(0))
-    # Make norm weights differ per layer so a wrong layer/param pairing shows.
+    rng = np.random.default_rng(0)
+    # Random weights, norms around 1 and different per layer: a wrong pairing shows.
     params = jax.tree_util.tree_map_with_path(
-        lambda kp, x: x + 0.2 * jax.random.normal(jax.random.key(len(str(kp))), x.shape)
-        if "norm" in jax.tree_util.keystr(kp) else x, params)
-    tokens = jax.random.randint(jax.random.key(1), (2, T), 0, CFG.vocab_size)
+        lambda kp, s: jnp.asarray((1.0 if "norm" in jax.tree_util.keystr(kp) else 0.0)
+                                  + 0.2 * rng.standard_normal(s), jnp.float32),
+        olmo3.param_shapes(CFG), is_leaf=lambda x: isinstance(x, tuple))
+    tokens = jnp.asarray(rng.integers(0, CFG.vocab_size, (2, T)))
     return params, tokens
 
 
+@partial(jax.jit, static_argnums=2)
 def _unrolled(params, tokens, windows):
-    """The per-layer loop, run op by op (no jit, no scan)."""
+    """The per-layer loop (no scan): layer i with params[i] and its own window."""
     sin, cos = rope_tables(jnp.arange(T), CFG.head_dim, CFG.rope_theta)
     h = jnp.take(params["embed"], tokens, axis=0)
     for i, window in enumerate(windows):
@@ -48,7 +53,7 @@ def test_scan_equals_per_layer_loop():
     scanned = jax.jit(lambda p, t: olmo3.hidden_states(p, t, CFG))(params, tokens)
     _assert_close_scaled(scanned, _unrolled(params, tokens, CFG.layer_windows()))
     # The windows matter at this length: full attention everywhere gives other numbers.
-    full = _unrolled(params, tokens, [None] * CFG.n_layers)
+    full = _unrolled(params, tokens, (None,) * CFG.n_layers)
     assert np.max(np.abs(np.asarray(full) - np.asarray(scanned))) > 1e-3
 
 
