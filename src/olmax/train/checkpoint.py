@@ -198,11 +198,12 @@ class Checkpointer:
     # -- queries -----------------------------------------------------------------------------
 
     def all_steps(self) -> list[int]:
-        """Complete checkpoints, oldest first."""
+        """Checkpoints, oldest first (as ``latest_step``: an in-flight save of this process counts)."""
         return sorted(self._mgr.all_steps())
 
     def latest_step(self) -> int | None:
-        """The newest complete checkpoint (not checked for corruption; see ``restore_latest``)."""
+        """The newest checkpoint (complete on disk, or an async save of this process still in
+        flight); not checked for corruption, see ``restore_latest``."""
         return self._mgr.latest_step()
 
     def step_dir(self, step: int) -> Path:
