@@ -84,3 +84,14 @@ def test_nan_loss_stops_the_run(token_files, tmp_path, capsys):
     assert rc == 2 and "nan" in err.lower() and "step" in err, err
     recs = _records(tmp_path / "nan")
     assert not np.isfinite(float(recs[-1]["loss"])) and len(recs) < 6
+
+
+def test_a_data_override_replaces_the_recipes_data_source(tmp_path):
+    cfg = load_recipe("olmo3_tiny", ["data.paths=[a.npy, b.npy]", "train.max_steps=3", "seed=5",
+                                     "optim.lr=1e-3", "train.seq_len=64", "train.global_batch_size=4",
+                                     "model.preset=olmo3-1m", "init.hf_dir=/some/hf"])
+    assert cfg.data.paths == ("a.npy", "b.npy") and cfg.data.embedded is False
+    assert (cfg.train.max_steps, cfg.seed, cfg.optim.lr, cfg.train.seq_len,
+            cfg.train.global_batch_size) == (3, 5, 1e-3, 64, 4)
+    assert cfg.model.d_model == 12 and cfg.init.hf_dir == "/some/hf"
+    assert load_recipe("olmo3_tiny").data.embedded is True

@@ -29,8 +29,42 @@ def recipe_path(name_or_path: str) -> Path:
                       f"(packaged: {', '.join(packaged_recipes())})")
 
 
+DATA_SOURCES = ("paths", "mix", "embedded", "mixture")
+
+
 def recipe_dict(name_or_path: str, overrides: Sequence[str] = ()) -> dict:
-    return apply_overrides(load_yaml(recipe_path(name_or_path)), overrides)
+    """The recipe's plain data with overrides applied. An override that names a data source
+    (``data.paths``, ``data.mix``, ``data.embedded``, ``data.mixture``) replaces the recipe's source:
+    the recipe's other sources are dropped, so ``olmo3_tiny data.paths=[...]`` trains on those files."""
+    from olmax.config import parse_override
+
+    base = load_yaml(recipe_path(name_or_path))
+    named = {keys[1] for keys, _ in map(parse_override, overrides)
+             if len(keys) == 2 and keys[0] == "data" and keys[1] in DATA_SOURCES}
+    if named and isinstance(base.get("data"), dict):
+        base["data"] = {k: v for k, v in base["data"].items()
+                        if k not in DATA_SOURCES or k in named}
+    data = apply_overrides(base, overrides)
+    if isinstance(data.get("data"), dict) and isinstance(data["data"].get("mix"), str):
+        data["data"]["mix"] = resolve_mix(data["data"]["mix"])
+    return data
+
+
+def resolve_mix(mix: str) -> str:
+    """A mix file path as given, or an OLMo-core mix *name* (``OLMo-mix-0625-official``) resolved
+    to the mix file shipped with ai2-olmo-core (``olmo_core/data/mixes/<name>.txt``) when that
+    package is installed (located without importing it)."""
+    import importlib.util
+
+    if Path(mix).exists() or "/" in mix or mix.endswith(".txt"):
+        return mix
+    spec = importlib.util.find_spec("olmo_core")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(root) / "data" / "mixes" / f"{mix}.txt"
+        if candidate.is_file():
+            return str(candidate)
+    raise ConfigError(f"data.mix '{mix}' is neither a file nor an OLMo-core mix name found in an "
+                      "installed ai2-olmo-core; pass data.mix=PATH to the mix file")
 
 
 def load_recipe(name_or_path: str, overrides: Sequence[str] = ()) -> RunConfig:

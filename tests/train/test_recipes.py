@@ -1,0 +1,53 @@
+"""The packaged OLMo 3 recipes carry the official scripts' numbers (reference olmo3.md §2)."""
+
+import math
+
+import pytest
+
+pytest.importorskip("olmo_core")  # the official recipes name OLMo-core's mix files
+
+from olmax.train.recipes import load_recipe, packaged_recipes
+
+
+def test_all_packaged_recipes_load():
+    assert {"olmo3_7b_stage1", "olmo3_7b_stage1_part2", "olmo3_7b_stage2", "olmo3_tiny"} <= set(packaged_recipes())
+    for name in packaged_recipes():
+        load_recipe(name)
+
+
+def _common_optimizer(cfg):
+    o = cfg.optim
+    assert (o.name, o.betas, o.eps, o.weight_decay, o.no_decay) == (
+        "skip_step_adamw", (0.9, 0.95), 1e-8, 0.1, ("embed",))
+    assert (o.max_grad_norm, o.rolling_interval_length, o.sigma_factor) == (1.0, 128, 6.0)
+    assert cfg.train.z_loss_multiplier == 1e-5
+    assert cfg.train.compute_dtype == "bfloat16" and cfg.model.num_params() > 7.2e9
+
+
+def test_stage1():
+    for name in ("olmo3_7b_stage1", "olmo3_7b_stage1_part2"):
+        c = load_recipe(name)
+        _common_optimizer(c)
+        assert (c.train.seq_len, c.train.global_batch_size, c.train.micro_batch_size) == (8192, 512, 2)
+        assert c.train.seq_len * c.train.global_batch_size == 4_194_304
+        assert (c.seed, c.optim.lr, c.data.repetition_filter) == (34521, 3e-4, False)
+        assert c.data.mix.endswith("OLMo-mix-0625-official.txt")
+        with open(c.data.mix) as f:
+            assert sum(1 for _ in f) == 1016
+        assert c.checkpoint.interval == 1000 and c.eval.interval == 10_000
+    p1, p2 = load_recipe("olmo3_7b_stage1"), load_recipe("olmo3_7b_stage1_part2")
+    assert (p1.scheduler.name, p1.scheduler.warmup_steps, p1.scheduler.alpha_f) == ("cos_with_warmup", 2000, 0.1)
+    assert p1.scheduler.t_max == math.ceil(5e12 / 4194304) and p1.train.max_steps == 597046
+    assert (p2.scheduler.name, p2.scheduler.warmup_steps) == ("half_cos_with_warmup", 1192092 // 2 + 2000 // 2)
+    assert p2.scheduler.t_max == math.ceil(7e12 / 4194304) and p2.train.max_steps == 1_413_814
+
+
+def test_stage2():
+    c = load_recipe("olmo3_7b_stage2")
+    _common_optimizer(c)
+    assert (c.train.seq_len, c.train.global_batch_size) == (8192, 256)
+    assert c.train.seq_len * c.train.global_batch_size == 2**21
+    assert (c.seed, c.init.seed, c.optim.lr) == (1337, 1337, 0.00020712352850360292)
+    assert (c.scheduler.name, c.scheduler.warmup_steps, c.scheduler.alpha_f) == ("linear_with_warmup", 0, 0.0)
+    assert c.scheduler.t_max == c.train.max_steps == math.ceil(1e11 / 2**21) == 47684
+    assert c.data.mix.endswith("OLMo-midtraining-mix-0625-100B.txt") and c.init.load_optimizer is True
