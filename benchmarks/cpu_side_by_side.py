@@ -109,7 +109,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--rounds", type=int, default=5, help="timed steps per framework (interleaved)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")
-    p.add_argument("--olmax", default="xla,chunked", help="olmax attention implementations to run")
+    p.add_argument("--olmax", default="chunked", help="olmax attention implementations to run")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--remat", default="none")
     p.add_argument("--oc-compile", action="store_true", help="torch.compile the OLMo-core model")
@@ -128,6 +128,8 @@ def main() -> int:
             times[j].append(r.run())
         load.append(os.getloadavg()[0])
         print(f"round {i + 1}: " + ", ".join(f"{t[-1]:.2f}s" for t in times), file=sys.stderr, flush=True)
+        _write_json(a.json_out, {"args": vars(a), "loadavg": load, "partial_times": times,
+                                 "frameworks": [r.name for r in runners]})
 
     tokens = a.batch * a.seq
     rows = []
@@ -146,13 +148,19 @@ def main() -> int:
     for r in rows:
         print(f"| {r['framework']} | {r['n_params'] / 1e6:.1f}M | {r['step_s_median']:.2f} | "
               f"{r['tokens_per_s']:.0f} | {r['speedup_vs_olmo_core']:.2f}x | {r['first_step_s']:.1f} |")
-    if a.json_out:
-        out = Path(a.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(json.dumps({"args": vars(a), "loadavg": load, "rows": rows}, indent=2) + "\n")
-        os.replace(tmp, out)
+    _write_json(a.json_out, {"args": vars(a), "loadavg": load, "rows": rows})
     return 0
+
+
+def _write_json(path: str | None, data: dict) -> None:
+    """Atomic write (temp + rename); rewritten after every round so a killed run leaves its rounds."""
+    if not path:
+        return
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, out)
 
 
 if __name__ == "__main__":

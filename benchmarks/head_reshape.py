@@ -6,7 +6,7 @@ parity target. Both train with the olmax trainer's step; timed steps are interle
 the same machine load; the reported ratio is the median of per-round ratios.
 
 On a CPU the slice is reduced to fit: ``--layers`` 7B layers (d_model 4096, MLP 11008) with windows
-[W, full], a small vocabulary (the LM head is identical in both variants and would only dilute the
+[W, full] (an odd count: sliding layers only, the majority type in OLMo 3), a small vocabulary (the LM head is identical in both variants and would only dilute the
 difference), short sequences. ``gpu_h200.sh`` runs the full-width slice at seq 8192 on a GPU.
 
     python benchmarks/head_reshape.py [--layers 2 --seq 256 --window 128 --rounds 3]
@@ -42,7 +42,8 @@ def main() -> int:
     variants = {}
     for preset in ("olmo3-7b", "olmo3-7b-16x256"):
         model = resolve_model({"preset": preset, "n_layers": a.layers, "vocab_size": a.vocab - 8,
-                               "padded_vocab_size": a.vocab, "window_pattern": [a.window, None]})
+                               "padded_vocab_size": a.vocab,
+                               "window_pattern": [a.window, None] if a.layers % 2 == 0 else [a.window]})
         cfg = RunConfig(model=model, train=TrainConfig(seq_len=a.seq, global_batch_size=a.batch,
                                                        compute_dtype=a.dtype, attn_impl=a.attn))
         runner = TrainStepRunner(cfg)
@@ -66,7 +67,8 @@ def main() -> int:
                      "speedup_vs_32x128": statistics.median(
                          [x / y for x, y in zip(times[names[0]], times[n])]),
                      "compile_s": runner.compile_s})
-    print(f"\n7B layer shapes (d_model 4096, MLP 11008), {a.layers} layers, windows [{a.window}, full], "
+    pattern = f"[{a.window}, full]" if a.layers % 2 == 0 else f"[{a.window}] (sliding only)"
+    print(f"\n7B layer shapes (d_model 4096, MLP 11008), {a.layers} layers, windows {pattern}, "
           f"vocab {a.vocab}; batch {a.batch} x seq {a.seq}; {a.dtype}, attn={a.attn}; "
           f"{a.rounds} interleaved rounds\n")
     print("| heads | FLOPs/token (causal) | step s (median) | tokens/s | speed vs 32x128 |")
