@@ -128,7 +128,7 @@ def main() -> int:
             times[j].append(r.run())
         load.append(os.getloadavg()[0])
         print(f"round {i + 1}: " + ", ".join(f"{t[-1]:.2f}s" for t in times), file=sys.stderr, flush=True)
-        _write_json(a.json_out, {"args": vars(a), "loadavg": load, "partial_times": times,
+        write_json(a.json_out, {"args": vars(a), "loadavg": load, "partial_times": times,
                                  "frameworks": [r.name for r in runners]})
 
     tokens = a.batch * a.seq
@@ -148,12 +148,13 @@ def main() -> int:
     for r in rows:
         print(f"| {r['framework']} | {r['n_params'] / 1e6:.1f}M | {r['step_s_median']:.2f} | "
               f"{r['tokens_per_s']:.0f} | {r['speedup_vs_olmo_core']:.2f}x | {r['first_step_s']:.1f} |")
-    _write_json(a.json_out, {"args": vars(a), "loadavg": load, "rows": rows})
+    write_json(a.json_out, {"args": vars(a), "loadavg": load, "rows": rows})
     return 0
 
 
-def _write_json(path: str | None, data: dict) -> None:
-    """Atomic write (temp + rename); rewritten after every round so a killed run leaves its rounds."""
+def write_json(path: str | None, data: dict) -> None:
+    """Atomic JSON write (temp + rename); the side-by-side rewrites it after every round so that a
+    killed run leaves its completed rounds."""
     if not path:
         return
     out = Path(path)

@@ -14,10 +14,10 @@ tested anywhere.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
+
+from cpu_side_by_side import write_json
 
 
 def cudnn_in_program(window: int, seq: int, heads: int, head_dim: int) -> str:
@@ -112,11 +112,7 @@ def main() -> int:
               f"{pct(r['mfu_olmo_core'])} | {pct(r['mfu_causal'])} | {pct(r['pct_of_ceiling_causal'])} | "
               f"{mem} | {r['compile_s']:.0f} |")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
-    if a.json_out:
-        tmp = a.json_out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"ceiling": ceil, "rows": rows, "args": vars(a)}, f, indent=2)
-        os.replace(tmp, a.json_out)
+    write_json(a.json_out, {"ceiling": ceil, "rows": rows, "args": vars(a)})
     return 0 if rows and all("error" not in r for r in rows) else 1
 
 

@@ -15,11 +15,10 @@ difference), short sequences. ``gpu_h200.sh`` runs the full-width slice at seq 8
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-from pathlib import Path
+
+from cpu_side_by_side import write_json
 
 
 def main() -> int:
@@ -76,12 +75,7 @@ def main() -> int:
     for r in rows:
         print(f"| {r['heads']} | {r['flops_per_token_causal'] / 1e9:.3f} G | {r['step_s_median']:.2f} | "
               f"{r['tokens_per_s']:.0f} | {r['speedup_vs_32x128']:.3f}x |")
-    if a.json_out:
-        out = Path(a.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2) + "\n")
-        os.replace(tmp, out)
+    write_json(a.json_out, {"args": vars(a), "rows": rows})
     return 0
 
 
