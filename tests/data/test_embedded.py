@@ -35,3 +35,22 @@ def test_token_files_are_doc_plus_eos_and_cached(tmp_path):
     assert embedded_token_files("heldout", cache_dir=tmp_path) == paths  # reused, not rebuilt
     assert [Path(p).stat().st_mtime_ns for p in paths] == mtimes
     assert not [p for p in (tmp_path / "embedded").iterdir() if p.name.startswith(".")]
+
+
+def test_heldout_split_is_not_a_copy_of_training():
+    """The stdlib is full of copies; no held-out document may be one (verbatim or near)."""
+    train = embedded_documents("train")
+    heldout = embedded_documents("heldout")
+    assert not set(heldout) & set(train)
+    # Independent check with token 13-grams (the contamination guard's unit, not the split's words).
+    from olmax.eval.contamination.overlap import DEFAULT_THRESHOLD, ngram_hashes
+
+    tok = get_tokenizer("dolma2")
+    seen = set()
+    for ids in tok.encode_batch(train):
+        seen.update(ngram_hashes(np.asarray(ids, dtype=np.uint32)).tolist())
+    for name_text, ids in zip(embedded_named_documents("heldout"), tok.encode_batch(heldout)):
+        grams = set(ngram_hashes(np.asarray(ids, dtype=np.uint32)).tolist())
+        if grams:
+            frac = len(grams & seen) / len(grams)
+            assert frac < DEFAULT_THRESHOLD / 2, (name_text[0], frac)

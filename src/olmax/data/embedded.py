@@ -4,9 +4,14 @@ Documents are the running interpreter's standard-library sources (every ``*.py``
 directory, ``site-packages`` excluded, sorted by relative path, decoded as UTF-8 with replacement) and
 then the ``pydoc_data.topics`` entries (sorted by topic). Empty documents are skipped.
 
-The held-out split is by document and deterministic: a document is held out when the first 4 bytes of
-``sha256(name)`` (big-endian) are divisible by 20 (about 5 %). The name is ``stdlib/<relative path>``
-or ``pydoc/<topic>``, so the split does not depend on the contents.
+The held-out split is by document and deterministic. A document is a held-out *candidate* when the
+first 4 bytes of ``sha256(name)`` (big-endian) are divisible by 20 (about 5 %); the name is
+``stdlib/<relative path>`` or ``pydoc/<topic>``. The standard library is full of copies (identical
+``__init__.py`` files, one codec module per code page), so a split by name alone leaks: a candidate
+stays held out only if it is not a copy of a training document, i.e. its text differs from every
+training document and fewer than ``NEAR_DUP_FRACTION`` of its distinct 8-word shingles occur in
+the training split. Candidates that fail go to training. The held-out set is therefore genuinely
+unseen, which ``olmax data overlap --train embedded --eval embedded`` confirms.
 
 :func:`embedded_token_files` tokenizes a split with dolma2 into OLMo-format token files (each
 document + one EOS, raw uint32 LE, files of at most ``FILE_TOKENS`` tokens split between documents),
@@ -22,6 +27,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -32,12 +38,54 @@ from olmax.data.token_files import DocumentWriter, cache_root, write_bytes_atomi
 
 FILE_TOKENS = 1 << 21
 HELDOUT_MODULUS = 20
+SHINGLE_WORDS = 8
+NEAR_DUP_FRACTION = 0.1
 SPLITS = ("train", "heldout")
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
+
+
+def _is_heldout_candidate(name: str) -> bool:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % HELDOUT_MODULUS == 0
+
+
+def _shingles(text: str) -> set[int]:
+    """Stable 64-bit hashes of the text's 8-word shingles (the whole text if it is shorter)."""
+    words = text.split()
+    n = SHINGLE_WORDS
+    grams = [" ".join(words[i:i + n]) for i in range(max(1, len(words) - n + 1))]
+    out = set()
+    for g in grams:
+        b = g.encode("utf-8", "replace")
+        out.add((zlib.crc32(b) << 32) | zlib.adler32(b))
+    return out
+
+
+@lru_cache(maxsize=1)
+def _heldout_names() -> frozenset[str]:
+    """Candidates that are neither exact nor near copies of a training document."""
+    docs = _all_documents()
+    candidates = [(n, t) for n, t in docs if _is_heldout_candidate(n)]
+    cand_shingles = {n: _shingles(t) for n, t in candidates}
+    wanted = set().union(*cand_shingles.values()) if cand_shingles else set()
+    train_texts = set()
+    seen: set[int] = set()
+    for n, t in docs:
+        if _is_heldout_candidate(n):
+            continue
+        train_texts.add(hashlib.sha256(t.encode("utf-8", "replace")).digest())
+        seen.update(h for h in _shingles(t) if h in wanted)
+    keep = set()
+    for n, t in candidates:
+        if hashlib.sha256(t.encode("utf-8", "replace")).digest() in train_texts:
+            continue
+        sh = cand_shingles[n]
+        if len(sh & seen) < NEAR_DUP_FRACTION * len(sh):
+            keep.add(n)
+    return frozenset(keep)
 
 
 def _is_heldout(name: str) -> bool:
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % HELDOUT_MODULUS == 0
+    return name in _heldout_names()
 
 
 @lru_cache(maxsize=1)
