@@ -279,7 +279,9 @@ def write_dashboard(run_dir: str | os.PathLike, out: str | os.PathLike | None = 
     rows = read_rows(run_dir)
     if not rows:
         return None
-    keys = {k for r in rows for k in r}
+    # Only metrics with at least one finite number (e.g. no MFU panel on a CPU without a peak).
+    keys = {k for r in rows for k, v in r.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
     panels = [(title, [k for k in ks if k in keys]) for title, ks in _PANELS]
     panels = [(t, ks) for t, ks in panels if ks]
     ppl = sorted(k for k in keys if k.startswith("eval/") and k.endswith("/CE loss"))

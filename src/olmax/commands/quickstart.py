@@ -51,12 +51,15 @@ def run(args: argparse.Namespace) -> int:
     summary = trainer.run()
     if not trainer.is_main:
         return 0
-    losses = []
+    losses, evals = [], {}
     with open(run_dir / "metrics.jsonl") as f:
         for line in f:
             rec = json.loads(line)
             if "loss" in rec:
                 losses.append(float(rec["loss"]))
+            for k, v in rec.items():
+                if k.startswith("eval/") and isinstance(v, (int, float)):
+                    evals[k] = (rec.get("step"), v)   # the latest value of each eval metric
     m = cfg.model
     print("olmax quickstart: trained OLMo 3 tiny "
           f"({m.num_params() / 1e6:.1f}M params, {m.n_layers} layers, windows "
@@ -65,6 +68,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"  {format_summary(summary)}")
     print(f"  wall time   {time.time() - t0:.0f} s; metrics in {run_dir / 'metrics.jsonl'}, "
           f"TensorBoard in {run_dir / 'tb'}")
+    shown = [k for k in sorted(evals) if k.endswith(("CE loss", "PPL", "(BPB v2)", "(accuracy)"))
+             and "predicted tokens" not in k]
+    for k in shown:
+        step, v = evals[k]
+        print(f"  {k.removeprefix('eval/'):<52} {v:10.4f}  (step {step})")
+    if (run_dir / "dashboard.png").is_file():
+        print(f"  dashboard   {run_dir / 'dashboard.png'}")
     if summary.get("first_loss") is not None and not summary["last_loss"] < summary["first_loss"]:
         print("olmax quickstart: warning: the loss did not fall", file=sys.stderr)
         return 1

@@ -197,7 +197,9 @@ class Trainer:
             ev = EvaluatorCallback.from_config(self.cfg)
             if ev is not None:
                 cbs.append(ev)
-        return cbs + self.extra_callbacks
+        from olmax.train.callbacks.dashboard import DashboardCallback
+
+        return cbs + self.extra_callbacks + [DashboardCallback()]
 
     def _initial_state(self) -> Any:
         if self.ckpt_cb is not None:

@@ -1,0 +1,25 @@
+"""Writes ``RUN_DIR/dashboard.png`` (loss, LR, grad norm, tokens/s, MFU, eval metrics) at the end of
+a run, on process 0. Runs last, after the final in-loop evaluation has been logged. A plotting
+failure is reported and never fails the run."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class DashboardCallback:
+    def on_train_end(self, trainer: Any) -> None:
+        if not getattr(trainer, "is_main", True):
+            return
+        try:
+            from olmax.analysis.curves import write_dashboard
+
+            path = write_dashboard(trainer.run_dir)
+        except Exception as e:  # noqa: BLE001 - a plot must not fail a finished run
+            log.warning("could not write the run dashboard: %s", e)
+            return
+        if path is not None:
+            log.info("dashboard: %s", path)
