@@ -1,0 +1,46 @@
+"""``olmax train`` on 2 jax.distributed processes x 4 CPU devices (localhost, gloo) vs 1 x 8.
+
+Same batch hashes and losses; only process 0 writes metrics; checkpoints written by 2 processes
+resume in 1 process and vice versa, continuing the reference run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import STEPS
+from trainrun import checkpoint_steps, metrics, series, train, train_multiprocess
+
+pytestmark = pytest.mark.slow
+
+
+def check_against(reference, d, exact_until=0):
+    rows = metrics(d)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), "one line per step (process 0 only)"
+    ref_loss, ref_hash = series(reference, "loss"), series(reference, "batch_hash")
+    assert [r["batch_hash"] for r in rows] == [ref_hash[s] for s in range(1, STEPS + 1)]
+    np.testing.assert_allclose([r["loss"] for r in rows], [ref_loss[s] for s in range(1, STEPS + 1)],
+                               rtol=2e-5, atol=0)
+    return [r["loss"] - ref_loss[r["step"]] for r in rows]
+
+
+def test_two_processes_match_one(reference_run, tmp_path):
+    d = tmp_path / "run"
+    train_multiprocess(d, [f"train.max_steps={STEPS}", "checkpoint.interval=4"])
+    diffs = check_against(reference_run, d)
+    print("2x4 vs 1x8 loss differences:", diffs)
+    shards = {p.name for p in (d / "checkpoints" / str(STEPS) / "params").iterdir()}
+    assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards  # every process wrote its shards
+
+
+def test_checkpoint_from_two_processes_resumes_in_one_and_back(reference_run, tmp_path):
+    a = tmp_path / "2to1"
+    train_multiprocess(a, ["train.max_steps=4", "checkpoint.interval=4"])
+    train(a, [f"train.max_steps={STEPS}", "checkpoint.interval=4"], devices=8)
+    check_against(reference_run, a)
+    b = tmp_path / "1to2"
+    train(b, ["train.max_steps=4", "checkpoint.interval=4"], devices=8)
+    train_multiprocess(b, [f"train.max_steps={STEPS}", "checkpoint.interval=4"])
+    check_against(reference_run, b)
+    assert checkpoint_steps(b) == [4, STEPS]
