@@ -65,7 +65,7 @@ def main() -> int:
     t0 = time.perf_counter()
     ceil = matmul_ceiling(size=256 if tiny else 8192, dtype="float32" if tiny else "bfloat16",
                           iters=3 if tiny else 20)
-    print(f"matmul ceiling: {ceil['flops_per_s'] / 1e12:.1f} TFLOP/s ({ceil['size']}^3 {ceil['dtype']})",
+    print(f"matmul ceiling: {ceil['flops_per_s'] / 1e12:.3g} TFLOP/s ({ceil['size']}^3 {ceil['dtype']})",
           flush=True)
 
     rows = []
@@ -99,7 +99,7 @@ def main() -> int:
     peak = "n/a" if not ceil["peak_flops"] else f"{ceil['peak_flops'] / 1e12:.0f} TFLOP/s"
     print(f"\nOLMo 3 7B-width slice: {model.n_layers} layers, seq {train.seq_len}, batch "
           f"{train.global_batch_size}, {train.compute_dtype}, remat={a.remat}; ceiling "
-          f"{ceil['flops_per_s'] / 1e12:.1f} TFLOP/s, peak {peak}")
+          f"{ceil['flops_per_s'] / 1e12:.3g} TFLOP/s, peak {peak}")
     print("| variant | attention | tokens/s | step ms | MFU % (OLMo-core conv.) | MFU % (causal) "
           "| % of ceiling (causal) | peak mem GiB | compile s |")
     print("|---|---|---|---|---|---|---|---|---|")
