@@ -31,7 +31,7 @@ def _sparkline(values: list[float], width: int = 30) -> str:
         return ""
     blocks = "▁▂▃▄▅▆▇█"
     n = len(values)
-    picked = [values[min(n - 1, int(i * n / width))] for i in range(min(width, n))]
+    picked = list(values) if n <= width else [values[min(n - 1, int(i * n / width))] for i in range(width)]
     lo, hi = min(picked), max(picked)
     span = (hi - lo) or 1.0
     return "".join(blocks[int((v - lo) / span * (len(blocks) - 1))] for v in picked)
