@@ -57,6 +57,15 @@ def models(tmp_path_factory):
     return model, params, cfg
 
 
+def _assert_loglikelihoods_equal(scored, metric):
+    """Request by request: our summed continuation log-probs equal EV's."""
+    ours = {(s.doc_id, s.cont_id): s.logprob for s in scored}
+    theirs = {(d, c): v for d, c, v in metric.loglikelihoods}
+    assert ours.keys() == theirs.keys()
+    for k in ours:
+        np.testing.assert_allclose(ours[k], theirs[k], rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("metric_type", ["acc", "len_norm", "bpb"])
 def test_rc_requests_equal_ev_on_transformers(models, metric_type):
     ev_tasks, ev_metrics = ev_modules()
@@ -70,11 +79,7 @@ def test_rc_requests_equal_ev_on_transformers(models, metric_type):
     assert any(len(i.query) == ctx_len for i in instances)
     scored = score_instances(Scorer(cfg, softmax_vocab=cfg.vocab_size), params, instances, batch_size=3)
     if metric_type == "acc":  # EV keeps the raw sum for acc: compare request by request
-        ours = {(s.doc_id, s.cont_id): s.logprob for s in scored}
-        theirs = {(d, c): v for d, c, v in metric.loglikelihoods}
-        assert ours.keys() == theirs.keys()
-        for k in ours:
-            np.testing.assert_allclose(ours[k], theirs[k], rtol=2e-5, atol=2e-5)
+        _assert_loglikelihoods_equal(scored, metric)
     got = compute_metrics(scored, mt)
     assert got.keys() == ref.keys()
     for k in ref:
@@ -92,11 +97,7 @@ def test_fast_mc_equals_ev_on_transformers(models):
     instances = to_fast_mc(instances, "t")
     assert len(instances) == 5 and all(len(i.choices) == 3 for i in instances)
     scored = score_instances(Scorer(cfg, softmax_vocab=cfg.vocab_size), params, instances, batch_size=2)
-    ours = {(s.doc_id, s.cont_id): s.logprob for s in scored}
-    theirs = {(d, c): v for d, c, v in metric.loglikelihoods}
-    assert ours.keys() == theirs.keys()
-    for k in ours:
-        np.testing.assert_allclose(ours[k], theirs[k], rtol=2e-5, atol=2e-5)
+    _assert_loglikelihoods_equal(scored, metric)
     got = compute_metrics(scored, mt)
     for k in ref:
         np.testing.assert_allclose(got[k], ref[k], rtol=2e-5, atol=2e-6, err_msg=k)

@@ -21,7 +21,6 @@ import csv
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -29,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from olmax.config import OlmaxError
+from olmax.data.token_files import write_bytes_atomic
 
 
 @dataclass
@@ -180,15 +180,7 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, overwrite: bool = Fals
     p = Path(path)
     if p.exists() and not overwrite:
         raise OlmaxError(f"{p} already exists (remove it or pass --force)")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(p, data)
     return p
 
 

@@ -287,11 +287,9 @@ def format_report(r: dict[str, Any]) -> str:
 
 def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
     """Atomic write (temp file + rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, p)
+    from olmax.data.token_files import write_bytes_atomic
+
+    write_bytes_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
 
 
 __all__ = ["run_parity", "position_metrics", "format_report", "write_json", "seeded_tokens",

@@ -126,8 +126,7 @@ def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
 def count_params(params_or_cfg: Params | ModelConfig) -> int:
     if isinstance(params_or_cfg, ModelConfig):
         params_or_cfg = abstract_params(params_or_cfg)
-    return int(sum(int(jnp.size(x)) if not hasattr(x, "size") else int(x.size)
-                   for x in jax.tree.leaves(params_or_cfg)))
+    return int(sum(x.size for x in jax.tree.leaves(params_or_cfg)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,12 +220,11 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, *,
     stacked = jax.tree.map(lambda x: x.reshape(groups, period, *x.shape[1:]), params["layers"])
 
     layer_fns = []
-    for j, window in enumerate(cfg.window_pattern):
+    for window in cfg.window_pattern:
         sin, cos = (sin_g, cos_g) if window is None else (sin_l, cos_l)
         fn = partial(_layer, cfg=cfg, window=window, sin=sin, cos=cos, attn_impl=attn_impl)
-        policy = REMAT_POLICIES[remat]
         if remat != "none":
-            fn = jax.checkpoint(fn, policy=policy)
+            fn = jax.checkpoint(fn, policy=REMAT_POLICIES[remat])
         layer_fns.append(fn)
 
     def group(h, gp):

@@ -48,6 +48,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from olmax.config import CheckpointConfig, OlmaxError
+from olmax.data.token_files import write_bytes_atomic
 
 FORMAT_VERSION = 1
 ARRAY_ITEMS = ("params", "opt_state")
@@ -383,10 +384,7 @@ def rewind_jsonl(path: str | os.PathLike, step: int) -> int:
             continue
         keep.append(line)
     if dropped:
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write("".join(line + "\n" for line in keep))
-        os.replace(tmp, p)
+        write_bytes_atomic(p, "".join(line + "\n" for line in keep).encode())
     return dropped
 
 

@@ -28,7 +28,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from olmax.config import OlmaxError, RunConfig, to_dict
+from olmax.data.token_files import write_bytes_atomic
 
 
 def batch_hash(tokens: np.ndarray) -> str:
@@ -58,11 +58,7 @@ def _git_revision() -> str | None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, text.encode())
 
 
 class NonFiniteLossError(OlmaxError):
