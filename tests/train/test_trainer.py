@@ -95,3 +95,32 @@ def test_a_data_override_replaces_the_recipes_data_source(tmp_path):
             cfg.train.global_batch_size) == (3, 5, 1e-3, 64, 4)
     assert cfg.model.d_model == 12 and cfg.init.hf_dir == "/some/hf"
     assert load_recipe("olmo3_tiny").data.embedded is True
+
+
+def test_resume_hides_the_interrupted_runs_tensorboard_steps(token_files, tmp_path):
+    """TensorBoard (its own reader, orphan purging on) shows each step once, with the values of
+    the run that resumed, as metrics.jsonl does."""
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    paths, recipe = token_files
+    run_dir = tmp_path / "run"
+    common = [str(recipe), "--run-dir", str(run_dir), "checkpoint.interval=2", "--quiet"]
+    assert main(["train", *common, "train.max_steps=5", "optim.lr=0.5"]) == 0
+    orphaned_lr = _records(run_dir)[-1]["lr"]
+    # as if killed after logging step 5 but before its checkpoint committed: resume from step 4,
+    # with another learning rate so that re-logged steps differ from the orphaned ones
+    shutil.rmtree(run_dir / "checkpoints" / "5")
+    assert main(["train", *common, "train.max_steps=7", "optim.lr=0.01"]) == 0
+    recs = {r["step"]: r for r in _records(run_dir) if "loss" in r}
+    assert sorted(recs) == list(range(1, 8))
+
+    acc = EventAccumulator(str(run_dir / "tb"), purge_orphaned_data=True)
+    acc.Reload()
+    for key in ("train/loss", "train/lr"):
+        events = acc.Scalars(key)
+        assert [e.step for e in events] == list(range(1, 8)), key
+        want = [recs[s][key.split("/")[1]] for s in range(1, 8)]
+        np.testing.assert_allclose([e.value for e in events], want, rtol=1e-6)
+    assert recs[5]["lr"] != orphaned_lr  # step 5 was re-logged with other values

@@ -1,8 +1,11 @@
 """Run-directory logging: ``metrics.jsonl`` (one JSON object per line), TensorBoard, optional W&B.
 
 Only process 0 writes. ``metrics.jsonl`` lines are written whole and flushed, so a killed run leaves
-at most one torn last line (which a resume drops). TensorBoard events go to ``RUN_DIR/tb``; W&B (if
-``logging.wandb`` and the package is installed) runs offline unless ``WANDB_MODE`` says otherwise.
+at most one torn last line (which a resume drops). TensorBoard events go to ``RUN_DIR/tb``: a resumed
+run starts its event file with a purge marker at its first step (``purge_step``), so TensorBoard hides
+what the interrupted run had logged from that step on and each step shows once, as in
+``metrics.jsonl``. W&B (if ``logging.wandb`` and the package is installed) runs offline unless
+``WANDB_MODE`` says otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def _jsonable(v: Any) -> Any:
 
 class MetricsLogger:
     def __init__(self, run_dir: str | Path, cfg: LoggingConfig, *, enabled: bool = True,
-                 run_config: Mapping[str, Any] | None = None, filename: str = "metrics.jsonl") -> None:
+                 run_config: Mapping[str, Any] | None = None, filename: str = "metrics.jsonl",
+                 purge_step: int | None = None) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / filename
         self._file = None
@@ -39,7 +43,10 @@ class MetricsLogger:
         if cfg.tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(logdir=str(Path(run_dir) / "tb"))
+            tb_dir = Path(run_dir) / "tb"
+            # Events of an earlier attempt at steps >= purge_step are orphans of an interruption.
+            purge = purge_step if purge_step is not None and tb_dir.is_dir() else None
+            self._tb = SummaryWriter(logdir=str(tb_dir), purge_step=purge)
         if cfg.wandb:
             try:
                 import wandb  # type: ignore[import-not-found]

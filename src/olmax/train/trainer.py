@@ -245,7 +245,7 @@ class Trainer:
 
             rewind_jsonl(self.run_dir / "metrics.jsonl", 0)   # a restart from scratch
         self.logger = MetricsLogger(self.run_dir, self.cfg.logging, enabled=self.is_main,
-                                    run_config=to_dict(self.cfg))
+                                    run_config=to_dict(self.cfg), purge_step=start + 1)
         self._say(f"olmax train: {self.model_cfg.num_params() / 1e6:.1f}M params, mesh "
                   f"{dict(self.mesh.shape)}, batch {t.global_batch_size}x{t.seq_len}, "
                   f"{self.n_micro} micro-batch(es), steps {start + 1}..{t.max_steps}, "
