@@ -1,7 +1,8 @@
 """``olmax train`` on 2 jax.distributed processes x 4 CPU devices (localhost, gloo) vs 1 x 8.
 
-Same batch hashes and losses; only process 0 writes metrics; checkpoints written by 2 processes
-resume in 1 process and vice versa, continuing the reference run.
+Same batch hashes and losses, and the same in-loop evaluation (held-out perplexity, OLMES tasks) at
+the end; only process 0 writes metrics; checkpoints written by 2 processes resume in 1 process and
+vice versa, continuing the reference run.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import STEPS
-from trainrun import checkpoint_steps, metrics, series, train, train_multiprocess
+from trainrun import checkpoint_steps, eval_metrics, metrics, series, train, train_multiprocess
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +31,11 @@ def test_two_processes_match_one(reference_run, tmp_path):
     train_multiprocess(d, [f"train.max_steps={STEPS}", "checkpoint.interval=4"])
     diffs = check_against(reference_run, d)
     print("2x4 vs 1x8 loss differences:", diffs)
+    ref_eval, got_eval = eval_metrics(reference_run), eval_metrics(d)
+    assert any("/PPL" in k for k in ref_eval) and any("downstream" in k for k in ref_eval), ref_eval
+    assert got_eval.keys() == ref_eval.keys()
+    for k in ref_eval:
+        np.testing.assert_allclose(got_eval[k], ref_eval[k], rtol=1e-4, atol=0, err_msg=k)
     shards = {p.name for p in (d / "checkpoints" / str(STEPS) / "params").iterdir()}
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards  # every process wrote its shards
 

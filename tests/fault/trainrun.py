@@ -108,6 +108,15 @@ def metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
+def eval_metrics(run_dir: Path) -> dict[str, float]:
+    """The in-loop evaluation's numbers (``eval/...`` keys, timing left out) of the run's records."""
+    out = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out.update({k: v for k, v in rec.items() if k.startswith("eval/") and k != "eval/seconds"})
+    return out
+
+
 def series(run_dir: Path, key: str) -> dict[int, object]:
     return {r["step"]: r[key] for r in metrics(run_dir)}
 
