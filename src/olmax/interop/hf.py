@@ -476,15 +476,14 @@ def _write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     serialize_file(specs, str(path), metadata={"format": "pt"})
 
 
-def write_hf_dir(out_dir: Path, params: Mapping[str, Any], cfg: ModelConfig, *, dtype: str,
-                 base_config: Mapping[str, Any] | None = None,
-                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
-    """Write config.json and safetensors (sharded with an index when over ``max_shard_bytes``)
-    into the existing directory ``out_dir``; at most one shard is in memory at a time."""
-    itemsize = dtype_of(dtype).itemsize
+def plan_shards(shapes: Mapping[str, tuple[int, ...]], itemsize: int,
+                max_shard_bytes: int) -> dict[str, str]:
+    """Tensor name -> safetensors file name: tensors in order, a new shard whenever the next one
+    would pass ``max_shard_bytes`` (HF's ``model-0000k-of-0000n.safetensors`` names; one
+    ``model.safetensors`` when everything fits)."""
     shards: list[list[str]] = [[]]
     used = 0
-    for name, shape in hf_tensor_shapes(cfg).items():
+    for name, shape in shapes.items():
         nbytes = math.prod(shape) * itemsize
         if shards[-1] and used + nbytes > max_shard_bytes:
             shards.append([])
@@ -494,7 +493,17 @@ def write_hf_dir(out_dir: Path, params: Mapping[str, Any], cfg: ModelConfig, *, 
     n = len(shards)
     fnames = [SINGLE_FILE] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors"
                                           for k in range(n)]
-    shard_of = {name: fnames[k] for k, names in enumerate(shards) for name in names}
+    return {name: fnames[k] for k, names in enumerate(shards) for name in names}
+
+
+def write_hf_dir(out_dir: Path, params: Mapping[str, Any], cfg: ModelConfig, *, dtype: str,
+                 base_config: Mapping[str, Any] | None = None,
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+    """Write config.json and safetensors (sharded with an index when over ``max_shard_bytes``)
+    into the existing directory ``out_dir``; at most one shard is in memory at a time."""
+    shard_of = plan_shards(hf_tensor_shapes(cfg), dtype_of(dtype).itemsize, max_shard_bytes)
+    fnames = list(dict.fromkeys(shard_of.values()))
+    n = len(fnames)
     pending: dict[str, np.ndarray] = {}
     current = fnames[0]
     total = 0
