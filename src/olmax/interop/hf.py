@@ -26,9 +26,12 @@ per layer into the stacked olmax pytree (HF linear weights are [out, in], olmax 
 
 The HF vocabulary (``vocab_size`` rows, e.g. dolma2's 100278) is padded to a multiple of 128
 (OLMo-core's ``padded_vocab_size``, 100352) on import and cut back on export. Import reads one
-tensor at a time into preallocated stacked arrays, export writes one shard at a time, so
-neither needs twice the model in memory. Import then export reproduces every tensor bit for
-bit (export defaults to the imported file's dtype). Outputs are written atomically.
+tensor at a time into preallocated stacked arrays (about 1x the model in the target dtype plus
+one tensor); the Orbax save that follows keeps a host copy of what it is writing, so the import's
+peak is about 2x the model (measured by ``benchmarks/convert_scale.py``). Export restores the
+model and writes one shard at a time (about 1x the model plus one shard). Import then export
+reproduces every tensor bit for bit (export defaults to the imported file's dtype). Outputs are
+written atomically.
 """
 
 from __future__ import annotations
