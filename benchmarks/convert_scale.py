@@ -52,12 +52,12 @@ def write_synthetic_hf(out: Path, preset: str, shard_bytes: int) -> tuple[int, i
     weight_map = hf.plan_shards(shapes, 2, shard_bytes)
     total = 0
     for fname in dict.fromkeys(weight_map.values()):
-        tensors = {name: synthetic(name, shapes[name]) for name, f in weight_map.items() if f == fname}
-        hf._write_safetensors(out / fname, tensors)
-        nbytes = sum(t.nbytes for t in tensors.values())
+        layout = [(name, shapes[name], np.dtype(ml_dtypes.bfloat16))
+                  for name, f in weight_map.items() if f == fname]
+        nbytes = hf._write_safetensors(out / fname, layout,
+                                       ((name, synthetic(name, shape)) for name, shape, _ in layout))
         total += nbytes
         print(f"  wrote {fname} ({nbytes / 1e9:.2f} GB)", file=sys.stderr, flush=True)
-        del tensors
     if len(set(weight_map.values())) > 1:
         (out / hf.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
                                                       "weight_map": weight_map}, indent=2))

@@ -145,11 +145,11 @@ def test_export_failure_leaves_nothing(tmp_path, hf_dir, monkeypatch):
     hfio.convert_hf_to_olmax(hf_dir, ckpt)
     calls = []
 
-    def flaky(path, tensors):
+    def flaky(path, *args):
         calls.append(path)
         if len(calls) == 2:
             raise OlmaxError("disk full")
-        return real(path, tensors)
+        return real(path, *args)
 
     real = hfio._write_safetensors
     monkeypatch.setattr(hfio, "_write_safetensors", flaky)

@@ -99,8 +99,8 @@ def test_bf16_storage_round_trip_and_explicit_dtype(tmp_path):
 
 
 def test_import_and_export_stream_tensor_by_tensor(tmp_path):
-    """Peak host allocations: import ~ the params once, export ~ one shard (numpy allocations
-    are visible to tracemalloc)."""
+    """Peak host allocations: import ~ the params once, export ~ one tensor whatever the shard
+    size (numpy allocations are visible to tracemalloc)."""
     src = tmp_path / "hf"
     make_hf_model(src, hidden=256, inter=1024, layers=4, heads=4, kv_heads=4, vocab=1000,
                   dtype="bfloat16")
@@ -112,14 +112,14 @@ def test_import_and_export_stream_tensor_by_tensor(tmp_path):
         tracemalloc.reset_peak()
         base, _ = tracemalloc.get_traced_memory()
         (tmp_path / "out").mkdir()
-        shard = 2**20
+        shard = 2**30  # one file: the whole model
         hfio.write_hf_dir(tmp_path / "out", params, cfg, dtype="bfloat16", max_shard_bytes=shard)
         _, peak_export = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     largest = max(int(np.prod(s)) for s in hfio.hf_tensor_shapes(cfg).values()) * 4
     assert peak_import < params_bytes + 2 * largest
-    assert peak_export - base < shard + 3 * largest
+    assert peak_export - base < 3 * largest
     _assert_bit_exact(src, tmp_path / "out")
 
 

@@ -29,7 +29,7 @@ The HF vocabulary (``vocab_size`` rows, e.g. dolma2's 100278) is padded to a mul
 tensor at a time into preallocated stacked arrays (about 1x the model in the target dtype plus
 one tensor); the Orbax save that follows keeps a host copy of what it is writing, so the import's
 peak is about 2x the model (measured by ``benchmarks/convert_scale.py``). Export restores the
-model and writes one shard at a time (about 1x the model plus one shard). Import then export
+model and streams tensor by tensor into the shard files (about 1x the model plus one tensor). Import then export
 reproduces every tensor bit for bit (export defaults to the imported file's dtype). Outputs are
 written atomically.
 """
@@ -41,7 +41,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -471,12 +471,38 @@ def iter_hf_tensors(params: Mapping[str, Any], cfg: ModelConfig, dtype: str
             yield name, out(w.T if transposed else w)
 
 
-def _write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    from safetensors import TensorSpec, serialize_file
+_SAFETENSORS_NAMES = {dt.name: code for code, dt in _SAFETENSORS_DTYPES.items()}
 
-    specs = {n: TensorSpec(dtype=a.dtype.name, shape=list(a.shape), data_ptr=a.ctypes.data,
-                           data_len=a.nbytes) for n, a in tensors.items()}
-    serialize_file(specs, str(path), metadata={"format": "pt"})
+
+def _write_safetensors(path: Path, layout: list[tuple[str, tuple[int, ...], np.dtype]],
+                       arrays: Iterable[tuple[str, np.ndarray]]) -> int:
+    """Write one safetensors file tensor by tensor: the header (from ``layout``: name, shape,
+    dtype in file order) first, then each array of ``arrays`` as it comes, so only one tensor is
+    in memory. Format: u64 little-endian header length, the JSON header (``data_offsets`` relative
+    to the data section, padded with spaces to 8 bytes), the tensors' bytes back to back.
+    Returns the data bytes written."""
+    import struct
+
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, dt in layout:
+        nbytes = math.prod(shape) * dt.itemsize
+        header[name] = {"dtype": _SAFETENSORS_NAMES[dt.name], "shape": list(shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        it = iter(arrays)
+        for name, shape, dt in layout:
+            got_name, a = next(it)
+            if got_name != name or tuple(a.shape) != tuple(shape) or a.dtype != dt:
+                raise ValueError(f"{path}: expected {name} {shape} {dt}, got {got_name} "
+                                 f"{a.shape} {a.dtype}")
+            f.write(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+    return offset
 
 
 def plan_shards(shapes: Mapping[str, tuple[int, ...]], itemsize: int,
@@ -503,20 +529,17 @@ def write_hf_dir(out_dir: Path, params: Mapping[str, Any], cfg: ModelConfig, *, 
                  base_config: Mapping[str, Any] | None = None,
                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
     """Write config.json and safetensors (sharded with an index when over ``max_shard_bytes``)
-    into the existing directory ``out_dir``; at most one shard is in memory at a time."""
-    shard_of = plan_shards(hf_tensor_shapes(cfg), dtype_of(dtype).itemsize, max_shard_bytes)
+    into the existing directory ``out_dir``, streaming: one tensor is in memory at a time."""
+    target = dtype_of(dtype)
+    shapes = hf_tensor_shapes(cfg)
+    shard_of = plan_shards(shapes, target.itemsize, max_shard_bytes)
     fnames = list(dict.fromkeys(shard_of.values()))
     n = len(fnames)
-    pending: dict[str, np.ndarray] = {}
-    current = fnames[0]
+    tensors = iter_hf_tensors(params, cfg, dtype)   # in the order of ``shapes``, like the shards
     total = 0
-    for name, arr in iter_hf_tensors(params, cfg, dtype):
-        if shard_of[name] != current:
-            _write_safetensors(out_dir / current, pending)
-            pending, current = {}, shard_of[name]
-        pending[name] = arr
-        total += arr.nbytes
-    _write_safetensors(out_dir / current, pending)
+    for fname in fnames:
+        layout = [(name, shape, target) for name, shape in shapes.items() if shard_of[name] == fname]
+        total += _write_safetensors(out_dir / fname, layout, (next(tensors) for _ in layout))
     if n > 1:
         index = {"metadata": {"total_size": total}, "weight_map": shard_of}
         (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
