@@ -27,6 +27,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+from cpu_side_by_side import write_json
 
 WRAPPER = ("import resource, sys\nfrom olmax.cli import main\nrc = main(sys.argv[1:])\n"
            "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)\n"
@@ -129,10 +130,7 @@ def main() -> int:
           f"{result['export']['peak_rss_bytes'] / gb:.2f} GB\n"
           f"  round trip bit-exact: {result['round_trip_bit_exact']} "
           f"({len(result['tensors_mismatched'])} of {n_tensors} tensors differ)")
-    if a.json_out:
-        tmp = Path(a.json_out).with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        tmp.replace(a.json_out)
+    write_json(a.json_out, result)
     return 0 if result["round_trip_bit_exact"] else 1
 
 

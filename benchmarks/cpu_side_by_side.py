@@ -25,7 +25,6 @@ import statistics
 import sys
 import time
 from importlib.metadata import version
-from pathlib import Path
 
 D_MODEL, N_HEADS, MLP, N_LAYERS, VOCAB = 768, 12, 3072, 4, 100352
 
@@ -213,13 +212,10 @@ def main() -> int:
 def write_json(path: str | None, data: dict) -> None:
     """Atomic JSON write (temp + rename); the side-by-side rewrites it after every round so that a
     killed run leaves its completed rounds."""
-    if not path:
-        return
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, out)
+    if path:
+        from olmax.data.token_files import write_bytes_atomic
+
+        write_bytes_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 if __name__ == "__main__":

@@ -20,13 +20,13 @@ every worker, baseline included (e.g. a forced host device count).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from cpu_side_by_side import write_json
 
 # Candidates worth measuring; none is assumed to help.
 CPU_VARIANTS = {
@@ -113,13 +113,6 @@ def default_platform() -> str:
     return "gpu" if Path("/dev/nvidia0").exists() else "cpu"
 
 
-def write_json(path: str | None, data: dict) -> None:
-    if path:
-        tmp = Path(path).with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(path)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -184,7 +177,7 @@ def main() -> int:
         write_json(a.json_out, result)
     base.close()
 
-    print(f"\n| variant | XLA flags | compile s | step s (median) | speed-up vs baseline | losses |")
+    print("\n| variant | XLA flags | compile s | step s (median) | speed-up vs baseline | losses |")
     print("|---|---|---|---|---|---|")
     print(f"| baseline | (none) | {base.compile_s:.1f} | {statistics.median(base.times[a.warmup:]):.3f} | 1.000x | - |")
     for r in rows:

@@ -93,26 +93,29 @@ def train_multiprocess(run_dir: Path, overrides: list[str], processes: int = 2,
     return [log.read_text() for log in logs]
 
 
-def metrics(run_dir: Path) -> list[dict]:
+def records(run_dir: Path) -> list[dict]:
+    """Every complete line of the run's metrics.jsonl (steps and evaluations)."""
     p = Path(run_dir) / "metrics.jsonl"
     if not p.is_file():
         return []
     rows = []
     for line in p.read_text().splitlines():
         try:
-            rec = json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError:  # a line being written right now
             continue
-        if "loss" in rec:
-            rows.append(rec)
     return rows
 
 
+def metrics(run_dir: Path) -> list[dict]:
+    """The per-step training records."""
+    return [r for r in records(run_dir) if "loss" in r]
+
+
 def eval_metrics(run_dir: Path) -> dict[str, float]:
-    """The in-loop evaluation's numbers (``eval/...`` keys, timing left out) of the run's records."""
+    """The in-loop evaluation's numbers (``eval/...`` keys, timing left out), latest per key."""
     out = {}
-    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
+    for rec in records(run_dir):
         out.update({k: v for k, v in rec.items() if k.startswith("eval/") and k != "eval/seconds"})
     return out
 

@@ -40,6 +40,7 @@ import dataclasses
 import json
 import math
 import os
+import struct
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -481,8 +482,6 @@ def _write_safetensors(path: Path, layout: list[tuple[str, tuple[int, ...], np.d
     in memory. Format: u64 little-endian header length, the JSON header (``data_offsets`` relative
     to the data section, padded with spaces to 8 bytes), the tensors' bytes back to back.
     Returns the data bytes written."""
-    import struct
-
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape, dt in layout:
