@@ -32,9 +32,24 @@ from jax.ad_checkpoint import checkpoint_name
 
 from olmax.config import ModelConfig
 from olmax.model.attention import attention
+from olmax.model.logical import constrain
 from olmax.model.rope import apply_rope, rope_tables
 
 Params = dict[str, Any]
+
+# Logical axes of the activations (see ``olmax.model.logical``): the batch stays split over the
+# data-parallel devices everywhere, heads / MLP / vocabulary follow the ``tensor`` axis.
+HIDDEN = ("batch", "seq", "act_embed")
+Q_HEADS = ("batch", "seq", "act_heads", "head_dim")
+KV_HEADS = ("batch", "seq", "act_kv_heads", "head_dim")
+MLP = ("batch", "seq", "act_mlp")
+LOGITS = ("batch", "seq", "act_vocab")
+# The embedding and LM-head weights where they are used: whole along the model dimension (FSDP
+# gathers them, as it gathers every weight) and split along the vocabulary only by ``tensor``. The
+# lookup then runs on each device's own rows; leaving the choice to the partitioner can gather the
+# token ids of the whole global batch instead (or replicate the activations under tensor parallelism).
+EMBED_TABLE = ("vocab", "act_embed")
+HEAD_WEIGHT = ("act_embed", "act_vocab")
 
 # ----------------------------------------------------------------------------------------------
 # Parameters: shapes, logical axes, initialisation
@@ -163,26 +178,29 @@ def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | 
     if cfg.qk_norm == "full":
         q = rms_norm(q, p["q_norm"], cfg.norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
-    q = q.reshape(b, t, cfg.n_heads, cfg.head_dim)
-    k = k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
-    v = v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+    q = constrain(q.reshape(b, t, cfg.n_heads, cfg.head_dim), Q_HEADS)
+    k = constrain(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), KV_HEADS)
+    v = constrain(v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), KV_HEADS)
     if cfg.qk_norm == "head":
         q = rms_norm(q, p["q_norm"], cfg.norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
-    q = apply_rope(q, sin, cos)
-    k = apply_rope(k, sin, cos)
-    o = attention(q, k, v, window, cfg.head_dim ** -0.5, impl=attn_impl)
-    return dense(o.reshape(b, t, cfg.q_dim), p["o_proj"])
+    q = constrain(apply_rope(q, sin, cos), Q_HEADS)
+    k = constrain(apply_rope(k, sin, cos), KV_HEADS)
+    o = constrain(attention(q, k, v, window, cfg.head_dim ** -0.5, impl=attn_impl), Q_HEADS)
+    return constrain(dense(o.reshape(b, t, cfg.q_dim), p["o_proj"]), HIDDEN)
 
 
 def _mlp_block(p: Params, x: jnp.ndarray) -> jnp.ndarray:
-    return dense(jax.nn.silu(dense(x, p["gate_proj"])) * dense(x, p["up_proj"]), p["down_proj"])
+    gate = constrain(dense(x, p["gate_proj"]), MLP)
+    up = constrain(dense(x, p["up_proj"]), MLP)
+    return constrain(dense(jax.nn.silu(gate) * up, p["down_proj"]), HIDDEN)
 
 
 def _layer(p: Params, h: jnp.ndarray, cfg: ModelConfig, window: int | None, sin, cos,
            attn_impl: str) -> jnp.ndarray:
     eps = cfg.norm_eps
     name = checkpoint_name
+    h = constrain(h, HIDDEN)
     if cfg.block_type == "reordered_norm":
         a = name(_attention_block(p, h, cfg, window, sin, cos, attn_impl), "attn_out")
         h = h + rms_norm(a, p["attn_norm"], eps)
@@ -214,7 +232,7 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, *,
                                else cfg.rope_scaling)
     sin_g, cos_g = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
-    h = jnp.take(params["embed"], tokens, axis=0)
+    h = constrain(jnp.take(constrain(params["embed"], EMBED_TABLE), tokens, axis=0), HIDDEN)
     period = len(cfg.window_pattern)
     groups = cfg.n_layers // period
     stacked = jax.tree.map(lambda x: x.reshape(groups, period, *x.shape[1:]), params["layers"])
@@ -233,17 +251,18 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, *,
         return h, None
 
     h, _ = jax.lax.scan(group, h, stacked)
-    return rms_norm(h, params["final_norm"], cfg.norm_eps)
+    return constrain(rms_norm(h, params["final_norm"], cfg.norm_eps), HIDDEN)
 
 
 def lm_head_weight(params: Params, cfg: ModelConfig) -> jnp.ndarray:
     """[D, padded_vocab] output projection (the transposed embedding when tied)."""
-    return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return constrain(params["embed"].T if cfg.tie_embeddings else params["lm_head"], HEAD_WEIGHT)
 
 
 def logits_from_hidden(h: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
     """fp32 logits: the head matmul accumulates in fp32 and is not rounded to the compute dtype."""
-    return jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    logits = jnp.einsum("...d,dv->...v", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    return constrain(logits, LOGITS) if logits.ndim == 3 else logits
 
 
 def forward(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, *, compute_dtype=jnp.float32,

@@ -5,6 +5,8 @@ The model names every parameter dimension (``olmax.model.olmo3.param_axes``: ``v
 mesh axes. FSDP is the default: the ``embed`` dimension of every matrix is sharded over ``fsdp``;
 ``tensor`` shards heads, MLP and vocabulary. A mesh axis is dropped from a dimension it does not
 divide (that dimension is then replicated over it) and never used twice in one array.
+Activations are placed by the same table (``act_*`` names, :func:`activation_constrainer`): rows
+over ``data x fsdp``, heads / MLP / vocabulary over ``tensor``, the model dimension whole.
 Optimizer moments are sharded exactly like the parameters they belong to.
 """
 
@@ -29,6 +31,12 @@ RULES: Mapping[str, tuple[str, ...]] = {
     "norm": (),
     "head_dim": (),
     "seq": (),
+    # activations (``olmax.model.logical``): the model dimension is never split between devices
+    "act_embed": (),
+    "act_heads": ("tensor",),
+    "act_kv_heads": ("tensor",),
+    "act_mlp": ("tensor",),
+    "act_vocab": ("tensor",),
 }
 
 
@@ -57,6 +65,18 @@ def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, tuple[str,
     is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
     return jax.tree.map(lambda shape, axes: NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules)),
                         param_shapes(cfg), param_axes(cfg), is_leaf=is_shape)
+
+
+def activation_constrainer(mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RULES):
+    """The function :func:`olmax.model.logical.activation_sharding` takes: logical activation axes
+    -> ``with_sharding_constraint`` on ``mesh`` (a mesh axis that does not divide a dimension is
+    dropped from it, as for parameters)."""
+
+    def constrain(x: jax.Array, axes: tuple) -> jax.Array:
+        spec = logical_to_spec(axes, x.shape, mesh, rules)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return constrain
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:

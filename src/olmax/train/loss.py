@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from olmax.config import ModelConfig
-from olmax.model.olmo3 import hidden_states, lm_head_weight, logits_from_hidden
+from olmax.model.logical import constrain
+from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, logits_from_hidden
 
 IGNORE_INDEX = -100
 
@@ -82,7 +83,7 @@ def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multip
 
     @jax.checkpoint
     def chunk(h_i, l_i):
-        logits = logits_from_hidden(h_i, w)            # fp32 [B, c, V]
+        logits = logits_from_hidden(constrain(h_i, HIDDEN), w)   # fp32 [B, c, V]
         lse = jax.nn.logsumexp(logits, axis=-1)
         scored = l_i != IGNORE_INDEX
         target = jnp.take_along_axis(logits, jnp.where(scored, l_i, 0)[..., None], axis=-1)[..., 0]

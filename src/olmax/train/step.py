@@ -19,6 +19,7 @@ import optax
 from jax.sharding import Mesh
 
 from olmax.config import ConfigError, ModelConfig, TrainConfig
+from olmax.model.logical import activation_sharding
 from olmax.train.loss import loss_and_sums, loss_denominator, make_labels
 from olmax.train.optim import last_step_info
 from olmax.train.state import TrainState
@@ -61,7 +62,16 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
         from olmax.parallel.sharding import batch_sharding
         return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
 
+    constrainer = None
+    if mesh is not None:
+        from olmax.parallel.sharding import activation_constrainer
+        constrainer = activation_constrainer(mesh)
+
     def step(state: TrainState, batch: dict, lr: jax.Array):
+        with activation_sharding(constrainer):
+            return _step(state, batch, lr)
+
+    def _step(state: TrainState, batch: dict, lr: jax.Array):
         tokens = batch["tokens"].astype(jnp.int32)
         instance_mask = batch.get("instance_mask")
         if instance_mask is None:

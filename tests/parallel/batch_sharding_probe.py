@@ -1,0 +1,94 @@
+"""Compile the real training step on 1 and on N devices at the same per-device batch and report,
+from the compiled programs, per-device temporaries and every array that carries the global batch.
+
+Run as a script (it prints one JSON object): ``python batch_sharding_probe.py PLATFORM MICRO IMPL...``
+where PLATFORM is ``cpu`` (8 host devices, ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)
+or a TPU topology name such as ``tpu7x:2x2x1`` (ahead-of-time compilation, needs libtpu); MICRO is
+the micro-batch size in sequences or ``none``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from olmax.config import ModelConfig, OptimConfig, TrainConfig
+from olmax.train.optim import build_optimizer
+from olmax.train.step import build_sharded_training
+
+# Every model dimension differs from the global batches used below (24 rows on 8 devices) and
+# from their products with the sequence length, so a dimension equal to one of them is a batch.
+MODEL = ModelConfig(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, mlp_hidden=160,
+                    vocab_size=1000, padded_vocab_size=1024, window_pattern=(32, 32, 32, None),
+                    max_seq_len=256)
+SEQ = 256
+PER_DEVICE = 3
+MESHES = {"fsdp": lambda n: (1, n, 1), "data_fsdp_tensor": lambda n: (2, n // 4, 2)}
+
+_ARRAY = re.compile(r"\b(pred|s8|s16|s32|s64|u8|u16|u32|u64|f16|bf16|f32|f64)\[([0-9,]*)\]")
+
+
+def arrays(hlo: str) -> list[tuple[str, tuple[int, ...]]]:
+    out = set()
+    for dtype, dims in _ARRAY.findall(hlo):
+        out.add((dtype, tuple(int(d) for d in dims.split(",")) if dims else ()))
+    return sorted(out)
+
+
+def compile_step(devices, mesh_shape, per_device: int, impl: str, micro: int | None):
+    mesh = Mesh(np.asarray(devices).reshape(mesh_shape), ("data", "fsdp", "tensor"),
+                axis_types=(AxisType.Auto,) * 3)
+    dp = mesh_shape[0] * mesh_shape[1]
+    b = per_device * dp
+    train = TrainConfig(seq_len=SEQ, global_batch_size=b, micro_batch_size=micro, max_steps=1,
+                        attn_impl=impl, remat="none")
+    st = build_sharded_training(MODEL, train, build_optimizer(OptimConfig()), mesh, jax.random.key(0))
+    batch = {"tokens": jax.ShapeDtypeStruct((b, SEQ), jnp.int32, sharding=st.batch_shardings["tokens"]),
+             "instance_mask": jax.ShapeDtypeStruct((b,), jnp.bool_,
+                                                   sharding=st.batch_shardings["instance_mask"])}
+    compiled = st.step_fn.lower(st.abstract_state, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    return b, compiled
+
+
+def probe(devices, impls, meshes=("fsdp",), micro: int | None = None) -> dict:
+    """Per implementation and mesh: temporaries on all devices vs on one device at the same
+    per-device batch, and the arrays of the partitioned program that carry the global batch."""
+    out = {}
+    for impl in impls:
+        _, single = compile_step(devices[:1], (1, 1, 1), PER_DEVICE, impl, micro)
+        for mesh_name in meshes:
+            shape = MESHES[mesh_name](len(devices))
+            b, many = compile_step(devices, shape, PER_DEVICE, impl, micro)
+            shapes = arrays(many.as_text())
+            out[f"{impl}/{mesh_name}"] = {
+                "global_batch": b,
+                "temp_many": many.memory_analysis().temp_size_in_bytes,
+                "temp_one": single.memory_analysis().temp_size_in_bytes,
+                "carrying_global_batch": [[dt, list(d)] for dt, d in shapes
+                                          if b in d or b * SEQ in d],
+                "per_device_batch_seen": any(PER_DEVICE in d for _, d in shapes),
+            }
+    return out
+
+
+def main() -> None:
+    platform, micro, impls = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if platform == "cpu":
+        devices = jax.devices()
+        meshes = ("fsdp", "data_fsdp_tensor")
+    else:
+        from jax.experimental import topologies
+
+        devices = topologies.get_topology_desc(platform="tpu", topology_name=platform).devices
+        meshes = ("fsdp",)
+    json.dump(probe(list(devices), impls, meshes, None if micro == "none" else int(micro)), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
