@@ -23,7 +23,7 @@ def document_spans(path: str, *, eos_token_id: int, dtype=np.uint32) -> np.ndarr
     ends = [np.flatnonzero(np.asarray(tokens[a: a + SCAN_TOKENS]) == eos_token_id).astype(np.int64)
             + a + 1 for a in range(0, len(tokens), SCAN_TOKENS)]
     ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
-    starts = np.concatenate(([0], ends[:-1])).astype(np.int64)
+    starts = np.concatenate(([0], ends[:-1]))[: len(ends)].astype(np.int64)
     return np.stack([starts, ends], axis=1)
 
 
