@@ -205,6 +205,11 @@ def test_heldout_and_overlap_read_remote_files(corpus, http, s3):
                      chunk_tokens=256)
     local_report = overlap([str(local / n) for n in names], {"src0": docs}, eos_token_id=EOS)
     assert report.to_dict() == local_report.to_dict() and report.sets[0].exact_documents > 0
+    # The command line: remote training files and a remote held-out set (part of them: overlap).
+    assert main(["data", "overlap", "--train", *[f"{http.url}/data/{n}" for n in names[:2]],
+                 "--eval", f"s3://{BUCKET}/mix/{names[0]}"]) == 1
+    assert main(["data", "overlap", "--train", *[f"{http.url}/data/{n}" for n in names[:2]],
+                 "--eval", f"s3://{BUCKET}/mix/{names[2]}"]) == 0
 
 
 def _fetch_cmd(*args):

@@ -153,8 +153,9 @@ class RemoteFiles:
                 if final is not None:
                     raise final from None
                 if attempt == ATTEMPTS:
-                    if isinstance(e, _ShortRead):
-                        raise OlmaxError(f"{url}: truncated: {e} (after {ATTEMPTS} attempts)") from None
+                    if isinstance(e, _ShortRead) or _past_end(e):
+                        raise OlmaxError(f"{url}: truncated: {_short(e)} (the file is shorter than "
+                                         f"its listed size; after {ATTEMPTS} attempts)") from None
                     raise OlmaxError(f"{url}: {what} failed after {ATTEMPTS} attempts: "
                                      f"{_short(e)}") from None
                 log.warning("%s: %s failed (attempt %d of %d, retrying in %.2f s): %s",
