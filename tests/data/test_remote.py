@@ -253,7 +253,7 @@ def test_killed_fetch_resumes_and_verifies(tmp_path, corpus):
         first = {p: min(int(r[6:].split("-")[0]) for m, q, r in srv.log if m == "GET" and q == p)
                  for p in big}
         assert sorted(first.values()) == sorted(done.values())   # resumed where each part ended
-        assert not list(out.glob("*.part"))
+        assert not list(out.glob("*.part")) and not list(out.glob("*.lock"))
         # A rerun finds everything present and transfers nothing.
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         assert json.loads(proc.stdout)["already_present"] == 2

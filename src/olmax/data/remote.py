@@ -333,7 +333,8 @@ def download(files: RemoteFiles, url: str, dest: str | os.PathLike, *,
         return 0
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    with open(dest.with_name(dest.name + ".lock"), "a") as lock:
+    lock_path = dest.with_name(dest.name + ".lock")
+    with open(lock_path, "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -371,6 +372,7 @@ def download(files: RemoteFiles, url: str, dest: str | os.PathLike, *,
         from olmax.data.token_files import publish_file  # token_files imports this module
 
         publish_file(str(part), dest)
+        lock_path.unlink(missing_ok=True)   # later copiers see the finished file first
     return fetched
 
 
