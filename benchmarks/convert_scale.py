@@ -9,8 +9,8 @@ tensor with the synthetic original, bit for bit.
     python benchmarks/convert_scale.py [--preset olmo3-7b] [--dtype bfloat16] [--work DIR]
         [--keep] [--json benchmarks/results/convert_7b.json]
 
-Needs about 3x the model's size on disk (HF in, olmax checkpoint, HF out) and, for the import,
-about 1x the model in memory at ``--dtype`` (7B: 14.6 GB in bf16, 29.2 GB in fp32).
+Needs about 3x the model's size on disk (HF in, olmax checkpoint, HF out); both conversions
+stream, so memory stays at a few chunks whatever the model size.
 """
 
 from __future__ import annotations

@@ -330,9 +330,9 @@ class SourceMixtureConfig:
 class DataConfig:
     """Training data: a realised file list (OLMo-core mix file or explicit paths)."""
 
-    paths: tuple[str, ...] = ()          # raw uint32 token files, in mix order
+    paths: tuple[str, ...] = ()          # raw uint32 token files, in mix order (paths or s3/gs/http(s) URLs)
     mix: str | None = None               # OLMo-core mix file (label,path lines with {TOKENIZER})
-    root: str | None = None              # where the mix's relative paths live
+    root: str | None = None              # where the mix's relative paths live (a folder or a URL)
     tokenizer: str = "dolma2"
     dtype: str = "uint32"
     epoch: int = 1                       # OLMo-core's trainer starts at epoch 1
@@ -346,7 +346,8 @@ class DataConfig:
     repetition_max_period: int = 13      # OLMo-core InstanceFilterConfig defaults
     repetition_min_period: int = 1
     repetition_max_count: int = 32
-    cache_dir: str | None = None         # index/embedded caches (None: $OLMAX_CACHE or ~/.cache/olmax)
+    cache_dir: str | None = None         # index/embedded caches (None: $OLMAX_CACHE or ~/.cache/olmax);
+    #                                      when set, also a read-through cache of remote token files
     mixture: SourceMixtureConfig | None = None  # run-time source mixture instead of paths/mix
     max_target_seq_len: int | None = None  # OLMo-core max_target_sequence_length (OLMo 3 scripts: 8192)
 

@@ -12,11 +12,22 @@ Training step dirs additionally hold ``opt_state/`` and a richer ``meta``; this 
 ``save_params`` is for single-process writers (conversion, export); training writes through its
 own orbax ``CheckpointManager``. Output directories are written atomically: a hidden temp dir next
 to the target is filled and then renamed; an existing non-empty target is refused.
+
+Streaming: a leaf may be a :class:`StreamedArray` (shape, dtype and a function that returns any
+block of it). Orbax then writes it through :class:`StreamedArrayHandler`, a numpy handler that
+opens the array with the chunk grid orbax chooses (stacked ``[n_layers, ...]`` leaves: one layer
+per chunk; others: chunks of at most ``STREAM_CHUNK_BYTES``) and writes it chunk by chunk, one
+chunk in memory at a time for the whole save. The stored arrays, their chunked zarr layout and
+the tree metadata (``np.ndarray`` leaves) are the ones orbax writes for numpy leaves, so
+:func:`load_params` restores them like any other checkpoint, sharded onto any mesh.
+:func:`stored_arrays` reads a checkpoint back slice by slice the same way (export).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import math
 import os
 import re
@@ -81,6 +92,93 @@ def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
 
 
 # ----------------------------------------------------------------------------------------------
+# Streamed leaves
+
+STREAM_CHUNK_BYTES = 256 << 20
+
+
+class StreamedArray:
+    """A checkpoint leaf that is never whole in memory: ``read(index)`` returns the numpy block of
+    the array at ``index`` (a tuple of slices, one per axis) in ``dtype``. ``stacked`` leaves
+    (``[n_layers, ...]``) are stored one layer per chunk."""
+
+    def __init__(self, shape, dtype, read, *, stacked: bool = False) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.stacked = stacked
+        self._read = read
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def read(self, index: tuple[slice, ...]) -> np.ndarray:
+        block = np.asarray(self._read(index))
+        want = tuple(len(range(*s.indices(n))) for s, n in zip(index, self.shape))
+        if block.shape != want or block.dtype != self.dtype:
+            raise ValueError(f"streamed block {index}: got {block.shape} {block.dtype}, "
+                             f"expected {want} {self.dtype}")
+        return block
+
+    def save_args(self):
+        import orbax.checkpoint as ocp
+
+        return ocp.SaveArgs(chunk_byte_size=STREAM_CHUNK_BYTES,
+                            shard_axes=(0,) if self.stacked and self.ndim > 1 else ())
+
+
+def chunk_blocks(shape: tuple[int, ...], chunk: tuple[int, ...]) -> Iterator[tuple[slice, ...]]:
+    """The blocks of a regular chunk grid over ``shape``, in C order."""
+    starts = [range(0, n, c) for n, c in zip(shape, chunk)]
+    for corner in itertools.product(*starts):
+        yield tuple(slice(a, min(a + c, n)) for a, c, n in zip(corner, chunk, shape))
+
+
+def _streamed_array_handler():
+    import orbax.checkpoint as ocp
+    import tensorstore as ts
+
+    class StreamedArrayHandler(ocp.type_handlers.NumpyHandler):
+        """Orbax's numpy handler, writing a :class:`StreamedArray` chunk by chunk. One lock per
+        event loop makes the leaves (which orbax writes concurrently) take turns, so one chunk
+        is in memory at a time."""
+
+        def __init__(self) -> None:
+            super().__init__(deepcopy_host_arrays=False)
+            self._locks: dict[int, asyncio.Lock] = {}
+
+        async def _open_and_write(self, value, tspec, ts_context) -> None:
+            t = await ts.open(ts.Spec(tspec), create=True, open=True, context=ts_context)
+            chunk = tuple(t.chunk_layout.write_chunk.shape)
+            lock = self._locks.setdefault(id(asyncio.get_running_loop()), asyncio.Lock())
+            for index in chunk_blocks(value.shape, chunk):
+                async with lock:
+                    block = value.read(index)
+                    await t[index].write(block)
+                    del block
+
+    return StreamedArrayHandler()
+
+
+def _streaming_registry():
+    """Orbax's default type handlers plus :class:`StreamedArray` (a registry of this save only)."""
+    import orbax.checkpoint as ocp
+
+    th = ocp.type_handlers
+    return th.create_type_handler_registry(
+        *[(t, th.get_type_handler(t)) for t in th.supported_types()],
+        (StreamedArray, _streamed_array_handler()))
+
+
+# ----------------------------------------------------------------------------------------------
 # Saving
 
 
@@ -98,7 +196,8 @@ def _checkpointer(restore_concurrent_gb: int | None = None):
 
 def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfig, *,
                 extra_meta: Mapping[str, Any] | None = None) -> Path:
-    """Write ``params`` (arrays in any dtype; numpy or jax) and the model config as a step dir.
+    """Write ``params`` (arrays in any dtype; numpy, jax or :class:`StreamedArray`) and the model
+    config as a step dir.
 
     ``extra_meta`` is merged into the meta JSON (it may not override ``model`` or
     ``format_version``). Atomic; refuses an existing non-empty ``directory``.
@@ -110,11 +209,20 @@ def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfi
         if key in meta:
             raise ValueError(f"extra_meta may not set '{key}'")
     meta.update(format_version=FORMAT_VERSION, model=to_dict(model_cfg))
+    streamed = any(isinstance(x, StreamedArray) for x in jax.tree.leaves(params))
+    if streamed:  # the general pytree handler (same on-disk format) takes registered leaf types
+        save_args = jax.tree.map(lambda x: x.save_args() if isinstance(x, StreamedArray)
+                                 else ocp.SaveArgs(), params)
+        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=_streaming_registry())
+        checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(
+            **{PARAMS_ITEM: handler, META_ITEM: ocp.JsonCheckpointHandler()}))
+        item = ocp.args.PyTreeSave(params, save_args=save_args)
+    else:
+        checkpointer, item = _checkpointer(), ocp.args.StandardSave(params)
     with atomic_output_dir(directory) as tmp:
-        _checkpointer().save(
-            tmp, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardSave(params),
-                                            META_ITEM: ocp.args.JsonSave(meta)}),
-            force=True)
+        checkpointer.save(tmp, args=ocp.args.Composite(**{PARAMS_ITEM: item,
+                                                          META_ITEM: ocp.args.JsonSave(meta)}),
+                          force=True)
     return Path(directory)
 
 
@@ -129,9 +237,9 @@ def _is_step_dir(p: Path) -> bool:
 def resolve_step_dir(path: str | os.PathLike) -> Path:
     """A step dir, a run dir (``<run>/checkpoints/``) or a ``checkpoints/`` dir -> the step dir
     (for the latter two: the highest-numbered complete step)."""
-    p = Path(path)
+    p = Path(path).absolute()   # orbax refuses relative paths
     if not p.exists():
-        raise OlmaxError(f"checkpoint not found: {p}")
+        raise OlmaxError(f"checkpoint not found: {path}")
     if _is_step_dir(p):
         return p
     root = p / "checkpoints" if (p / "checkpoints").is_dir() else p
@@ -187,18 +295,11 @@ def _dotted(keypath) -> str:
     return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keypath)
 
 
-def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None):
-    """Restore ``(params, ModelConfig)`` from a step dir, a run dir or a ``checkpoints/`` dir.
-
-    ``dtype``: cast every array on restore (None keeps the stored dtype). ``shardings``: a pytree
-    of ``jax.sharding.Sharding`` matching the params (restore onto any device layout); None puts
-    everything on the default device. The stored tree must match the config's parameter shapes.
-    """
-    import orbax.checkpoint as ocp
-
+def _checked_config(step: Path) -> tuple[ModelConfig, dict]:
+    """The step's ModelConfig and stored {name: (shape, dtype)}, the stored tree checked against
+    the config's parameter shapes."""
     from olmax.model.olmo3 import param_shapes
 
-    step = resolve_step_dir(path)
     cfg = load_model_config(step)
     stored = stored_param_shapes(step)
     expected = {_dotted(kp): s for kp, s in jax.tree_util.tree_flatten_with_path(
@@ -211,7 +312,22 @@ def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None):
         if stored[name][0] != tuple(expected[name]):
             raise OlmaxError(f"{step}: parameter '{name}' has shape {list(stored[name][0])}, "
                              f"the model config implies {list(expected[name])}")
+    return cfg, stored
 
+
+def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None):
+    """Restore ``(params, ModelConfig)`` from a step dir, a run dir or a ``checkpoints/`` dir.
+
+    ``dtype``: cast every array on restore (None keeps the stored dtype). ``shardings``: a pytree
+    of ``jax.sharding.Sharding`` matching the params (restore onto any device layout); None puts
+    everything on the default device. The stored tree must match the config's parameter shapes.
+    """
+    import orbax.checkpoint as ocp
+
+    from olmax.model.olmo3 import param_shapes
+
+    step = resolve_step_dir(path)
+    cfg, stored = _checked_config(step)
     if shardings is None:
         default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         shardings = jax.tree.map(lambda _: default, param_shapes(cfg),
@@ -232,5 +348,60 @@ def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None):
     return restored, cfg
 
 
+class StoredArray:
+    """One stored parameter, read by slices (``a[i]``, ``a[:, :v]``) into numpy; nothing else of
+    it is read or kept."""
+
+    def __init__(self, store, name: str) -> None:
+        self._store = store
+        self.name = name
+        self.shape = tuple(store.shape)
+        self.dtype = np.dtype(store.dtype.numpy_dtype)
+
+    def __getitem__(self, index) -> np.ndarray:
+        try:
+            return np.asarray(self._store[index].read().result())
+        except Exception as e:  # tensorstore reports missing or corrupt chunks as ValueError etc.
+            raise OlmaxError(f"cannot read parameter '{self.name}': {str(e).splitlines()[0]}") from None
+
+
+def stored_arrays(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
+    """``(params, ModelConfig)`` where each leaf is a :class:`StoredArray` over the checkpoint's
+    array (orbax's layout: one zarr array per dotted parameter name in the item's OCDBT store),
+    for streaming a model out of a checkpoint slice by slice."""
+    import json
+
+    import tensorstore as ts
+
+    from olmax.model.olmo3 import param_shapes
+
+    step = resolve_step_dir(path)
+    cfg, _ = _checked_config(step)
+    item = step / PARAMS_ITEM
+    try:
+        fmt = json.loads((item / "_METADATA").read_text())
+    except (OSError, ValueError) as e:
+        raise OlmaxError(f"{item}: unreadable tree metadata ({e})") from None
+    if not fmt.get("use_ocdbt", False):
+        raise OlmaxError(f"{item}: not an OCDBT checkpoint (written by an old orbax?)")
+    context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
+    driver = "zarr3" if fmt.get("use_zarr3") else "zarr"
+
+    def open_one(keypath, _shape):
+        name = _dotted(keypath)
+        spec = {"driver": driver, "kvstore": {"driver": "ocdbt", "base": f"file://{item}",
+                                              "path": name}}
+        try:
+            return StoredArray(ts.open(spec, open=True, read=True, context=context).result(), name)
+        except Exception as e:
+            raise OlmaxError(f"{item}: cannot open parameter '{name}': "
+                             f"{str(e).splitlines()[0]}") from None
+
+    tree = jax.tree_util.tree_map_with_path(open_one, param_shapes(cfg),
+                                            is_leaf=lambda x: isinstance(x, tuple))
+    return tree, cfg
+
+
 __all__ = ["FORMAT_VERSION", "save_params", "load_params", "load_model_config", "load_meta",
-           "resolve_step_dir", "stored_param_shapes", "atomic_output_dir", "check_output_dir"]
+           "resolve_step_dir", "stored_param_shapes", "atomic_output_dir", "check_output_dir",
+           "StreamedArray", "StoredArray", "stored_arrays"]

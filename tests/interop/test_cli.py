@@ -64,6 +64,22 @@ def test_convert_round_trip_and_parity_from_checkpoint(tmp_path, hf_dir, capsys)
     assert r["kl_max"] <= 1e-9 and r["top1_agreement"] == 1.0
 
 
+def test_relative_paths(tmp_path, hf_dir, monkeypatch):
+    """Checkpoint and output paths relative to the working directory, both directions (the
+    checkpoint library itself accepts only absolute paths)."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(hf_dir, "hf")
+    assert main(["convert", "hf-to-olmax", "hf", "runs/x/checkpoints/40"]) == 0
+    assert main(["convert", "olmax-to-hf", "runs/x/checkpoints/40", "out"]) == 0
+    assert main(["convert", "olmax-to-hf", "runs/x", "out2"]) == 0
+    from safetensors.numpy import load_file
+
+    want = load_file(str(hf_dir / "model.safetensors"))
+    for d in ("out", "out2"):
+        got = load_file(str(tmp_path / d / "model.safetensors"))
+        assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)
+
+
 def test_parity_from_a_token_file(tmp_path, hf_dir):
     ids = np.random.default_rng(0).integers(0, 300, 64).astype(np.uint32)
     ids.tofile(tmp_path / "tokens.bin")

@@ -126,3 +126,42 @@ def test_import_and_export_stream_tensor_by_tensor(tmp_path):
 def _leaves(tree):
     for v in tree.values():
         yield from (_leaves(v) if isinstance(v, dict) else [v])
+
+
+def test_conversion_streams_both_ways_chunk_by_chunk(tmp_path):
+    """``convert_hf_to_olmax`` never holds the model: numpy's peak during the import stays near one
+    layer tensor (here a quarter of the model), the checkpoint is stored one layer per chunk, it
+    equals what ``load_hf`` reads (zero vocabulary padding included), and the export streams too."""
+    src = tmp_path / "hf"
+    make_hf_model(src, hidden=128, inter=512, layers=6, heads=4, kv_heads=2, vocab=1000,
+                  dtype="bfloat16", layer_types=[SLIDING, SLIDING, FULL] * 2)
+    ref, cfg, _ = hfio.load_hf(src, dtype="float32")
+    model_bytes = sum(a.nbytes for a in _leaves(ref))
+    largest = max(int(np.prod(s)) for s in hfio.hf_tensor_shapes(cfg).values()) * 4
+    hfio.convert_hf_to_olmax(src, tmp_path / "warm-up")   # module imports are not the model
+    hfio.convert_olmax_to_hf(tmp_path / "warm-up", tmp_path / "warm-up-hf")
+    tracemalloc.start()
+    try:
+        hfio.convert_hf_to_olmax(src, tmp_path / "ckpt", dtype="float32")
+        _, peak_import = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        hfio.convert_olmax_to_hf(tmp_path / "ckpt", tmp_path / "back")
+        _, peak_export = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak_import < 4 * largest < model_bytes / 2, (peak_import, largest, model_bytes)
+    assert peak_export < 4 * largest, (peak_export, largest)
+    got, _ = load_params(tmp_path / "ckpt")
+    for key in ("embed", "lm_head", "final_norm"):
+        assert np.array_equal(np.asarray(got[key]), ref[key]), key
+    for key, value in ref["layers"].items():
+        assert np.array_equal(np.asarray(got["layers"][key]), value), key
+    assert not np.asarray(got["embed"])[1000:].any() and not np.asarray(got["lm_head"])[:, 1000:].any()
+    meta = json.loads((tmp_path / "ckpt" / "params" / "_METADATA").read_text())
+    assert {v["value_metadata"]["value_type"] for v in meta["tree_metadata"].values()} == {"np.ndarray"}
+    from olmax.params_io import stored_arrays
+
+    stored, _ = stored_arrays(tmp_path / "ckpt")
+    chunk = stored["layers"]["gate_proj"]._store.chunk_layout.write_chunk.shape
+    assert tuple(chunk) == (1, 128, 512)
+    _assert_bit_exact(src, tmp_path / "back")

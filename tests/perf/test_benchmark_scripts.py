@@ -49,3 +49,15 @@ def test_convert_scale_round_trip(tmp_path):
     assert r["hf_bytes"] == 2 * sum(int(np.prod(s)) for s in shapes.values())  # bf16, all tensors
     assert r["import"]["peak_rss_bytes"] > 0 and r["export"]["peak_rss_bytes"] > 0
     assert not (tmp_path / "work").exists()  # cleaned up without --keep
+
+
+def test_remote_read(tmp_path):
+    out = tmp_path / "remote.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "remote_read.py"),
+                           "--files", "2", "--tokens-per-file", "20000", "--seq-len", "64",
+                           "--batch", "4", "--batches", "2", "--rounds", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["same_batches"] is True and set(r["sources"]) == {"local", "http", "s3"}
+    assert all(len(s["seconds_per_round"]) == 2 and s["MB_per_s"] > 0 for s in r["sources"].values())

@@ -6,6 +6,11 @@ object per global batch b in [START, END): ``{"batch": b, "instances": [global i
 order], "sha256": hex sha256 of the batch's tokens as uint32 little-endian in batch order,
 "filtered": [true where the repetition filter rejects the instance]}``. Batch b counts from the
 start of epoch E and rolls over into later epochs, as in training (step s reads b = s - 1).
+Paths, ``--root`` and mix entries may be ``s3://``, ``gs://`` or ``http(s)://`` URLs (read in place).
+
+``olmax data fetch (MIX | PATH...) --root URL --to DIR [--workers N]`` copies remote token files
+to DIR (keeping their paths below the root): parallel, resumable after any interruption, each
+file verified against the store's size and checksum; prints a summary of bytes and tokens.
 """
 
 from __future__ import annotations
@@ -45,7 +50,23 @@ def add_parser(subparsers) -> None:
     q.add_argument("--batches", required=True, metavar="START:END", help="global batch range, END exclusive")
     q.add_argument("--repetition-filter", action="store_true", help="apply OLMo-core's repetition filter")
     q.add_argument("--json", action="store_true", help="print the JSON list (default: a table)")
+    q.add_argument("--cache-dir", help="read-through cache of remote files (data.cache_dir)")
     q.set_defaults(func=run_inspect)
+
+    f = sub.add_parser("fetch", help="copy remote token files to a local folder (resumable, verified)",
+                       description="Copy a mix's (or the given) remote token files to a local folder: "
+                                   "parallel, resumable, verified against the store's size and checksum.")
+    f.add_argument("sources", nargs="+", metavar="MIX | PATH",
+                   help="an OLMo-core mix file (.txt), or token file paths below --root (or URLs)")
+    f.add_argument("--root", help="s3://, gs:// or http(s):// URL the relative paths live under")
+    f.add_argument("--to", required=True, metavar="DIR", help="local destination folder")
+    f.add_argument("--workers", type=int, default=4, help="files copied at a time (default 4)")
+    f.add_argument("--mix-tokenizer", default="allenai/dolma3-tokenizer",
+                   help="value of {TOKENIZER} in the mix (default allenai/dolma3-tokenizer)")
+    f.add_argument("--dtype", default="uint32", help="token dtype, for the token count (default uint32)")
+    f.add_argument("--no-progress", action="store_true", help="no progress bar")
+    f.add_argument("--json", action="store_true", help="print the summary as JSON")
+    f.set_defaults(func=run_fetch)
 
     try:
         overlap = importlib.import_module("olmax.commands.data_overlap")
@@ -87,7 +108,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     cfg = DataConfig(paths=tuple(args.paths or ()), mix=args.mix, root=args.root, remap=tuple(args.remap),
                      mix_tokenizer=args.mix_tokenizer, tokenizer=args.tokenizer, dtype=args.dtype,
                      epoch=args.epoch, repetition_filter=args.repetition_filter,
-                     max_target_seq_len=args.max_target_seq_len)
+                     max_target_seq_len=args.max_target_seq_len, cache_dir=args.cache_dir)
     data = build_train_data(cfg, seq_len=args.seq_len, global_batch_size=args.global_batch_size,
                             seed=args.seed)
     records = inspect_batches(data, start, end)
@@ -102,4 +123,23 @@ def run_inspect(args: argparse.Namespace) -> int:
         shown = ", ".join(map(str, ids[:6])) + (", ..." if len(ids) > 6 else "")
         print(f"batch {r['batch']:>8} epoch {data.epoch_of(r['batch'])}  sha256 {r['sha256'][:16]}  "
               f"filtered {sum(r['filtered'])}  [{shown}]")
+    return 0
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    from olmax.data.fetch import fetch, plan
+
+    items = plan(args.sources, root=args.root, to=args.to, mix_tokenizer=args.mix_tokenizer)
+    summary = fetch(items, workers=args.workers, dtype=args.dtype,
+                    progress=not args.no_progress and sys.stderr.isatty())
+    if args.json:
+        json.dump(summary, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    gb = 1e9
+    rate = summary["bytes_transferred"] / max(summary["seconds"], 1e-9) / 1e6
+    print(f"{summary['files']} files in {args.to}: {summary['copied']} copied, "
+          f"{summary['already_present']} already present; {summary['bytes'] / gb:.3f} GB = "
+          f"{summary['tokens']:,} tokens ({summary['dtype']}); transferred "
+          f"{summary['bytes_transferred'] / gb:.3f} GB in {summary['seconds']:.1f} s ({rate:.1f} MB/s)")
     return 0

@@ -13,6 +13,7 @@ import json
 import os
 
 from olmax.config import ConfigError
+from olmax.data.remote import is_remote, remote_files
 
 
 def add_overlap_parser(data_subparsers) -> None:
@@ -35,8 +36,8 @@ def add_overlap_parser(data_subparsers) -> None:
 
 
 def _is_heldout_entry(entry: str) -> bool:
-    return entry == "embedded" or "=" in entry or entry.endswith(".txt") or os.path.exists(entry) or any(
-        c in entry for c in "*?[/")
+    return (entry == "embedded" or "=" in entry or entry.endswith(".txt") or is_remote(entry)
+            or os.path.exists(entry) or any(c in entry for c in "*?[/"))
 
 
 def train_files(entries: list[str], root: str | None) -> list[str]:
@@ -46,14 +47,14 @@ def train_files(entries: list[str], root: str | None) -> list[str]:
 
     if entries == ["embedded"]:
         cfg = DataConfig(embedded=True)
-    elif len(entries) == 1 and (entries[0].endswith(".txt") or "/" not in entries[0]
-                                and not os.path.exists(entries[0])):
+    elif len(entries) == 1 and not is_remote(entries[0]) and (
+            entries[0].endswith(".txt") or "/" not in entries[0] and not os.path.exists(entries[0])):
         cfg = DataConfig(mix=entries[0], root=root)
     else:
         cfg = DataConfig(paths=tuple(entries), root=root)
     paths, _ = resolve_paths(cfg)
     for p in paths:
-        if not os.path.isfile(p):
+        if not (remote_files().exists(p) if is_remote(p) else os.path.isfile(p)):
             raise ConfigError(f"--train: token file not found: {p}")
     return paths
 

@@ -3,6 +3,8 @@
 - ``tokenizer``: dolma2 offline (tiktoken cl100k_base ranks + AI2's added tokens) or any HF tokenizer.json.
 - ``tokenize``: text/JSONL/Parquet -> raw uint32 token files (doc + EOS) with a manifest (``olmax tokenize``).
 - ``token_files``: reading/writing OLMo's headerless token files, atomically.
+- ``remote``: token files at ``s3://``, ``gs://``, ``http(s)://`` URLs (ranged reads, retries, a
+  verified read-through cache); ``fetch``: verified, resumable copies (``olmax data fetch``).
 - ``mixfile``: OLMo-core mix files (``label,path`` with ``{TOKENIZER}``), root and remap.
 - ``mixture``: run-time source mixtures (OLMo-core ``SourceMixtureDatasetConfig``).
 - ``instances``: ``NumpyFSLDataset`` instances and ``NumpyFSLDataLoader``'s per-epoch order.

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from olmax.data.token_files import check_ids, file_num_tokens
+from olmax.data.token_files import check_ids, open_tokens
+
+SCAN_TOKENS = 1 << 24
 
 
 def document_spans(path: str, *, eos_token_id: int, dtype=np.uint32) -> np.ndarray:
-    """``[n_docs, 2]`` int64 (start, end) of each EOS-terminated document of a token file."""
-    dtype = np.dtype(dtype).newbyteorder("<")
-    n = file_num_tokens(path, dtype)
-    if n == 0:
-        return np.zeros((0, 2), dtype=np.int64)
-    tokens = np.memmap(path, mode="r", dtype=dtype, shape=(n,))
-    ends = np.flatnonzero(tokens == eos_token_id).astype(np.int64) + 1
-    starts = np.concatenate(([0], ends[:-1]))
+    """``[n_docs, 2]`` int64 (start, end) of each EOS-terminated document of a token file (read in
+    pieces of ``SCAN_TOKENS``; a remote file by ranged reads)."""
+    tokens = open_tokens(path, dtype)
+    ends = [np.flatnonzero(np.asarray(tokens[a: a + SCAN_TOKENS]) == eos_token_id).astype(np.int64)
+            + a + 1 for a in range(0, len(tokens), SCAN_TOKENS)]
+    ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    starts = np.concatenate(([0], ends[:-1]))[: len(ends)].astype(np.int64)
     return np.stack([starts, ends], axis=1)
 
 
@@ -37,7 +38,9 @@ def padded_instances(paths: list[str] | tuple[str, ...], seq_len: int, *, eos_to
             spans = spans[: max_docs - len(rows)]
         if len(spans) == 0:
             continue
-        tokens = np.memmap(path, mode="r", dtype=np.dtype(dtype).newbyteorder("<"))
+        tokens = open_tokens(path, dtype)
+        if not isinstance(tokens, np.ndarray):  # remote: one pass of ranged reads, not one per document
+            tokens = tokens[: int(spans[-1, 1])]
         for start, end in spans.tolist():
             doc = np.asarray(tokens[start: min(end, start + seq_len)])
             if vocab_size is not None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
-from olmax.data.token_files import atomic_output, cache_root, file_num_tokens
+from olmax.data.token_files import atomic_output, cache_root, file_num_tokens, prefetch_sizes
 
 DISK_CACHE_MIN = 1 << 24
 
@@ -51,6 +51,7 @@ class InstanceIndex:
             raise ConfigError(f"seq_len must be positive, got {seq_len}")
         if not paths:
             raise ConfigError("no data files given")
+        prefetch_sizes(paths)
         tokens = tuple(file_num_tokens(p, dtype) for p in paths)
         if token_limits is not None:
             if len(token_limits) != len(tokens):

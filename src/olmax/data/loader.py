@@ -15,7 +15,6 @@ does. :meth:`TrainData.iterate` runs the reads in grain (threads, prefetch, opti
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterator
 
 import numpy as np
@@ -24,6 +23,7 @@ from olmax.config import ConfigError, DataConfig
 from olmax.data.filters import RepetitionFilter, instance_mask
 from olmax.data.fingerprint import check_fingerprint, make_fingerprint
 from olmax.data.instances import BatchPlan, InstanceIndex
+from olmax.data.remote import join
 from olmax.data.token_files import TokenReader, check_ids, parse_dtype
 
 _ITER_END = 1 << 62
@@ -64,7 +64,7 @@ class TrainData:
                                             class_name="NumpyFSLDataset" if token_limits is None
                                             else "NumpyFSLDatasetMixture",
                                             max_target_seq_len=max_target_seq_len)
-        self._reader = TokenReader(self.dtype)
+        self._reader = TokenReader(self.dtype, cache_dir=cache_dir)
 
     # -- shape of the stream ----------------------------------------------------------------
     @property
@@ -86,11 +86,11 @@ class TrainData:
     def read_instances(self, ids: np.ndarray) -> np.ndarray:
         """Tokens of the given global instance ids, int32 ``[len(ids), seq_len]``."""
         files, starts = self.index.locate(ids)
+        spans = [(self.index.paths[f], s, s + self.seq_len)
+                 for f, s in zip(files.tolist(), starts.tolist())]
         out = np.empty((len(ids), self.seq_len), dtype=np.int32)
-        for row, (f, s) in enumerate(zip(files.tolist(), starts.tolist())):
-            path = self.index.paths[f]
-            tokens = self._reader.read(path, s, s + self.seq_len)
-            check_ids(tokens, self.vocab_size, f"{path} (tokens {s}..{s + self.seq_len})")
+        for row, ((path, s, e), tokens) in enumerate(zip(spans, self._reader.read_many(spans))):
+            check_ids(tokens, self.vocab_size, f"{path} (tokens {s}..{e})")
             out[row] = tokens
         return out
 
@@ -175,9 +175,7 @@ def resolve_paths(data_cfg: DataConfig) -> tuple[list[str], list[str] | None]:
         entries = read_mix_file(data_cfg.mix, root=data_cfg.root, tokenizer=data_cfg.mix_tokenizer,
                                 remap=data_cfg.remap)
         return [e.path for e in entries], [e.label for e in entries]
-    paths = [p if data_cfg.root is None or os.path.isabs(p) else os.path.join(data_cfg.root, p)
-             for p in data_cfg.paths]
-    return paths, None
+    return [join(data_cfg.root, p) for p in data_cfg.paths], None
 
 
 def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: int,

@@ -6,7 +6,9 @@ contain ``{TOKENIZER}`` (OLMo-core rejects it otherwise). OLMo 3 mixes are store
 
 Where the files live: each path is joined to ``root`` (OLMo-core's ``base_dir``; default: the mix
 file's folder), then the first matching ``OLD=NEW`` prefix rewrite of ``remap`` is applied, e.g.
-``s3://ai2-llm/=/mnt/ai2-llm/``.
+``s3://ai2-llm/=/mnt/ai2-llm/``. The root (or a remapped path) may be an ``s3://``, ``gs://`` or
+``http(s)://`` URL: such files are read in place (:mod:`olmax.data.remote`); local files must
+exist when the mix is read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from olmax.config import ConfigError, OlmaxError
+from olmax.data.remote import is_remote
 
 DEFAULT_MIX_TOKENIZER = "allenai/dolma3-tokenizer"
 
@@ -75,15 +78,15 @@ def read_mix_file(mix: str, *, root: str | None = None, tokenizer: str = DEFAULT
         entries.append(MixEntry(label, apply_remap(path, rules), n))
     if not entries:
         raise OlmaxError(f"mix file {mix} lists no files")
-    missing = [e for e in entries if "://" not in e.path and not Path(e.path).is_file()]
+    foreign = [e for e in entries if "://" in e.path and not is_remote(e.path)]
+    if foreign:
+        e = foreign[0]
+        raise OlmaxError(f"{mix}:{e.line}: unsupported URL scheme in {e.path} (s3://, gs://, "
+                         f"http:// and https:// are read in place; or map it with data.remap)")
+    missing = [e for e in entries if not is_remote(e.path) and not Path(e.path).is_file()]
     if missing:
         e = missing[0]
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise OlmaxError(f"{mix}:{e.line}: file not found: {e.path}{more} "
                          f"(set the root with --root / data.root, or data.remap)")
-    remote = [e for e in entries if "://" in e.path]
-    if remote:
-        e = remote[0]
-        raise OlmaxError(f"{mix}:{e.line}: remote path {e.path} (download the files and point "
-                         f"--root / data.remap at the local copy)")
     return entries

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from olmax.config import ConfigError, SourceMixtureConfig
-from olmax.data.token_files import file_num_tokens
+from olmax.data.remote import is_pattern, is_remote, remote_files
+from olmax.data.token_files import file_num_tokens, prefetch_sizes
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,8 @@ class MixtureEntry:
 def resolve_source_paths(patterns: tuple[str, ...], source: str) -> list[str]:
     out: list[str] = []
     for pattern in patterns:
-        if any(c in pattern for c in "*?["):
-            matches = sorted(glob.glob(pattern))
+        if is_pattern(pattern):
+            matches = remote_files().glob(pattern) if is_remote(pattern) else sorted(glob.glob(pattern))
             if not matches:
                 raise ConfigError(f"data.mixture source {source!r}: {pattern!r} matches no file")
             out.extend(matches)
@@ -86,6 +87,7 @@ def allocate(cfg: SourceMixtureConfig, *, seq_len: int, global_batch_size: int,
     asked: list[tuple[str, str, int, int]] = []
     for src in cfg.sources:
         paths = resolve_source_paths(src.paths, src.name)
+        prefetch_sizes(paths)
         counts = [file_num_tokens(p, dtype) for p in paths]
         population = sum(counts)
         needed = int(cfg.requested_tokens * src.target_ratio)

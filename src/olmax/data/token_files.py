@@ -5,7 +5,8 @@ This is the format OLMo-core reads (``data/utils.py: load_array_slice`` does
 documents of a file concatenated, each followed by one EOS. dolma2 (vocab 100278) uses uint32.
 
 Readers here never map a whole file into Python objects: sizes come from ``stat`` and reads are
-``pread`` of the exact byte range.
+``pread`` of the exact byte range. A path may also be an ``s3://``, ``gs://`` or ``http(s)://``
+URL (:mod:`olmax.data.remote`): its size comes from the store and its reads are ranged requests.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import BinaryIO, Iterable, Iterator
 import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
+from olmax.data.remote import is_remote, remote_files
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -42,15 +44,30 @@ def parse_dtype(name: str) -> np.dtype:
     return np.dtype(DTYPES[name]).newbyteorder("<")
 
 
-def file_num_tokens(path: str, dtype: np.dtype) -> int:
-    """Token count of a file from its size; a missing file or a size not a multiple of the item size
-    is an :class:`OlmaxError` naming the file."""
+def file_size(path: str, cache_dir: str | os.PathLike | None = None) -> int:
+    """Bytes in a token file (local or remote); a missing file is an OlmaxError naming it."""
+    if is_remote(path):
+        return remote_files(cache_dir).size(path)
     try:
-        size = os.stat(path).st_size
+        return os.stat(path).st_size
     except FileNotFoundError:
         raise OlmaxError(f"token file not found: {path}") from None
     except OSError as e:
         raise OlmaxError(f"cannot read token file {path}: {e.strerror}") from None
+
+
+def prefetch_sizes(paths: Iterable[str]) -> None:
+    """Ask the stores for the sizes of the remote files among ``paths``, many at a time (later
+    :func:`file_size` calls are then answered from memory)."""
+    remote = [p for p in paths if is_remote(p)]
+    if remote:
+        remote_files().sizes(remote)
+
+
+def file_num_tokens(path: str, dtype: np.dtype) -> int:
+    """Token count of a file from its size; a missing file or a size not a multiple of the item size
+    is an :class:`OlmaxError` naming the file."""
+    size = file_size(path)
     if size % dtype.itemsize:
         raise OlmaxError(
             f"{path}: size {size} bytes is not a multiple of {dtype.itemsize} "
@@ -59,19 +76,61 @@ def file_num_tokens(path: str, dtype: np.dtype) -> int:
     return size // dtype.itemsize
 
 
+class RemoteTokens:
+    """A remote token file as a read-only 1-D array: ``len`` and contiguous slices, each slice
+    fetched with concurrent ranged requests of at most ``piece`` bytes."""
+
+    def __init__(self, path: str, dtype: np.dtype, num_tokens: int, piece: int = 8 << 20) -> None:
+        self.path, self.dtype, self.num_tokens, self.piece = path, dtype, num_tokens, piece
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __getitem__(self, item: slice) -> np.ndarray:
+        if not isinstance(item, slice):
+            raise IndexError("RemoteTokens supports slices only")
+        start, stop, step = item.indices(self.num_tokens)
+        if step != 1:
+            raise IndexError("RemoteTokens supports contiguous slices only")
+        size = self.dtype.itemsize
+        a, b = start * size, max(start, stop) * size
+        parts = remote_files().read_ranges(
+            [(self.path, o, min(self.piece, b - o)) for o in range(a, b, self.piece)])
+        return np.frombuffer(b"".join(parts), dtype=self.dtype)
+
+
+def open_tokens(path: str, dtype: np.dtype) -> np.ndarray | RemoteTokens:
+    """A token file as a read-only 1-D array (local: a memory map; remote: :class:`RemoteTokens`)."""
+    dtype = np.dtype(dtype).newbyteorder("<")
+    n = file_num_tokens(path, dtype)
+    if is_remote(path):
+        return RemoteTokens(path, dtype, n)
+    if n == 0:
+        return np.zeros(0, dtype)
+    try:
+        return np.memmap(path, mode="r", dtype=dtype, shape=(n,))
+    except (OSError, ValueError) as e:
+        raise OlmaxError(f"cannot read token file {path}: {e}") from None
+
+
 class TokenReader:
-    """Reads token ranges with ``os.pread``; keeps one descriptor per file (per process).
+    """Reads token ranges with ``os.pread``; keeps one descriptor per file (per process). Remote
+    files (URLs) are read with ranged requests (:mod:`olmax.data.remote`), through the
+    read-through cache in ``cache_dir`` when one is given.
 
     Picklable: descriptors are dropped on pickling and reopened lazily (grain worker processes).
     """
 
-    def __init__(self, dtype: np.dtype, max_open: int = 256) -> None:
+    def __init__(self, dtype: np.dtype, max_open: int = 256,
+                 cache_dir: str | os.PathLike | None = None) -> None:
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.max_open = max_open
+        self.cache_dir = cache_dir
         self._fds: dict[str, int] = {}
 
     def __getstate__(self) -> dict:
-        return {"dtype": self.dtype, "max_open": self.max_open, "_fds": {}}
+        return {"dtype": self.dtype, "max_open": self.max_open, "cache_dir": self.cache_dir,
+                "_fds": {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -88,8 +147,26 @@ class TokenReader:
             self._fds[path] = fd
         return fd
 
+    def read_many(self, spans: list[tuple[str, int, int]]) -> list[np.ndarray]:
+        """Tokens ``[start, stop)`` of each ``(path, start, stop)``; the remote ones are fetched
+        together (concurrent ranged requests), the local ones with ``pread``."""
+        out: list[np.ndarray | None] = [None] * len(spans)
+        remote = [i for i, (p, _, _) in enumerate(spans) if is_remote(p)]
+        if remote:
+            size = self.dtype.itemsize
+            got = remote_files(self.cache_dir).read_ranges(
+                [(spans[i][0], spans[i][1] * size, (spans[i][2] - spans[i][1]) * size) for i in remote])
+            for i, data in zip(remote, got):
+                out[i] = np.frombuffer(data, dtype=self.dtype)
+        for i, (p, a, b) in enumerate(spans):
+            if out[i] is None:
+                out[i] = self.read(p, a, b)
+        return out  # type: ignore[return-value]
+
     def read(self, path: str, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` of ``path`` as a native-endian array of the file dtype."""
+        if is_remote(path):
+            return self.read_many([(path, start, stop)])[0]
         n = stop - start
         nbytes = n * self.dtype.itemsize
         buf = os.pread(self._fd(path), nbytes, start * self.dtype.itemsize)

@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
+from olmax.data.remote import is_pattern, is_remote, remote_files
 from olmax.eval.scoring import Scorer, bucket_length
 
 
@@ -101,7 +102,8 @@ def parse_heldout(entries: Sequence[str], *, cache_dir: str | None = None) -> di
     An entry is ``embedded`` (the embedded corpus's held-out split), ``LABEL=PATH[,PATH...]``,
     an OLMo-core mix file (``*.txt``: its ``label,path`` lines, labels kept), or a path/glob
     (label: the file's stem, or its parent folder's name when the stem is generic, e.g.
-    ``c4_en/val/part-0-00000.npy`` -> ``c4_en``).
+    ``c4_en/val/part-0-00000.npy`` -> ``c4_en``). Paths and globs may be ``s3://``, ``gs://`` or
+    ``http(s)://`` URLs (read in place, :mod:`olmax.data.remote`).
     """
     sets: dict[str, list[str]] = {}
     for entry in entries:
@@ -128,14 +130,14 @@ def parse_heldout(entries: Sequence[str], *, cache_dir: str | None = None) -> di
             sets.setdefault(_label_of(f), []).append(f)
     for label, files in sets.items():
         for f in files:
-            if not os.path.isfile(f):
+            if not (remote_files().exists(f) if is_remote(f) else os.path.isfile(f)):
                 raise OlmaxError(f"held-out set '{label}': token file not found: {f}")
     return sets
 
 
 def _expand(pattern: str) -> list[str]:
-    if any(c in pattern for c in "*?["):
-        files = sorted(glob.glob(pattern))
+    if is_pattern(pattern):
+        files = remote_files().glob(pattern) if is_remote(pattern) else sorted(glob.glob(pattern))
         if not files:
             raise OlmaxError(f"held-out pattern matches no file: {pattern}")
         return files
@@ -154,12 +156,11 @@ def _label_of(path: str) -> str:
 
 def require_documents(files: Sequence[str], *, eos_token_id: int, dtype=np.uint32) -> None:
     """Every held-out token file must hold at least one EOS-terminated document."""
-    from olmax.data.token_files import file_num_tokens
+    from olmax.data.heldout import document_spans
 
     dt = np.dtype(dtype).newbyteorder("<")
     for f in files:
-        n = file_num_tokens(f, dt)
-        if n == 0 or not (np.memmap(f, mode="r", dtype=dt, shape=(n,)) == eos_token_id).any():
+        if len(document_spans(f, eos_token_id=eos_token_id, dtype=dt)) == 0:
             raise OlmaxError(f"held-out token file {f} holds no EOS-terminated document "
                              f"(EOS id {eos_token_id}, {dt.name} tokens)")
 

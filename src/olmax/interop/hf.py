@@ -25,13 +25,14 @@ per layer into the stacked olmax pytree (HF linear weights are [out, in], olmax 
     lm_head.weight                                lm_head        [D, Vp] (transposed; zero pad)
 
 The HF vocabulary (``vocab_size`` rows, e.g. dolma2's 100278) is padded to a multiple of 128
-(OLMo-core's ``padded_vocab_size``, 100352) on import and cut back on export. Import reads one
-tensor at a time into preallocated stacked arrays (about 1x the model in the target dtype plus
-one tensor); the Orbax save that follows keeps a host copy of what it is writing, so the import's
-peak is about 2x the model (measured by ``benchmarks/convert_scale.py``). Export restores the
-model and streams tensor by tensor into the shard files (about 1x the model plus one tensor). Import then export
-reproduces every tensor bit for bit (export defaults to the imported file's dtype). Outputs are
-written atomically.
+(OLMo-core's ``padded_vocab_size``, 100352) on import and cut back on export. Both directions
+stream (``benchmarks/convert_scale.py`` measures them): import hands the checkpoint writer
+:class:`~olmax.params_io.StreamedArray` leaves that read each chunk (one layer's tensor, a block
+of vocabulary rows) from the safetensors files with plain reads as it is written; export reads
+the checkpoint slice by slice and writes each shard's header first, then its tensors one at a
+time. Neither holds more than a chunk and a tensor. Import then export reproduces every tensor bit
+for bit (export defaults to the imported file's dtype). Outputs are written atomically.
+:func:`load_hf` (training's ``init.hf_dir``, parity) reads the whole model into numpy instead.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ import ml_dtypes
 import numpy as np
 
 from olmax.config import ConfigError, ModelConfig, OlmaxError, YarnConfig
-from olmax.params_io import (atomic_output_dir, check_output_dir, load_meta, load_model_config,
-                             load_params, save_params)
+from olmax.params_io import (StreamedArray, atomic_output_dir, check_output_dir, load_meta,
+                             load_model_config, save_params, stored_arrays)
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
 HF_MODEL_TYPE = "olmo3"
@@ -320,12 +321,54 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+_MAX_HEADER_BYTES = 100 << 20
+
+
+def read_safetensors_header(path: Path) -> tuple[int, dict[str, dict]]:
+    """``(data start offset, {name: {"dtype", "shape", "data_offsets"}})`` of a safetensors file,
+    checked against the file's size (a truncated or foreign file is an OlmaxError naming it)."""
+    def bad(why: str) -> OlmaxError:
+        return OlmaxError(f"{path}: unreadable safetensors file ({why})")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise bad("shorter than its 8-byte header length")
+            n = struct.unpack("<Q", head)[0]
+            if n > _MAX_HEADER_BYTES or 8 + n > size:
+                raise bad(f"header length {n} does not fit the file's {size} bytes")
+            header = json.loads(f.read(n))
+    except OSError as e:
+        raise OlmaxError(f"{path}: cannot read ({e.strerror})") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    header.pop("__metadata__", None)
+    start = 8 + n
+    for name, entry in header.items():
+        try:
+            shape = [int(d) for d in entry["shape"]]
+            lo, hi = (int(o) for o in entry["data_offsets"])
+            code = str(entry["dtype"])
+        except (KeyError, TypeError, ValueError):
+            raise bad(f"malformed entry for '{name}'") from None
+        dt = _SAFETENSORS_DTYPES.get(code)
+        if dt is not None and hi - lo != math.prod(shape) * dt.itemsize:
+            raise bad(f"tensor '{name}' {shape} {code} spans {hi - lo} bytes")
+        if not 0 <= lo <= hi or start + hi > size:
+            raise bad(f"tensor '{name}' lies past the end of the file ({size} bytes; truncated?)")
+    return start, header
+
+
 class SafetensorsDir:
-    """The weights of an HF directory (single file or sharded index), read tensor by tensor."""
+    """The weights of an HF directory (single file or sharded index), read tensor by tensor (or
+    by row ranges) with plain reads: no memory map, so nothing but the requested bytes enters
+    the process."""
 
     def __init__(self, hf_dir: str | os.PathLike):
-        from safetensors import SafetensorError, safe_open
-
         self.dir = Path(hf_dir)
         index, single = self.dir / INDEX_FILE, self.dir / SINGLE_FILE
         if index.is_file():
@@ -338,20 +381,17 @@ class SafetensorsDir:
         else:
             raise OlmaxError(f"{self.dir}: no {SINGLE_FILE} or {INDEX_FILE}")
         files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FILE]
-        self._handles: dict[str, Any] = {}
+        self._entries: dict[str, tuple[str, int, dict]] = {}   # name -> (file, data start, entry)
         self.location: dict[str, str] = {}
         for fname in files:
             path = self.dir / fname
             if not path.is_file():
                 raise OlmaxError(f"{path}: missing (listed in {INDEX_FILE})")
-            try:
-                handle = safe_open(str(path), framework="flax")
-                keys = handle.keys()
-            except (SafetensorError, OSError) as e:
-                raise OlmaxError(f"{path}: unreadable safetensors file ({e})") from None
-            self._handles[fname] = handle
-            for k in keys:
-                self.location.setdefault(k, fname)
+            start, header = read_safetensors_header(path)
+            for k, entry in header.items():
+                if k not in self.location:
+                    self.location[k] = fname
+                    self._entries[k] = (fname, start, entry)
         if weight_map:
             for name, fname in weight_map.items():
                 if self.location.get(name) != fname:
@@ -362,19 +402,34 @@ class SafetensorsDir:
         return list(self.location)
 
     def info(self, name: str) -> tuple[tuple[int, ...], str]:
-        sl = self._handles[self.location[name]].get_slice(name)
-        return tuple(sl.get_shape()), sl.get_dtype()
+        entry = self._entries[name][2]
+        return tuple(int(d) for d in entry["shape"]), str(entry["dtype"])
 
     def read(self, name: str) -> np.ndarray:
-        import jax
-        from safetensors import SafetensorError
+        shape, _ = self.info(name)
+        return self.read_rows(name, 0, shape[0] if shape else 1).reshape(shape)
 
-        fname = self.location[name]
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` (along the first axis) of a tensor, as a new numpy array."""
+        fname, data_start, entry = self._entries[name]
+        shape, code = self.info(name)
+        dt = _SAFETENSORS_DTYPES[code]
+        row = math.prod(shape[1:]) * dt.itemsize
+        out = np.empty((stop - start, *shape[1:]), dt)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        path = self.dir / fname
         try:
-            with jax.default_device(jax.devices("cpu")[0]):
-                return np.asarray(self._handles[fname].get_tensor(name))
-        except (SafetensorError, OSError) as e:
-            raise OlmaxError(f"{self.dir / fname}: cannot read tensor '{name}' ({e})") from None
+            with open(path, "rb", buffering=0) as f:
+                f.seek(data_start + int(entry["data_offsets"][0]) + start * row)
+                got = 0
+                while got < len(view):
+                    n = f.readinto(view[got:])
+                    if not n:
+                        raise OlmaxError(f"{path}: cannot read tensor '{name}' (file truncated)")
+                    got += n
+        except OSError as e:
+            raise OlmaxError(f"{path}: cannot read tensor '{name}' ({e.strerror})") from None
+        return out
 
 
 def load_hf(hf_dir: str | os.PathLike, *, dtype: str = "float32",
@@ -387,6 +442,32 @@ def load_hf(hf_dir: str | os.PathLike, *, dtype: str = "float32",
     from olmax.model.olmo3 import param_shapes
 
     target = dtype_of(dtype)
+    weights, cfg, info = open_hf(hf_dir, padded_vocab_size=padded_vocab_size)
+    expected = hf_tensor_shapes(cfg)
+    # Preallocated (lazily zeroed) stacked arrays, filled one HF tensor at a time.
+    params = _tree_map_shapes(lambda s: np.zeros(s, target), param_shapes(cfg))
+    layers, v = params["layers"], cfg.vocab_size
+    for name in expected:
+        t = weights.read(name)
+        if name == "model.embed_tokens.weight":
+            params["embed"][:v] = t
+        elif name == "lm_head.weight":
+            params["lm_head"][:, :v] = t.T
+        elif name == "model.norm.weight":
+            params["final_norm"][...] = t
+        else:
+            i, suffix = _layer_index(name)
+            key, transposed = LAYER_TENSORS[suffix]
+            layers[key][i] = t.T if transposed else t
+        del t
+    return params, cfg, info
+
+
+def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None
+            ) -> tuple[SafetensorsDir, ModelConfig, dict]:
+    """An HF Olmo3 directory, checked (every tensor's name, shape and dtype against config.json)
+    without reading any weights -> (weights, ModelConfig, source info: the original ``hf_config``
+    and the files' ``hf_dtype``, so an export can reproduce the directory)."""
     hf_dir = Path(hf_dir)
     hf_cfg = read_hf_config(hf_dir)
     cfg = model_config_from_hf(hf_cfg, where=str(hf_dir / "config.json"),
@@ -412,26 +493,67 @@ def load_hf(hf_dir: str | os.PathLike, *, dtype: str = "float32",
             raise OlmaxError(f"{weights.dir / weights.location[name]}: tensor '{name}' has "
                              f"unsupported dtype {st_dtype}")
         file_dtypes.add(_SAFETENSORS_DTYPES[st_dtype].name)
-
-    # Preallocated (lazily zeroed) stacked arrays, filled one HF tensor at a time.
-    params = _tree_map_shapes(lambda s: np.zeros(s, target), param_shapes(cfg))
-    layers, v = params["layers"], cfg.vocab_size
-    for name in expected:
-        t = weights.read(name)
-        if name == "model.embed_tokens.weight":
-            params["embed"][:v] = t
-        elif name == "lm_head.weight":
-            params["lm_head"][:, :v] = t.T
-        elif name == "model.norm.weight":
-            params["final_norm"][...] = t
-        else:
-            i, suffix = _layer_index(name)
-            key, transposed = LAYER_TENSORS[suffix]
-            layers[key][i] = t.T if transposed else t
-        del t
     info = {"format": "hf", "path": str(hf_dir), "hf_config": hf_cfg,
             "hf_dtype": file_dtypes.pop() if len(file_dtypes) == 1 else None}
-    return params, cfg, info
+    return weights, cfg, info
+
+
+def streamed_params(weights: SafetensorsDir, cfg: ModelConfig, dtype: str) -> dict:
+    """The olmax params of an HF directory as a tree of :class:`StreamedArray` leaves: each block
+    the checkpoint writer asks for is read from the safetensors files when asked (vocabulary
+    rows, one layer's tensor), transposed and cast to ``dtype``; the padding rows are zeros."""
+    from olmax.model.olmo3 import param_shapes
+
+    target = dtype_of(dtype)
+    v = cfg.vocab_size
+    last: dict[str, np.ndarray] = {}      # the most recent layer tensor (a chunk may be part of one)
+
+    def layer_tensor(name: str, transposed: bool) -> np.ndarray:
+        if name not in last:
+            last.clear()
+            t = weights.read(name)
+            last[name] = t.T if transposed else t
+        return last[name]
+
+    def vocab_rows(name: str, rows: slice) -> tuple[np.ndarray, int]:
+        a, b, _ = rows.indices(cfg.padded_vocab_size)
+        hi = min(b, v)
+        return (weights.read_rows(name, a, hi) if a < hi else None), b - a
+
+    def embed(index):
+        rows, cols = index
+        t, n = vocab_rows("model.embed_tokens.weight", rows)
+        out = np.zeros((n, len(range(*cols.indices(cfg.d_model)))), target)
+        if t is not None:
+            out[:len(t)] = t[:, cols]
+        return out
+
+    def lm_head(index):
+        rows, cols = index
+        t, n = vocab_rows("lm_head.weight", cols)
+        out = np.zeros((len(range(*rows.indices(cfg.d_model))), n), target)
+        if t is not None:
+            out[:, :len(t)] = t[:, rows].T
+        return out
+
+    def final_norm(index):
+        return weights.read("model.norm.weight")[index].astype(target)
+
+    def layer(key: str, suffix: str, transposed: bool):
+        def read(index):
+            layers, rest = index[0], index[1:]
+            return np.stack([layer_tensor(f"model.layers.{i}.{suffix}", transposed)[rest]
+                             for i in range(*layers.indices(cfg.n_layers))]).astype(target)
+        return read
+
+    shapes = param_shapes(cfg)
+    readers = {"embed": embed, "lm_head": lm_head, "final_norm": final_norm}
+    tree: dict[str, Any] = {k: StreamedArray(shapes[k], target, readers[k])
+                            for k in shapes if k != "layers"}
+    tree["layers"] = {key: StreamedArray(shapes["layers"][key], target, layer(key, suffix, t),
+                                         stacked=True)
+                      for suffix, (key, t) in LAYER_TENSORS.items()}
+    return tree
 
 
 def _layer_index(name: str) -> tuple[int, str]:
@@ -552,25 +674,15 @@ def write_hf_dir(out_dir: Path, params: Mapping[str, Any], cfg: ModelConfig, *, 
 
 def convert_hf_to_olmax(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                         dtype: str = "float32") -> Path:
-    """HF ``Olmo3ForCausalLM`` directory -> olmax step dir (params + meta with the HF source)."""
-    import jax
+    """HF ``Olmo3ForCausalLM`` directory -> olmax step dir (params + meta with the HF source).
 
+    Streams: each chunk of the checkpoint is read from the safetensors files as it is written,
+    so the host holds one chunk (at most one layer's tensor or a block of vocabulary rows)."""
     check_output_dir(out_dir)
-    params, cfg, info = load_hf(hf_dir, dtype=dtype)
-    # orbax copies numpy leaves wholesale before writing; jax arrays it streams. Move each leaf
-    # to a CPU jax array, dropping the numpy one, so the model is held once.
-    cpu = jax.devices("cpu")[0]
-    _replace_leaves(params, lambda a: jax.device_put(a, cpu))
-    return save_params(out_dir, params, cfg, extra_meta={"source": info})
-
-
-def _replace_leaves(tree: dict, fn) -> None:
-    """In place, one leaf at a time (the old leaf is released before the next is converted)."""
-    for k in list(tree):
-        if isinstance(tree[k], dict):
-            _replace_leaves(tree[k], fn)
-        else:
-            tree[k] = fn(tree.pop(k))
+    dtype_of(dtype)
+    weights, cfg, info = open_hf(hf_dir)
+    return save_params(out_dir, streamed_params(weights, cfg, dtype), cfg,
+                       extra_meta={"source": info})
 
 
 def convert_olmax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -580,10 +692,6 @@ def convert_olmax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
     ``dtype`` None: the dtype of the HF directory the checkpoint was imported from, else float32.
     """
-    import jax
-
-    from olmax.model.olmo3 import param_shapes
-
     check_output_dir(out_dir)
     if dtype is not None:
         dtype_of(dtype)
@@ -594,9 +702,7 @@ def convert_olmax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
         dtype = "float32"
     cfg = load_model_config(ckpt_dir)
     hf_config_from_model(cfg, dtype=dtype, base=source.get("hf_config"))  # fail before reading
-    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    params, cfg = load_params(ckpt_dir, shardings=_tree_map_shapes(lambda _: cpu,
-                                                                    param_shapes(cfg)))
+    params, cfg = stored_arrays(ckpt_dir)       # read slice by slice as the tensors are written
     with atomic_output_dir(out_dir) as tmp:
         write_hf_dir(tmp, params, cfg, dtype=dtype, base_config=source.get("hf_config"),
                      max_shard_bytes=max_shard_bytes)

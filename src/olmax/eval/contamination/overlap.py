@@ -28,6 +28,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from olmax.config import OlmaxError
+from olmax.data.token_files import open_tokens
 
 NGRAM = 13
 DEFAULT_THRESHOLD = 0.5
@@ -161,10 +162,7 @@ def scan_training(paths: Sequence[str], index: EvalIndex, *, eos_token_id: int, 
     total_tokens = total_docs = 0
     partial = False
     for path in paths:
-        try:
-            data = np.memmap(path, mode="r", dtype=dtype)
-        except (OSError, ValueError) as e:
-            raise OlmaxError(f"cannot read training token file {path}: {e}") from None
+        data = open_tokens(path, dtype)
         end = len(data)
         if per_file is not None and end > per_file:
             end, partial = per_file, True
@@ -225,8 +223,11 @@ def documents_from_token_files(paths: Sequence[str], *, eos_token_id: int, dtype
     dt = np.dtype(dtype).newbyteorder("<")
     docs = []
     for path in paths:
-        data = np.memmap(path, mode="r", dtype=dt)
-        for a, b in document_spans(path, eos_token_id=eos_token_id, dtype=dtype).tolist():
+        spans = document_spans(path, eos_token_id=eos_token_id, dtype=dtype)
+        data = open_tokens(path, dt)
+        if len(spans) and not isinstance(data, np.ndarray):  # remote: one pass, not one per document
+            data = data[: int(spans[-1, 1])]
+        for a, b in spans.tolist():
             docs.append(np.asarray(data[a: b - 1]).astype(np.int64))
     return docs
 
