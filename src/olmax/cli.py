@@ -22,6 +22,7 @@ COMMANDS = [
     "eval",
     "curves",
     "bench",
+    "launch",
 ]
 
 

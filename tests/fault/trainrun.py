@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 RECIPE = "olmo3_tiny"
 # Smaller than olmo3-tiny where it costs nothing in coverage: a step takes well under a second on
 # 2 CPU cores and a checkpoint (params + Adam) is ~40 MB.
@@ -135,6 +137,18 @@ def wait_for_step(p: subprocess.Popen, run_dir: Path, step: int, timeout: float 
                                  f"{log_path(run_dir).read_text()[-4000:]}")
         time.sleep(0.02)
     raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def check_against(reference: Path, run_dir: Path, steps: int) -> list[float]:
+    """``run_dir`` logged steps 1..``steps`` once each (process 0 only), with the reference run's
+    batch hashes and losses (rtol 2e-5); returns the loss differences."""
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), "one line per step (process 0 only)"
+    ref_loss, ref_hash = series(reference, "loss"), series(reference, "batch_hash")
+    assert [r["batch_hash"] for r in rows] == [ref_hash[s] for s in range(1, steps + 1)]
+    np.testing.assert_allclose([r["loss"] for r in rows], [ref_loss[s] for s in range(1, steps + 1)],
+                               rtol=2e-5, atol=0)
+    return [r["loss"] - ref_loss[r["step"]] for r in rows]
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:

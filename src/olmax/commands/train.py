@@ -6,6 +6,9 @@ RECIPE is a YAML file or a packaged recipe name (``olmo3_7b_stage1``, ``olmo3_7b
 model.preset=olmo3-14m seed=1 optim.lr=1e-3 init.hf_dir=HF_DIR``. Re-running the same command with
 the same ``--run-dir`` resumes from ``DIR/checkpoints/``. The device count comes from the
 environment (e.g. ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` on CPU).
+
+SIGTERM saves a checkpoint at the step reached and stops; the exit status is then 0, or CODE with
+``--exit-code-on-stop CODE`` (e.g. 143 for a scheduler that must restart the unfinished job).
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--run-dir", default=None,
                    help="run directory (default: runs/<recipe>-<UTC time>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
+    p.add_argument("--exit-code-on-stop", type=int, default=0, metavar="CODE",
+                   help="exit status after a SIGTERM stop (checkpoint saved, run unfinished); "
+                        "default 0")
     p.set_defaults(func=run)
 
 
@@ -32,16 +38,25 @@ def split_options(args: argparse.Namespace) -> None:
 
     rest, i = [], 0
     items = list(args.overrides)
+    valued = {"--run-dir": ("run_dir", str, "a directory")}
+    if hasattr(args, "exit_code_on_stop"):
+        valued["--exit-code-on-stop"] = ("exit_code_on_stop", int, "an integer")
     while i < len(items):
         a = items[i]
-        if a in ("--run-dir",) or a.startswith("--run-dir="):
+        name = a.split("=", 1)[0]
+        if name in valued:
+            dest, kind, what = valued[name]
             if "=" in a:
-                args.run_dir = a.split("=", 1)[1]
+                raw = a.split("=", 1)[1]
             elif i + 1 < len(items):
-                args.run_dir = items[i + 1]
+                raw = items[i + 1]
                 i += 1
             else:
-                raise ConfigError("--run-dir needs a directory")
+                raise ConfigError(f"{name} needs {what}")
+            try:
+                setattr(args, dest, kind(raw))
+            except ValueError:
+                raise ConfigError(f"{name} needs {what}, got {raw!r}") from None
         elif a == "--quiet" and hasattr(args, "quiet"):
             args.quiet = True
         elif a.startswith("-"):
@@ -75,6 +90,10 @@ def format_summary(summary: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     split_options(args)
+    if not 0 <= args.exit_code_on_stop <= 255:
+        from olmax.config import ConfigError
+
+        raise ConfigError(f"--exit-code-on-stop must be 0..255 (got {args.exit_code_on_stop})")
     from olmax.train.recipes import load_recipe
     from olmax.train.trainer import Trainer
 
@@ -84,4 +103,4 @@ def run(args: argparse.Namespace) -> int:
     summary = trainer.run()
     if trainer.is_main:
         print(f"olmax train: done: {format_summary(summary)}", file=sys.stdout)
-    return 0
+    return args.exit_code_on_stop if summary.get("stopped_early") else 0

@@ -32,10 +32,11 @@ def recipe_path(name_or_path: str) -> Path:
 DATA_SOURCES = ("paths", "mix", "embedded", "mixture")
 
 
-def recipe_dict(name_or_path: str, overrides: Sequence[str] = ()) -> dict:
+def recipe_dict(name_or_path: str, overrides: Sequence[str] = (), *, find_mix: bool = True) -> dict:
     """The recipe's plain data with overrides applied. An override that names a data source
     (``data.paths``, ``data.mix``, ``data.embedded``, ``data.mixture``) replaces the recipe's source:
-    the recipe's other sources are dropped, so ``olmo3_tiny data.paths=[...]`` trains on those files."""
+    the recipe's other sources are dropped, so ``olmo3_tiny data.paths=[...]`` trains on those files.
+    ``find_mix=False`` leaves a ``data.mix`` name as written (for a config that runs elsewhere)."""
     from olmax.config import parse_override
 
     base = load_yaml(recipe_path(name_or_path))
@@ -45,7 +46,7 @@ def recipe_dict(name_or_path: str, overrides: Sequence[str] = ()) -> dict:
         base["data"] = {k: v for k, v in base["data"].items()
                         if k not in DATA_SOURCES or k in named}
     data = apply_overrides(base, overrides)
-    if isinstance(data.get("data"), dict) and isinstance(data["data"].get("mix"), str):
+    if find_mix and isinstance(data.get("data"), dict) and isinstance(data["data"].get("mix"), str):
         data["data"]["mix"] = resolve_mix(data["data"]["mix"])
     return data
 
@@ -67,6 +68,6 @@ def resolve_mix(mix: str) -> str:
                       "installed ai2-olmo-core; pass data.mix=PATH to the mix file")
 
 
-def load_recipe(name_or_path: str, overrides: Sequence[str] = ()) -> RunConfig:
+def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *, find_mix: bool = True) -> RunConfig:
     """Recipe + ``key.sub=value`` overrides -> validated RunConfig (ConfigError on bad keys/types)."""
-    return run_config_from_dict(recipe_dict(name_or_path, overrides))
+    return run_config_from_dict(recipe_dict(name_or_path, overrides, find_mix=find_mix))

@@ -1,0 +1,88 @@
+"""``maybe_initialize``: what reaches ``jax.distributed.initialize`` from the config, the
+``OLMAX_*`` variables, a Kubernetes Indexed Job pod, SLURM and a Cloud TPU VM (recorded, not run;
+the real multi-process runs are in tests/fault/)."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from olmax.config import ConfigError, DistributedConfig
+from olmax.parallel.distributed import maybe_initialize, slurm_local_device_ids
+
+SLURM_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "gpu[001-002]", "SLURM_NTASKS": "2",
+              "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2",
+              "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}
+
+
+class Calls(list):
+    detected = False     # whether JAX's cluster detection would supply what is unset
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = Calls()
+
+    def initialize(coordinator_address=None, num_processes=None, process_id=None,
+                   local_device_ids=None, cluster_detection_method=None):
+        seen.append(dict(coordinator=coordinator_address, num_processes=num_processes,
+                         process_id=process_id, local_device_ids=local_device_ids,
+                         detection=cluster_detection_method))
+        if None in (coordinator_address, num_processes, process_id) and not seen.detected:
+            raise ValueError("coordinator_address should be defined.")  # JAX's message
+
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    return seen
+
+
+def test_single_process_needs_nothing(calls):
+    assert not maybe_initialize(DistributedConfig(), {})
+    assert not maybe_initialize(DistributedConfig(), {"JOB_COMPLETION_INDEX": "3"})
+    assert not maybe_initialize(DistributedConfig(num_processes=1), {})
+    assert calls == []
+
+
+def test_kubernetes_indexed_job_pod(calls):
+    env = {"OLMAX_COORDINATOR": "run-0.run:8476", "OLMAX_NUM_PROCESSES": "4",
+           "JOB_COMPLETION_INDEX": "2", "KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    assert maybe_initialize(DistributedConfig(), env)
+    assert calls == [dict(coordinator="run-0.run:8476", num_processes=4, process_id=2,
+                          local_device_ids=None, detection="deactivate")]
+
+
+def test_config_wins_over_environment(calls):
+    env = {"OLMAX_COORDINATOR": "a:1", "OLMAX_NUM_PROCESSES": "4", "OLMAX_PROCESS_ID": "3",
+           "JOB_COMPLETION_INDEX": "2"}
+    assert maybe_initialize(DistributedConfig(coordinator="b:2", process_id=1), env)
+    assert calls[0] == dict(coordinator="b:2", num_processes=4, process_id=1,
+                           local_device_ids=None, detection="deactivate")
+
+
+def test_tpu_vm_count_only_leaves_the_rest_to_jax(calls):
+    # olmax launch tpu-vm sets the count; JAX's Cloud TPU detection supplies the rest (not here)
+    with pytest.raises(ConfigError, match="distributed.coordinator is not set"):
+        maybe_initialize(DistributedConfig(), {"OLMAX_NUM_PROCESSES": "8"})
+    assert calls == [dict(coordinator=None, num_processes=8, process_id=None,
+                          local_device_ids=None, detection=None)]
+
+
+def test_bad_integer_is_one_line(calls):
+    with pytest.raises(ConfigError, match="JOB_COMPLETION_INDEX"):
+        maybe_initialize(DistributedConfig(), {"OLMAX_COORDINATOR": "a:1",
+                                               "OLMAX_NUM_PROCESSES": "2",
+                                               "JOB_COMPLETION_INDEX": "x"})
+
+
+def test_slurm_one_process_per_node_drives_every_gpu(calls):
+    env = {**SLURM_STEP, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    assert slurm_local_device_ids(env) == list(range(8))
+    calls.detected = True     # JAX's SLURM detection: coordinator, count and id from SLURM_*
+    assert maybe_initialize(DistributedConfig(), env)
+    assert calls[-1] == dict(coordinator=None, num_processes=None, process_id=None,
+                             local_device_ids=list(range(8)), detection=None)
+    assert slurm_local_device_ids({**SLURM_STEP, "SLURM_GPUS_ON_NODE": "4"}) == [0, 1, 2, 3]
+    assert slurm_local_device_ids(SLURM_STEP) is None                      # CPU nodes
+    assert slurm_local_device_ids({**env, "JAX_LOCAL_DEVICE_IDS": "0"}) is None
+    # one process per GPU: JAX's own choice (GPU SLURM_LOCALID) stands
+    per_gpu = {**env, "SLURM_NTASKS": "16", "SLURM_STEP_NUM_TASKS": "16"}
+    assert slurm_local_device_ids(per_gpu) is None
