@@ -10,6 +10,7 @@ the micro-batch size in sequences or ``none``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -26,8 +27,8 @@ from olmax.train.step import build_sharded_training
 # from their products with the sequence length, so a dimension equal to one of them is a batch.
 MODEL = ModelConfig(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, mlp_hidden=160,
                     vocab_size=1000, padded_vocab_size=1024, window_pattern=(32, 32, 32, None),
-                    max_seq_len=256)
-SEQ = 256
+                    max_seq_len=4096)
+SEQ = int(os.environ.get("PROBE_SEQ", 256))
 PER_DEVICE = 3
 MESHES = {"fsdp": lambda n: (1, n, 1), "data_fsdp_tensor": lambda n: (2, n // 4, 2)}
 

@@ -46,3 +46,17 @@ def test_whole_batch_per_micro_step():
 @pytest.mark.slow
 def test_micro_batches_and_dot_product():
     _check(_probe("1", "chunked", "dot_product"))
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_tpu_topology():
+    """The same, compiled ahead of time for 8 TPU7x devices (libtpu; no TPU needed). TPU pads small
+    arrays to (8, 128) tiles and keeps fixed collective buffers, so activations must dominate:
+    sequences of 1024."""
+    pytest.importorskip("libtpu")
+    env = dict(os.environ, PROBE_SEQ="1024", ALLOW_MULTIPLE_LIBTPU_LOAD="1", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, str(PROBE), "tpu7x:2x2x1", "none", "xla", "chunked"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check(json.loads(proc.stdout.strip().splitlines()[-1]))
