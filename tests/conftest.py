@@ -3,3 +3,33 @@ import os
 # Keep XLA from grabbing every core on small CI machines; tests that need several devices run in
 # a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def _tpu_toolchain() -> str | None:
+    """None when jax >= 0.12 with libtpu is importable here, else why not."""
+    import importlib.util
+    import sys
+
+    if sys.version_info < (3, 12):
+        return f"Python {sys.version_info[0]}.{sys.version_info[1]} (needs >= 3.12)"
+    import jax
+
+    if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12):
+        return f"jax {jax.__version__} (needs >= 0.12)"
+    if importlib.util.find_spec("libtpu") is None:
+        return "libtpu is not installed (pip install -e '.[tpu]')"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    tpu_items = [item for item in items if item.get_closest_marker("tpu")]
+    if not tpu_items:
+        return
+    why = _tpu_toolchain()
+    if why is None:
+        return
+    skip = pytest.mark.skip(reason=f"TPU test: {why}; scripts/test runs it in its Python 3.12 environment")
+    for item in tpu_items:
+        item.add_marker(skip)
