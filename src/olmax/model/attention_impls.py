@@ -169,3 +169,13 @@ IMPLEMENTATIONS["cudnn"] = cudnn_attention
 def chunked_with_block(block_size: int):
     """``chunked`` with a given query block size (for tests and benchmarks)."""
     return partial(chunked_attention, block_size=block_size)
+
+
+def splash_attention(q, k, v, window: int | None, scale: float) -> jnp.ndarray:
+    """TPU Pallas splash attention (``olmax.model.splash``; interpret mode off TPU)."""
+    from olmax.model.splash import splash_attention as splash
+
+    return splash(q, k, v, window, scale)
+
+
+IMPLEMENTATIONS["splash"] = splash_attention

@@ -1,0 +1,177 @@
+"""``splash``: TPU flash attention through JAX's Pallas splash-attention kernel.
+
+``jax.experimental.pallas.ops.tpu.splash_attention`` computes causal / sliding-window attention
+block by block (online softmax in fp32 scratch, bf16 or fp32 matmul operands) and skips every
+(query block, key block) pair its mask rules out, in the forward pass and in both backward kernels
+(dq; dk and dv). olmax gives it:
+
+- the masks: full layers ``CausalMask``; sliding layers ``LocalMask`` with
+  ``window_size=(W - 1, 0)``, i.e. key k is visible from query q iff ``q - W < k <= q`` -- exactly
+  W keys including the query itself (OLMo's convention; see ``olmax.model.attention``);
+- GQA natively: ``make_splash_mha`` takes keys/values ``[Hkv, T, D]`` and maps query head h to key
+  head ``h // (Hq / Hkv)``;
+- the softmax scale folded into q (the kernel applies none);
+- blocks of ``min(512, T')`` in every kernel (MaxText's defaults), where T' is T rounded up to a
+  multiple of 128 lanes and then of the block. Padding rows lie after every real query, so causality
+  hides them from real queries; padded query rows are dropped;
+- one kernel per device: under a mesh (the abstract mesh that ``olmax.train.step`` sets while
+  tracing) the call is a ``shard_map`` over the batch axes ``data x fsdp`` and, where it divides
+  both head counts, ``tensor`` over heads, so XLA never gathers q/k/v to run a custom call it cannot
+  partition. Without a mesh the batch is ``vmap``-ed.
+
+On a TPU the kernel is compiled by Mosaic; elsewhere it runs in Pallas interpret mode (exact, slow:
+for tests), which is logged once. The kernel's FLOPs are not visible to XLA's cost analysis, so
+every call is wrapped in a named scope ``olmax_splash[...]`` that records its shape, and
+:func:`kernel_flops` gives the FLOPs the kernels execute (``olmax plan`` adds them to XLA's count).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+LANES = 128
+DEFAULT_BLOCK = 512
+# Matmuls per visited (query block, key block) pair: forward QK^T and PV; backward dq kernel
+# QK^T (recomputed), dO V^T, dS K; dkv kernel QK^T (recomputed), P^T dO, dO V^T, dS^T Q.
+MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def block_and_padded_len(t: int, block: int = DEFAULT_BLOCK) -> tuple[int, int]:
+    """(block size, padded sequence length) for a sequence of ``t`` tokens."""
+    bs = min(block, _round_up(t, LANES))
+    return bs, _round_up(t, bs)
+
+
+def _mask(tp: int, t: int, window: int | None):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as m
+
+    if window is None or window >= t:
+        return m.CausalMask((tp, tp))
+    return m.LocalMask((tp, tp), window_size=(window - 1, 0), offset=0)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(tp: int, t: int, window: int | None, heads: int, block: int, interpret: bool):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as m
+
+    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                          block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                          block_q_dq=block, block_kv_dq=block)
+    mask = m.MultiHeadMask([_mask(tp, t, window) for _ in range(heads)])
+    with jax.ensure_compile_time_eval():  # concrete mask tables, safe to cache across traces
+        return sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                  interpret=interpret)
+
+
+@functools.lru_cache(maxsize=256)
+def visited_blocks(t: int, window: int | None, block: int = DEFAULT_BLOCK) -> int:
+    """(query block, key block) pairs the kernels compute for one head of one sequence."""
+    bs, tp = block_and_padded_len(t, block)
+    n = tp // bs
+    q0 = np.arange(n)[:, None] * bs          # first query of each block
+    q1 = q0 + bs - 1                         # last query
+    k0 = np.arange(n)[None, :] * bs
+    k1 = k0 + bs - 1
+    visible = k0 <= q1                       # some key <= some query (causal)
+    if window is not None and window < t:
+        visible &= k1 > q0 - window          # some key inside the first query's window
+    return int(visible.sum())
+
+
+def kernel_flops(t: int, window: int | None, heads: int, head_dim: int, batch: int, phase: str,
+                 block: int = DEFAULT_BLOCK) -> int:
+    """FLOPs one call of kernel ``phase`` ('fwd', 'dq', 'dkv') executes: the matmuls of every
+    visited block pair, masked entries of partial blocks included (that is what the MXU does)."""
+    bs, _ = block_and_padded_len(t, block)
+    return 2 * MATMULS[phase] * bs * bs * head_dim * visited_blocks(t, window, block) * heads * batch
+
+
+_SCOPE = "olmax_splash"
+SCOPE_RE = re.compile(_SCOPE + r"_t(\d+)_w(\d+|full)_h(\d+)_d(\d+)_b(\d+)_bs(\d+)")
+
+
+def parse_scope(op_name: str) -> dict | None:
+    """The shape recorded in a splash call's named scope (as found in HLO op_name metadata)."""
+    m = SCOPE_RE.search(op_name)
+    if not m:
+        return None
+    t, w, h, d, b, bs = m.groups()
+    return {"t": int(t), "window": None if w == "full" else int(w), "heads": int(h),
+            "head_dim": int(d), "batch": int(b), "block": int(bs)}
+
+
+_warned: set[str] = set()
+
+
+def _context_mesh():
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty else mesh
+
+
+def _platform(mesh) -> str:
+    if mesh is not None and getattr(mesh, "platform", None):
+        return mesh.platform
+    return jax.default_backend()
+
+
+def _local_splash(q, k, v, window: int | None, scale: float, block: int, interpret: bool):
+    """q: [b, T, Hq, D], k/v: [b, T, Hkv, D] (one device's part) -> [b, T, Hq, D]."""
+    b, t, hq, d = q.shape
+    bs, tp = block_and_padded_len(t, block)
+    pad = ((0, 0), (0, tp - t), (0, 0), (0, 0))
+    # [b, H, T', D]; the scale is applied to q in fp32 and rounded once to q's dtype.
+    qt = jnp.pad((q.astype(jnp.float32) * scale).astype(q.dtype), pad).transpose(0, 2, 1, 3)
+    kt = jnp.pad(k, pad).transpose(0, 2, 1, 3)
+    vt = jnp.pad(v, pad).transpose(0, 2, 1, 3)
+    kernel = _kernel(tp, t, window, hq, bs, interpret)
+    scope = f"{_SCOPE}_t{t}_w{'full' if window is None or window >= t else window}_h{hq}_d{d}_b{b}_bs{bs}"
+    with jax.named_scope(scope):
+        out = jax.vmap(kernel)(qt, kt, vt)
+    return out.transpose(0, 2, 1, 3)[:, :t]
+
+
+def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
+                     scale: float, block_size: int = DEFAULT_BLOCK) -> jnp.ndarray:
+    """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring)."""
+    from jax.sharding import PartitionSpec as P
+
+    mesh = _context_mesh()
+    platform = _platform(mesh)
+    interpret = platform != "tpu"
+    if interpret and platform not in _warned:
+        _warned.add(platform)
+        log.warning("attention 'splash' on %s runs the TPU kernel in Pallas interpret mode "
+                    "(exact but slow; 'chunked' is the fast path off TPU)", platform)
+    fn = functools.partial(_local_splash, window=window, scale=scale, block=block_size,
+                           interpret=interpret)
+    if mesh is None:
+        return fn(q, k, v).astype(q.dtype)
+
+    from olmax.parallel.mesh import BATCH_AXES
+
+    b, hq, hkv = q.shape[0], q.shape[2], k.shape[2]
+    batch_axes, size = [], 1
+    for a in BATCH_AXES:
+        n = mesh.shape.get(a, 1)
+        if n > 1 and b % (size * n) == 0:
+            batch_axes.append(a)
+            size *= n
+    tensor = mesh.shape.get("tensor", 1)
+    head_axis = "tensor" if tensor > 1 and hq % tensor == 0 and hkv % tensor == 0 else None
+    spec = P(tuple(batch_axes) or None, None, head_axis, None)
+    sharded = jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                            check_vma=False)
+    return sharded(q, k, v).astype(q.dtype)

@@ -1,0 +1,120 @@
+"""``attn_impl=splash`` (Pallas splash attention) equals the ``xla`` reference.
+
+On CPU the kernel runs in Pallas interpret mode: the same kernel code, block skipping and online
+softmax, executed by XLA. Outputs and gradients (q, k, v) are compared with the reference in fp32
+(<= 1e-5 relative) and bf16 (error against an fp32 ground truth no worse than the bf16 reference's
+own, within a small factor). The TPU compilation test (Mosaic) is in ``tests/perf/test_plan_tpu.py``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from olmax.model.attention import attention, causal_window_mask
+from olmax.model.splash import (block_and_padded_len, kernel_flops, parse_scope, splash_attention,
+                                visited_blocks)
+
+pytestmark = pytest.mark.tpu
+
+
+def _inputs(t, hq, hkv, d, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(ks[0], (2, t, hq, d), jnp.float32)
+    k = jax.random.normal(ks[1], (2, t, hkv, d), jnp.float32)
+    v = jax.random.normal(ks[2], (2, t, hkv, d), jnp.float32)
+    ct = jax.random.normal(ks[3], (2, t, hq, d), jnp.float32)
+    return tuple(x.astype(dtype) for x in (q, k, v)), ct.astype(dtype)
+
+
+def _out_and_grads(fn, windows, scale):
+    """For every window: (output, dq, dk, dv) of ``fn`` under the cotangent ``ct``."""
+    def run(q, k, v, ct):
+        res = []
+        for w in windows:
+            out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, w, scale), q, k, v)
+            res.append((out, *vjp(ct)))
+        return res
+    return jax.jit(run)
+
+
+def _rel(a, b):
+    """Max abs difference relative to the reference's max magnitude (absolute where the reference
+    is exactly zero: dq of a window of 1, whose softmax over one key does not depend on q)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = np.max(np.abs(b))
+    return float(np.max(np.abs(a - b)) / (scale if scale > 0 else 1.0))
+
+
+def _splash128(q, k, v, w, scale):  # 128-blocks: a 300-token sequence is a 3 x 3 block grid
+    return splash_attention(q, k, v, w, scale, block_size=128)
+
+
+def _xla(q, k, v, w, scale):
+    return attention(q, k, v, w, scale, impl="xla")
+
+
+@pytest.mark.parametrize("t,hq,hkv,d,windows,fn", [
+    (300, 4, 2, 32, (1, 5, 16, 300, None), _splash128),   # GQA, block skipping, windows 1..>=T
+    (37, 4, 1, 16, (5, 16, 64), lambda q, k, v, w, s: attention(q, k, v, w, s, impl="splash")),
+])
+def test_splash_equals_xla_fp32(t, hq, hkv, d, windows, fn):
+    (q, k, v), ct = _inputs(t, hq, hkv, d, jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        got = _out_and_grads(fn, windows, d ** -0.5)(q, k, v, ct)
+        ref = _out_and_grads(_xla, windows, d ** -0.5)(q, k, v, ct)
+    for w, g, r in zip(windows, got, ref):
+        for name, a, b in zip(("out", "dq", "dk", "dv"), g, r):
+            assert a.shape == b.shape and a.dtype == jnp.float32
+            assert _rel(a, b) <= 1e-5, (w, name, _rel(a, b))
+
+
+def test_splash_bf16_as_accurate_as_xla_bf16():
+    t, hq, hkv, d, windows = 300, 4, 2, 32, (5, 128, None)
+    (q, k, v), ct = _inputs(t, hq, hkv, d, jnp.bfloat16, seed=1)
+    with jax.default_matmul_precision("highest"):
+        truth = _out_and_grads(_xla, windows, d ** -0.5)(
+            *(x.astype(jnp.float32) for x in (q, k, v, ct)))
+    got = _out_and_grads(_splash128, windows, d ** -0.5)(q, k, v, ct)
+    ref = _out_and_grads(_xla, windows, d ** -0.5)(q, k, v, ct)
+    for w, g, r, tr in zip(windows, got, ref, truth):
+        for name, a, b, c in zip(("out", "dq", "dk", "dv"), g, r, tr):
+            assert a.dtype == jnp.bfloat16
+            err_splash, err_xla = _rel(a, c), _rel(b, c)
+            assert err_splash <= 2 * err_xla + 1e-3, (w, name, err_splash, err_xla)
+
+
+def test_window_keeps_exactly_w_keys():
+    """A value row that only key position p carries shows which queries see p: with window W
+    exactly queries p .. p+W-1 (the query itself included) do."""
+    t, w, p = 300, 16, 100
+    q = jnp.zeros((1, t, 1, 8))                       # uniform scores: each query averages its keys
+    k = jnp.zeros((1, t, 1, 8))
+    v = jnp.zeros((1, t, 1, 8)).at[0, p, 0, :].set(1.0)
+    out = np.asarray(_splash128(q, k, v, w, 1.0))[0, :, 0, 0]
+    seen = np.nonzero(out > 0)[0]
+    assert seen.tolist() == list(range(p, p + w))
+    np.testing.assert_allclose(out[p:p + w], 1.0 / w, rtol=1e-6)
+    mask = np.asarray(causal_window_mask(t, t, w))
+    assert mask.sum(axis=1)[w:].tolist() == [w] * (t - w)
+
+
+def test_visited_blocks_and_flops():
+    # 8192 tokens in 512-blocks: causal keeps the 136 lower-triangular block pairs; a 4096 window
+    # keeps for each of the 16 query blocks the blocks overlapping (q - 4096, q]: 9 blocks each
+    # (fewer at the start).
+    assert block_and_padded_len(8192) == (512, 8192)
+    assert block_and_padded_len(37) == (128, 128)
+    assert block_and_padded_len(600) == (512, 1024)
+    assert visited_blocks(8192, None) == 16 * 17 // 2
+    n_sliding = sum(min(i, 8) + 1 for i in range(16))
+    assert visited_blocks(8192, 4096) == n_sliding
+    assert visited_blocks(8192, 8192) == visited_blocks(8192, None)
+    f = kernel_flops(8192, None, 32, 128, 1, "fwd")
+    assert f == 2 * 2 * 512 * 512 * 128 * 136 * 32
+    assert kernel_flops(8192, None, 32, 128, 1, "dkv") == 2 * f
+    assert parse_scope("jit(step)/olmax_splash_t8192_w4096_h32_d128_b1_bs512/splash_mha_fwd") == {
+        "t": 8192, "window": 4096, "heads": 32, "head_dim": 128, "batch": 1, "block": 512}
+    assert parse_scope("olmax_splash_t37_wfull_h4_d16_b2_bs128")["window"] is None
