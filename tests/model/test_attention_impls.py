@@ -84,6 +84,19 @@ def test_window_is_never_dropped(impl):
                                atol=1e-6)
 
 
+def test_auto_picks_the_platform_kernel():
+    from olmax.model.attention import resolve_attn_impl
+
+    assert resolve_attn_impl("auto", "tpu") == "splash"
+    assert resolve_attn_impl("auto", "gpu") == resolve_attn_impl("auto", "cuda") == "cudnn"
+    assert resolve_attn_impl("auto", "cpu") == "chunked"
+    assert resolve_attn_impl("xla", "tpu") == "xla"      # an explicit choice is kept
+    assert resolve_attn_impl("auto") == "chunked"         # this CPU machine
+    q, k, v = _qkv()
+    np.testing.assert_array_equal(np.asarray(attention(q, k, v, 5, D ** -0.5, impl="auto")),
+                                  np.asarray(attention(q, k, v, 5, D ** -0.5, impl="chunked")))
+
+
 def test_bf16_close_to_reference():
     q, k, v = _qkv(jnp.bfloat16)
     for window in (5, None):

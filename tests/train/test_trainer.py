@@ -50,6 +50,7 @@ def test_train_cli_writes_a_complete_run_dir(token_files, tmp_path, capsys):
     assert (run_dir / "config.yaml").is_file()
     info = json.loads((run_dir / "run_info.json").read_text())
     assert info["olmax_version"] and "git_revision" in info
+    assert info["attn_impl"] == "xla"   # the implementation the step ran (``auto`` resolved)
     assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tb").iterdir())
     assert "loss" in capsys.readouterr().out
 

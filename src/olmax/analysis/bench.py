@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from olmax.config import ConfigError, RunConfig
+from olmax.model.attention import resolve_attn_impl
 from olmax.model.flops import flops_per_token, peak_flops
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -174,7 +175,8 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
     ratio = (lambda f: tps * f / ceiling_flops) if ceiling_flops else (lambda f: None)
     return TrainBench(
         device=device.device_kind, platform=device.platform, n_params=count_params(model_cfg),
-        batch=b, seq_len=t, compute_dtype=train_cfg.compute_dtype, attn_impl=train_cfg.attn_impl,
+        batch=b, seq_len=t, compute_dtype=train_cfg.compute_dtype,
+        attn_impl=resolve_attn_impl(train_cfg.attn_impl, device.platform),
         remat=train_cfg.remat, steps=steps, compile_s=compile_s, step_s=step_s,
         step_s_mean=statistics.fmean(times), step_s_min=min(times), tokens_per_s=tps,
         flops_per_token_olmo_core=f_oc, flops_per_token_causal=f_c,

@@ -52,10 +52,30 @@ IMPLEMENTATIONS: dict[str, AttentionFn] = {"xla": xla_attention}
 from olmax.model import attention_impls as _impls  # noqa: E402,F401  (registers implementations)
 
 
+# ``auto``: the fastest exact implementation for the platform the computation compiles for.
+AUTO_BY_PLATFORM = {"tpu": "splash", "gpu": "cudnn"}
+AUTO_DEFAULT = "chunked"
+
+
+def resolve_attn_impl(impl: str, platform: str | None = None) -> str:
+    """``impl`` itself, or for ``"auto"`` the implementation for ``platform`` ('tpu': splash,
+    'gpu': cudnn, anything else: chunked). Without a platform: the platform of the mesh being
+    traced under, else JAX's default backend."""
+    if impl != "auto":
+        return impl
+    if platform is None:
+        mesh = jax.sharding.get_abstract_mesh()
+        platform = getattr(mesh, "platform", None) if not mesh.empty else None
+        platform = platform or jax.default_backend()
+    platform = "gpu" if platform in ("cuda", "rocm") else platform
+    return AUTO_BY_PLATFORM.get(platform, AUTO_DEFAULT)
+
+
 def attention(q, k, v, window: int | None, scale: float, impl: str = "xla") -> jnp.ndarray:
+    impl = resolve_attn_impl(impl)
     try:
         fn = IMPLEMENTATIONS[impl]
     except KeyError:
         raise ValueError(f"unknown attention implementation '{impl}' "
-                         f"(known: {', '.join(IMPLEMENTATIONS)})") from None
+                         f"(known: auto, {', '.join(IMPLEMENTATIONS)})") from None
     return fn(q, k, v, window, scale)

@@ -10,7 +10,7 @@ state stay fp32, the forward runs in ``train.compute_dtype``.
 
 from __future__ import annotations
 
-from functools import partial
+from functools import partial, wraps
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -106,6 +106,16 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
     return step
 
 
+def traced_under_mesh(fn: Callable, mesh: Mesh) -> Callable:
+    """``fn`` traced with ``mesh`` as the context (abstract) mesh, so that code that must place
+    itself on the mesh (e.g. a kernel in ``shard_map``; ``attn_impl=auto``) sees it."""
+    @wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
 def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings: Any = None,
                    mesh: Mesh | None = None) -> Callable:
     """jit with the state donated and, on a mesh, explicit in/out shardings for state and batch."""
@@ -113,7 +123,7 @@ def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings:
         return jax.jit(step, donate_argnums=(0,))
     from olmax.parallel.sharding import replicated
     rep = replicated(mesh)
-    return jax.jit(step, donate_argnums=(0,),
+    return jax.jit(traced_under_mesh(step, mesh), donate_argnums=(0,),
                    in_shardings=(state_shardings, batch_shardings, rep),
                    out_shardings=(state_shardings, rep))
 
@@ -127,13 +137,18 @@ class ShardedTraining(NamedTuple):
     abstract_state: Any          # TrainState of ShapeDtypeStructs carrying those shardings
     batch_shardings: dict        # tokens [B, T] / instance_mask [B], rows over data x fsdp
     n_micro: int
+    attn_impl: str = ""          # the attention implementation the step runs (``auto`` resolved)
 
 
 def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
                            tx: optax.GradientTransformationExtraArgs, mesh: Mesh,
                            key: jax.Array) -> ShardedTraining:
     """Shard parameters by the logical-axis rules, optimizer moments like their parameters,
-    counters/skip windows replicated, the batch by rows; jit the step with those shardings."""
+    counters/skip windows replicated, the batch by rows; jit the step with those shardings.
+    ``train.attn_impl=auto`` is resolved for the platform of the mesh's devices."""
+    import dataclasses
+
+    from olmax.model.attention import resolve_attn_impl
     from olmax.model.olmo3 import abstract_params, init_params
     from olmax.parallel.mesh import data_parallel_size
     from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings,
@@ -141,6 +156,8 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
     from olmax.train.state import init_train_state
 
     n_micro = num_micro_batches(train_cfg, data_parallel_size(mesh))
+    attn_impl = resolve_attn_impl(train_cfg.attn_impl, mesh.devices.flat[0].platform)
+    train_cfg = dataclasses.replace(train_cfg, attn_impl=attn_impl)
     p_sh = param_shardings(model_cfg, mesh)
     abs_params = abstract_params(model_cfg)
     abs_opt = jax.eval_shape(tx.init, abs_params)
@@ -158,4 +175,4 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
 
     step = make_train_step(model_cfg, train_cfg, tx, n_micro=n_micro, mesh=mesh)
     return ShardedTraining(jit_train_step(step, state_sh, b_sh, mesh), init_state, state_sh,
-                           abstract_state, b_sh, n_micro)
+                           abstract_state, b_sh, n_micro, attn_impl)

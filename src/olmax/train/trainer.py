@@ -146,6 +146,7 @@ class Trainer:
         info = {"olmax_version": olmax.__version__, "git_revision": _git_revision(),
                 "jax_version": jax.__version__, "devices": jax.device_count(),
                 "device_kind": jax.devices()[0].device_kind, "processes": jax.process_count(),
+                "attn_impl": self.attn_impl,
                 "command": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         _write_atomic(self.run_dir / "run_info.json", json.dumps(info, indent=2) + "\n")
 
@@ -171,6 +172,7 @@ class Trainer:
         self.step_fn, self._init_state = st.step_fn, st.init_state
         self.state_shardings, self.abstract_state = st.state_shardings, st.abstract_state
         self.batch_sharding, self.n_micro = st.batch_shardings, st.n_micro
+        self.attn_impl = st.attn_impl
 
     def _callbacks(self) -> list:
         from olmax.train.callbacks.speed_monitor import SpeedMonitor
