@@ -23,6 +23,7 @@ COMMANDS = [
     "curves",
     "bench",
     "launch",
+    "plan",
 ]
 
 
@@ -46,7 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     from olmax.config import ConfigError, OlmaxError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # ``key=value`` overrides may also follow the options (``RECIPE --topology X key=value``).
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in e and not e.startswith("-") for e in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         rc = args.func(args)
     except (ConfigError, OlmaxError) as e:

@@ -57,16 +57,21 @@ AUTO_BY_PLATFORM = {"tpu": "splash", "gpu": "cudnn"}
 AUTO_DEFAULT = "chunked"
 
 
+def context_platform() -> str:
+    """The platform being compiled for: that of the mesh traced under, else JAX's default backend
+    (they differ when compiling ahead of time for a TPU topology on a CPU host)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    return device.platform if device is not None else jax.default_backend()
+
+
 def resolve_attn_impl(impl: str, platform: str | None = None) -> str:
     """``impl`` itself, or for ``"auto"`` the implementation for ``platform`` ('tpu': splash,
     'gpu': cudnn, anything else: chunked). Without a platform: the platform of the mesh being
     traced under, else JAX's default backend."""
     if impl != "auto":
         return impl
-    if platform is None:
-        mesh = jax.sharding.get_abstract_mesh()
-        platform = getattr(mesh, "platform", None) if not mesh.empty else None
-        platform = platform or jax.default_backend()
+    platform = platform or context_platform()
     platform = "gpu" if platform in ("cuda", "rocm") else platform
     return AUTO_BY_PLATFORM.get(platform, AUTO_DEFAULT)
 

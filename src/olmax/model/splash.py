@@ -121,12 +121,6 @@ def _context_mesh():
     return None if mesh.empty else mesh
 
 
-def _platform(mesh) -> str:
-    if mesh is not None and getattr(mesh, "platform", None):
-        return mesh.platform
-    return jax.default_backend()
-
-
 def _local_splash(q, k, v, window: int | None, scale: float, block: int, interpret: bool):
     """q: [b, T, Hq, D], k/v: [b, T, Hkv, D] (one device's part) -> [b, T, Hq, D]."""
     b, t, hq, d = q.shape
@@ -148,8 +142,10 @@ def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int
     """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring)."""
     from jax.sharding import PartitionSpec as P
 
+    from olmax.model.attention import context_platform
+
     mesh = _context_mesh()
-    platform = _platform(mesh)
+    platform = context_platform()
     interpret = platform != "tpu"
     if interpret and platform not in _warned:
         _warned.add(platform)

@@ -1,0 +1,54 @@
+"""``olmax plan RECIPE [key=value ...] [--topology NAME] [--json OUT]``
+
+Compile the recipe's real training step ahead of time -- for a TPU topology (``--topology
+tpu7x:2x2x2``, ``v5p:4x4x4``, ``v5e:2x2``, ``v6e:4x4``; needs the tpu extra, Python >= 3.12) or for
+this machine's devices -- without allocating any parameter or batch, and report per device: memory
+(arguments, outputs, temporaries, aliasing, generated code; the peak against the device's HBM),
+FLOPs per step (analytic, both conventions, and XLA's count with loop trip counts and kernels), an
+estimated step time with tokens/s/chip and MFU (labelled with its method), the collectives in the
+compiled program, and the compile time. A step that does not fit is one line with the bytes
+needed and available.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="compile a recipe's step ahead of time: memory, FLOPs, "
+                                           "estimated speed, collectives",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", help="recipe name or YAML path")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    p.add_argument("--topology", default=None,
+                   help="TPU topology to compile for (e.g. tpu7x:2x2x2, v5p:4x4x4); default: local devices")
+    p.add_argument("--no-parts", action="store_true",
+                   help="skip compiling the unscanned parts (no XLA FLOPs count, no estimate)")
+    p.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
+    p.add_argument("--force", action="store_true", help="replace an existing --json file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from olmax.commands.bench import _check_output, _write
+    from olmax.perf.plan import DoesNotFit, format_plan, plan
+    from olmax.train.recipes import load_recipe
+
+    _check_output(args.json_out, args.force)
+    cfg = load_recipe(args.recipe, args.overrides)
+    try:
+        result = plan(cfg, args.topology, parts=not args.no_parts)
+    except DoesNotFit as e:
+        print(f"olmax plan: {e}")
+        if args.json_out:
+            _write(args.json_out, {"recipe": args.recipe, "overrides": list(args.overrides),
+                                   "topology": args.topology,
+                                   "memory": {"peak_bytes": e.needed, "hbm_bytes": e.available,
+                                              "fits": False}, "error": str(e)}, args.force)
+        return 1
+    print(format_plan(result))
+    _write(args.json_out, {**result.to_dict(), "recipe": args.recipe,
+                           "overrides": list(args.overrides)}, args.force)
+    return 0
+

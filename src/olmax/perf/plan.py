@@ -1,0 +1,466 @@
+"""``olmax plan``: compile a recipe's real training step ahead of time and report what the compiler
+knows -- per-device memory and whether it fits, FLOPs, an estimated step time, the collectives.
+
+The program compiled is the one ``olmax train`` runs: :func:`olmax.train.step.build_sharded_training`
+with the recipe's model, optimizer (SkipStep AdamW, clipping), loss (z-loss, chunked head), remat
+policy, attention implementation, micro-batch accumulation, mesh and sharding rules. Parameters,
+optimizer state and batch are abstract (shapes and shardings only): nothing is allocated. The
+target is a TPU topology (``--topology tpu7x:2x2x2``: libtpu compiles for it on any host, no TPU
+needed) or the local devices.
+
+FLOPs per step (per device) are reported three ways:
+
+- ``olmo_core`` / ``causal``: olmax's analytic model FLOPs (:mod:`olmax.model.flops`);
+- ``xla``: XLA's own count made comparable. A compiled program's ``cost_analysis`` counts a loop
+  body once (a scanned layer stack, the micro-batch loop, the loss chunks) and gives Pallas kernels
+  no cost. So the step is also compiled as unscanned parts on the same mesh: (A) the loss with one
+  layer group (the window pattern's period) forward + backward, (H) the LM head + loss alone
+  forward + backward, (O) the optimizer update; then ``xla = n_micro * (groups * (A - H) + H) + O``,
+  plus the FLOPs the Pallas kernels execute, counted from the compiled step's HLO (each kernel call
+  times its loop trip counts) at the blocks the kernel visits. It exceeds the analytic count by
+  remat's recomputed forward, by attention computed densely (``xla``: the full T x T scores;
+  ``chunked``: whole blocks; splash: whole 512-blocks on the mask's edge) and by the elementwise
+  work (norms, softmax, optimizer) that model FLOPs leave out.
+
+The step-time *estimate* sums XLA's cost model (``optimal_seconds``, TPU only) over the same parts;
+kernels XLA cannot see are added at their FLOPs over the device's peak. It is labelled as such; the
+whole program's own ``optimal_seconds`` is not used (negative for scanned programs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+import tempfile
+import time
+from typing import Any
+
+from olmax.config import ConfigError, OlmaxError, RunConfig
+
+GiB = 2 ** 30
+
+# HBM per device (bytes), matched as lower-case substrings of ``device_kind``, most specific first.
+# tpu7x (Ironwood): 192 GiB per chip shared by its 2 devices (TensorCores).
+HBM_BYTES: tuple[tuple[str, int], ...] = (
+    ("tpu7x", 96 * GiB),
+    ("tpu v6 lite", 32 * GiB),
+    ("tpu v6e", 32 * GiB),
+    ("tpu v5 lite", 16 * GiB),
+    ("tpu v5e", 16 * GiB),
+    ("tpu v5p", 95 * GiB),
+    ("tpu v5", 95 * GiB),          # v5p reports itself as "TPU v5"
+    ("tpu v4", 32 * GiB),
+    ("h200", 141 * GiB),
+    ("h100", 80 * GiB),
+)
+
+_LIBTPU_NOISE = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "Failed to find host bounds",
+                 "Logging before InitGoogle", "libtpu_init_utils", "Source Location Trace",
+                 "could not determine TPU")
+
+
+def hbm_bytes(device: Any) -> tuple[int | None, str]:
+    """(bytes, source) of one device's memory: the runtime's limit where a real device reports one,
+    else the table above, else (CPU) the host's physical memory shared by its devices."""
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # topology devices and some backends have none
+        stats = {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), "runtime"
+    kind = str(getattr(device, "device_kind", "")).lower()
+    for key, value in HBM_BYTES:
+        if key in kind:
+            return value, "table"
+    if getattr(device, "platform", "") == "cpu":
+        import jax
+
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return host // max(1, len(jax.local_devices(backend="cpu"))), "host memory / devices"
+    return None, "unknown"
+
+
+def _no_tpu_attached() -> bool:
+    import glob
+
+    return not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+@contextlib.contextmanager
+def _filtered_stderr():
+    """Drop libtpu's start-up warnings (file-descriptor level: they come from C++)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (some test runners)
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            for line in tmp.read().decode(errors="replace").splitlines():
+                if line.strip() and not any(n in line for n in _LIBTPU_NOISE):
+                    print(line, file=sys.stderr)
+
+
+def topology_devices(name: str) -> list:
+    """The devices of a TPU topology such as ``v5p:4x4x4`` or ``tpu7x:2x2x2`` (compilation only).
+
+    On a host without TPUs libtpu is told so before it loads (no metadata-server lookups, no
+    warnings about accelerator type or worker hostnames, several compiling processes allowed)."""
+    if _no_tpu_attached():
+        for key, value in {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
+                           "TPU_ACCELERATOR_TYPE": "v5litepod-4",  # any valid type: only silences a warning
+                           "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}.items():
+            os.environ.setdefault(key, value)
+    try:
+        from jax.experimental import topologies
+    except ImportError as e:  # pragma: no cover - every supported jax has it
+        raise OlmaxError(f"this jax has no ahead-of-time topology support ({e})") from None
+    try:
+        with _filtered_stderr():
+            desc = topologies.get_topology_desc(platform="tpu", topology_name=name)
+    except RuntimeError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "not installed" in msg or "libtpu" in msg.lower() and "lockfile" not in msg:
+            raise OlmaxError(f"--topology {name}: compiling for TPUs needs libtpu: install the tpu "
+                             f"extra on Python >= 3.12 (PYTHON=python3.12 scripts/bootstrap tpu)") from None
+        if "INVALID_ARGUMENT" in msg or "Invalid" in msg or "not divisible" in msg:
+            detail = msg.split("INVALID_ARGUMENT:")[-1].strip()
+            raise OlmaxError(f"unknown TPU topology '{name}' ({detail}); examples: v5e:2x2, "
+                             f"v5p:2x2x1, v5p:4x4x4, v6e:4x4, tpu7x:2x2x1, tpu7x:2x2x2") from None
+        raise OlmaxError(f"--topology {name}: {msg}") from None
+    return list(desc.devices)
+
+
+def _chips(devices: list) -> int:
+    coords = {tuple(c) for d in devices if (c := getattr(d, "coords", None)) is not None}
+    return len(coords) or len(devices)
+
+
+_OOM_PATTERNS = (
+    re.compile(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
+    re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm"),
+)
+_UNIT = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+def parse_hbm_oom(message: str) -> tuple[int, int] | None:
+    """(bytes needed, bytes available) from XLA's compile-time out-of-HBM error, else None."""
+    for pat in _OOM_PATTERNS:
+        m = pat.search(message)
+        if m:
+            need = float(m.group(1)) * _UNIT[m.group(2)]
+            have = float(m.group(3)) * _UNIT[m.group(4)]
+            return int(need), int(have)
+    return None
+
+
+class DoesNotFit(OlmaxError):
+    """The step needs more device memory than there is (found at compile time)."""
+
+    def __init__(self, needed: int, available: int, where: str):
+        self.needed, self.available = needed, available
+        super().__init__(f"does not fit: {where} needs {needed / GiB:.2f} GiB per device of HBM "
+                         f"temporaries, {available / GiB:.2f} GiB available")
+
+
+def _compile(lowered, where: str):
+    try:
+        return lowered.compile()
+    except Exception as e:  # XLA raises its runtime error type; only an HBM OOM is ours to explain
+        oom = parse_hbm_oom(str(e))
+        if oom is None:
+            raise
+        raise DoesNotFit(*oom, where) from None
+
+
+# Custom calls XLA's TPU cost model can cost: Pallas/Mosaic kernels and the async-collective
+# wrappers. Every other custom call (internal rewrites such as ConcatBitcast,
+# AssumeGatherIndicesInBound) enters ``optimal_seconds`` as -1 s ("unknown").
+_COSTED_CUSTOM_CALLS = ("tpu_custom_call", "AsyncCollectiveStart", "AsyncCollectiveDone")
+
+
+def _cost(compiled) -> dict:
+    """``cost_analysis`` of a compiled program, with ``optimal_seconds`` corrected for the -1 s that
+    each custom call unknown to the cost model contributes (they are data-layout rewrites, taken
+    as free); ``uncosted_custom_calls`` says how many there were."""
+    from olmax.perf import hlo
+
+    cost = compiled.cost_analysis()
+    cost = dict((cost[0] if isinstance(cost, (list, tuple)) else cost) or {})
+    if cost.get("optimal_seconds") is not None:
+        comps, _ = hlo.parse(compiled.as_text())
+        unknown = sum(1 for instrs in comps.values() for ins in instrs
+                      if ins.opcode == "custom-call"
+                      and not any(f'custom_call_target="{c}"' in ins.text for c in _COSTED_CUSTOM_CALLS))
+        cost["optimal_seconds_raw"] = cost["optimal_seconds"]
+        cost["optimal_seconds"] = cost["optimal_seconds"] + unknown
+        cost["uncosted_custom_calls"] = unknown
+    return cost
+
+
+# ----------------------------------------------------------------------------------------------
+# The parts XLA can cost (unscanned)
+
+
+def local_model(model, tensor: int):
+    """The model as one device of a ``tensor``-way tensor-parallel mesh computes it: heads, MLP and
+    vocabulary divided by ``tensor`` where they divide (the rules shard them the same way)."""
+    if tensor == 1:
+        return model
+    div = lambda x: x // tensor if x % tensor == 0 else x  # noqa: E731
+    v = div(model.padded_vocab_size)
+    return model.replace(n_heads=div(model.n_heads), n_kv_heads=div(model.n_kv_heads),
+                         mlp_hidden=div(model.mlp_hidden), padded_vocab_size=v,
+                         vocab_size=min(model.vocab_size, v))
+
+
+def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_devices: int,
+                attn_impl: str) -> dict:
+    """Cost analyses of the step's parts as one device runs them, compiled unscanned for that
+    device alone (no collectives: XLA's cost model gives collectives no usable time): (A) the loss
+    with one layer group, forward + backward; (H) LM head + loss, forward + backward; (O) the
+    optimizer update over this device's 1/n of the state."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from olmax.model.olmo3 import abstract_params
+    from olmax.parallel.mesh import MESH_AXES
+    from olmax.train.loss import lm_loss_sums, loss_and_sums
+    from olmax.train.optim import build_optimizer
+    from olmax.train.step import COMPUTE_DTYPES, traced_under_mesh
+
+    model, train = local_model(cfg.model, tensor), cfg.train
+    dtype = COMPUTE_DTYPES[train.compute_dtype]
+    t, b = train.seq_len, per_device_batch
+    mesh = Mesh(np.asarray([device]).reshape(1, 1, 1), MESH_AXES)
+    one = NamedSharding(mesh, P())
+    spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=one)  # noqa: E731
+    tok = spec((b, t), jnp.int32)
+
+    def cost(fn, *args):
+        return _cost(_compile(jax.jit(traced_under_mesh(fn, mesh)).lower(*args), "a part of the step"))
+
+    out = {}
+    group = model.replace(n_layers=len(model.window_pattern))     # one group: a loop of one trip
+    p_group = jax.tree.map(lambda a: spec(a.shape, a.dtype), abstract_params(group))
+    loss_a = lambda p, x, y: loss_and_sums(  # noqa: E731
+        p, x, y, jnp.float32(b * t), group, z_loss_multiplier=train.z_loss_multiplier,
+        compute_dtype=dtype, attn_impl=attn_impl, remat=train.remat, chunk_size=t)[0]
+    out["A"] = cost(jax.grad(loss_a), p_group, tok, tok)
+
+    def loss_h(h, w, y):
+        s = lm_loss_sums(h, w, y, z_loss_multiplier=train.z_loss_multiplier, chunk_size=t)
+        return (s.ce + s.z) / (b * t)
+    out["H"] = cost(jax.grad(loss_h, argnums=(0, 1)), spec((b, t, model.d_model), dtype),
+                    spec((model.d_model, model.padded_vocab_size), dtype), tok)
+
+    # The update is elementwise (plus the global norm): this device's share of every tensor.
+    tx = build_optimizer(cfg.optim)
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct((-(-a.size // n_devices),), a.dtype),
+                          abstract_params(cfg.model))
+    opt = jax.tree.map(lambda a: spec(a.shape, a.dtype), jax.eval_shape(tx.init, params))
+    params = jax.tree.map(lambda a: spec(a.shape, a.dtype), params)
+    scalar = spec((), jnp.float32)
+
+    def update(g, o, p, lr, loss):
+        import optax
+
+        u, o = tx.update(g, o, p, lr=lr, loss=loss)
+        return optax.apply_updates(p, u), o
+    out["O"] = cost(update, params, opt, params, scalar, scalar)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Plan
+
+
+@dataclasses.dataclass
+class Plan:
+    topology: str | None
+    num_devices: int
+    device_kind: str
+    attn_impl: str
+    remat: str
+    global_batch_size: int
+    seq_len: int
+    memory: dict
+    flops_per_step: dict
+    estimate: dict
+    collectives: list
+    compile_s: float
+    details: dict
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _kernel_flops(prog) -> tuple[float, dict]:
+    """FLOPs the splash kernels execute per step (per device), from the compiled HLO."""
+    from olmax.model.splash import kernel_flops, parse_scope
+    from olmax.perf import hlo
+
+    total, calls = 0.0, {}
+    for ins, mult in hlo.custom_calls(prog, "tpu_custom_call"):
+        names = hlo.op_names(ins)
+        shape = next((s for s in map(parse_scope, names) if s), None)
+        phase = re.search(r"splash_m[hq]a_(fwd|dq|dkv)", ins.name + " " + " ".join(names))
+        if shape is None or phase is None:
+            continue
+        f = kernel_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
+                         shape["batch"], phase.group(1), shape["block"])
+        total += f * mult
+        calls[phase.group(1)] = calls.get(phase.group(1), 0) + int(mult)
+    return total, calls
+
+
+def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True) -> Plan:
+    """Compile the training step of ``cfg`` for ``topology`` (or the local devices); see module."""
+    import jax
+    import jax.numpy as jnp
+
+    from olmax.model.flops import flops_per_token, peak_flops
+    from olmax.parallel.mesh import data_parallel_size, make_mesh
+    from olmax.perf import hlo
+    from olmax.train.optim import build_optimizer
+    from olmax.train.step import build_sharded_training
+
+    devices = topology_devices(topology) if topology else jax.devices()
+    mesh = make_mesh(cfg.mesh, devices)
+    n = len(devices)
+    dev = devices[0]
+    model, train = cfg.model, cfg.train
+    if train.seq_len > model.max_seq_len and model.rope_scaling is None:
+        raise ConfigError(f"train.seq_len {train.seq_len} exceeds model.max_seq_len {model.max_seq_len}")
+    st = build_sharded_training(model, train, build_optimizer(cfg.optim), mesh, jax.random.key(0))
+    b, t = train.global_batch_size, train.seq_len
+    batch = {"tokens": jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=st.batch_shardings["tokens"]),
+             "instance_mask": jax.ShapeDtypeStruct((b,), jnp.bool_,
+                                                   sharding=st.batch_shardings["instance_mask"])}
+    lr = jax.ShapeDtypeStruct((), jnp.float32)
+    where = f"{topology or dev.platform} x{n}, batch {b} x {t}, remat={train.remat}, attn={st.attn_impl}"
+    t0 = time.perf_counter()
+    with _filtered_stderr() if topology else contextlib.nullcontext():
+        compiled = _compile(st.step_fn.lower(st.abstract_state, batch, lr), f"the step ({where})")
+    compile_s = time.perf_counter() - t0
+
+    ma = compiled.memory_analysis()
+    hbm, hbm_source = hbm_bytes(dev)
+    arg, out, tmp = ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.temp_size_in_bytes
+    alias, code = ma.alias_size_in_bytes, ma.generated_code_size_in_bytes
+    peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0) or arg + out - alias + tmp + code
+    memory = {"argument_bytes": int(arg), "output_bytes": int(out), "temp_bytes": int(tmp),
+              "alias_bytes": int(alias), "code_bytes": int(code), "peak_bytes": int(peak),
+              "hbm_bytes": hbm, "fits": None if hbm is None else bool(peak <= hbm),
+              "headroom": None if hbm is None else 1.0 - peak / hbm, "hbm_source": hbm_source}
+
+    prog = hlo.analyse(compiled.as_text())
+    kernel, kernel_calls = _kernel_flops(prog)
+    whole = _cost(compiled)
+
+    tokens = b * t
+    f_oc = flops_per_token(model, t, "olmo_core") * tokens / n
+    f_c = flops_per_token(model, t, "causal") * tokens / n
+    groups = model.n_layers // len(model.window_pattern)
+    flops = {"olmo_core": f_oc, "causal": f_c, "xla": None}
+    details: dict = {"mesh": dict(mesh.shape), "n_micro": st.n_micro, "layer_groups": groups,
+                     "chips": _chips(devices), "xla_whole_program_flops": whole.get("flops"),
+                     "xla_whole_program_optimal_seconds": whole.get("optimal_seconds"),
+                     "kernel_flops": kernel, "kernel_calls": kernel_calls,
+                     "loops_with_unknown_trip_count": prog.unknown_loops}
+    estimate = {"method": None, "step_s": None, "tokens_per_s_per_chip": None,
+                "mfu_olmo_core": None, "mfu_causal": None}
+    if parts:
+        per_device = b // st.n_micro // data_parallel_size(mesh)
+        pc = _part_costs(cfg, dev, per_device, mesh.shape["tensor"], n, st.attn_impl)
+        a, h, o = pc["A"], pc["H"], pc["O"]
+        m = st.n_micro
+
+        def combine(key):
+            if any(x.get(key) is None for x in (a, h, o)):
+                return None
+            return m * (groups * (a[key] - h[key]) + h[key]) + o[key]
+
+        xla = combine("flops")
+        flops["xla"] = None if xla is None else xla + kernel
+        details["parts"] = {name: {k: part.get(k) for k in ("flops", "optimal_seconds", "optimal_seconds_raw",
+                                                            "uncosted_custom_calls", "bytes accessed")}
+                            for name, part in (("layer_group_plus_head", a), ("head_and_loss", h),
+                                               ("optimizer", o))}
+        seconds = combine("optimal_seconds")
+        peak_dev = peak_flops(dev)
+        if seconds is not None and seconds > 0 and all(x["optimal_seconds"] > 0 for x in (a, h, o)):
+            kernel_s = kernel / peak_dev if (kernel and peak_dev) else 0.0
+            step_s = seconds + kernel_s
+            per_chip = n / details["chips"]
+            tps_dev = tokens / n / step_s
+            method = (f"estimate: XLA {dev.platform.upper()} cost model (optimal_seconds) summed over "
+                      f"unscanned parts: {m} micro-batch(es) x ({groups} layer groups + LM head/loss) "
+                      f"+ optimizer")
+            if kernel:
+                method += "; Pallas kernels at their FLOPs / peak"
+            estimate = {"method": method, "step_s": step_s,
+                        "tokens_per_s_per_chip": tps_dev * per_chip,
+                        "mfu_olmo_core": f_oc / step_s / peak_dev if peak_dev else None,
+                        "mfu_causal": f_c / step_s / peak_dev if peak_dev else None}
+        else:
+            estimate["method"] = (f"unavailable: XLA's {dev.platform} backend gives no usable cost-model "
+                                  f"time for the parts (optimal_seconds "
+                                  f"{[x.get('optimal_seconds') for x in (a, h, o)]})")
+    else:
+        estimate["method"] = "not computed (parts skipped)"
+
+    return Plan(topology=topology, num_devices=n, device_kind=dev.device_kind, attn_impl=st.attn_impl,
+                remat=train.remat, global_batch_size=b, seq_len=t, memory=memory,
+                flops_per_step=flops, estimate=estimate, collectives=hlo.collectives(prog),
+                compile_s=compile_s, details=details)
+
+
+def _gib(x) -> str:
+    return "n/a" if x is None else f"{x / GiB:.2f} GiB"
+
+
+def _num(x, unit="") -> str:
+    return "n/a" if x is None else f"{x:.4g}{unit}"
+
+
+def format_plan(p: Plan) -> str:
+    m, f, e, d = p.memory, p.flops_per_step, p.estimate, p.details
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    fit = ("n/a" if m["fits"] is None else
+           ("fits" if m["fits"] else "DOES NOT FIT") + f", headroom {pct(m['headroom'])}")
+    rows = [
+        ("target", f"{p.topology or 'local devices'}: {p.num_devices} x {p.device_kind} "
+                   f"({d['chips']} chips), mesh {d['mesh']}"),
+        ("step", f"batch {p.global_batch_size} x seq {p.seq_len}, {d['n_micro']} micro-batch(es), "
+                 f"attn={p.attn_impl}, remat={p.remat}"),
+        ("compile", f"{p.compile_s:.1f} s"),
+        ("memory / device", f"arguments {_gib(m['argument_bytes'])}, outputs {_gib(m['output_bytes'])}, "
+                            f"temporaries {_gib(m['temp_bytes'])}, aliased {_gib(m['alias_bytes'])}, "
+                            f"code {_gib(m['code_bytes'])}"),
+        ("peak vs HBM", f"{_gib(m['peak_bytes'])} of {_gib(m['hbm_bytes'])} ({m['hbm_source']}): {fit}"),
+        ("FLOPs / device", f"olmo_core {_num(f['olmo_core'])}, causal {_num(f['causal'])}, "
+                           f"xla {_num(f['xla'])}" + (f" (x{f['xla'] / f['causal']:.2f} of causal)"
+                                                      if f["xla"] and f["causal"] else "")),
+        ("estimate", e["method"] or "n/a"),
+    ]
+    if e["step_s"]:
+        rows.append(("  step time", f"{e['step_s'] * 1e3:.1f} ms, {e['tokens_per_s_per_chip']:,.0f} "
+                                    f"tokens/s/chip, MFU {pct(e['mfu_olmo_core'])} (olmo_core), "
+                                    f"{pct(e['mfu_causal'])} (causal)"))
+    coll = ", ".join(f"{c['kind']} {c['count']}x {_gib(c['bytes'])}" for c in p.collectives) or "none"
+    rows.append(("collectives", coll))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
