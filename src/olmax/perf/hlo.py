@@ -7,7 +7,8 @@ computation gets a *multiplier*: the number of times it runs per execution of th
 the product of the trip counts of the loops around it. A loop's trip count is read from its
 condition computation (``compare(induction variable, constant N), direction=LT`` with the
 induction variable starting at 0, which is how XLA emits ``scan``/``fori_loop`` loops); a loop whose
-count cannot be read is counted once and reported.
+count cannot be read is counted once and reported. Where XLA recorded the count
+(``backend_config`` ``known_trip_count``, e.g. on CPU) that is used.
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def analyse(text: str) -> Program:
             if not called:
                 continue
             if ins.opcode == "while":
-                n = None
-                for c in called.get("condition", []):
+                known = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.text)
+                n = int(known.group(1)) if known else None
+                for c in called.get("condition", []) if n is None else ():
                     n = trip_count(comps.get(c, []))
                 if n is None:
                     unknown += 1

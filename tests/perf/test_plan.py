@@ -1,0 +1,81 @@
+"""``olmax plan`` on this machine's CPU devices (no topology), and the HLO reading it relies on."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from olmax.cli import main
+from olmax.model.flops import flops_per_token
+from olmax.perf import hlo
+from olmax.perf.plan import parse_hbm_oom
+from olmax.train.recipes import load_recipe
+
+
+def test_plan_on_local_cpu(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    # A small vocabulary, so that the layers (not the LM head) dominate the FLOPs.
+    overrides = ["train.global_batch_size=4", "train.micro_batch_size=2", "train.remat=full",
+                 "model.vocab_size=256", "model.padded_vocab_size=256"]
+    assert main(["plan", "olmo3_tiny", *overrides, "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "peak vs HBM" in table and "collectives" in table
+    p = json.loads(out.read_text())
+    assert p["topology"] is None and p["num_devices"] == 1 and p["attn_impl"] == "xla"
+    assert p["remat"] == "full" and p["details"]["n_micro"] == 2
+    m = p["memory"]
+    assert m["fits"] is True and 0 < m["peak_bytes"] < m["hbm_bytes"]
+    cfg = load_recipe("olmo3_tiny", overrides)
+    assert m["argument_bytes"] >= 12 * cfg.model.num_params()   # fp32 params + Adam mu, nu
+    f = p["flops_per_step"]
+    assert f["causal"] == pytest.approx(flops_per_token(cfg.model, 128, "causal") * 4 * 128)
+    # Full remat recomputes the forward (8N instead of 6N on the layers) and xla attention is
+    # computed densely (T x T scores): XLA's count lies above the model FLOPs by more than the
+    # remat factor 8/6. Counting the two micro-batches' loop body once gives about half.
+    assert 8 / 6 < f["xla"] / f["causal"] < 1.8
+    assert f["xla"] > 1.8 * p["details"]["xla_whole_program_flops"]
+    assert p["details"]["loops_with_unknown_trip_count"] == 0
+    # XLA's CPU backend has no cost model: no invented estimate.
+    assert p["estimate"]["step_s"] is None and p["estimate"]["method"].startswith("unavailable")
+
+
+def test_topology_without_libtpu_is_one_line(capsys):
+    pytest.importorskip("jax")
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is not None:
+        pytest.skip("libtpu is installed here")
+    assert main(["plan", "olmo3_tiny", "--topology", "v5e:2x2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "needs libtpu" in err
+
+
+def test_loop_trip_counts_and_multipliers():
+    """A scan of 7 inside a scan of 3: the inner body runs 21 times per program run."""
+    def f(x):
+        def outer(c, _):
+            def inner(c2, _):
+                return jnp.tanh(c2 @ c2), None
+            return jax.lax.scan(inner, c, None, length=7)[0], None
+        return jax.lax.scan(outer, x, None, length=3)[0]
+
+    text = jax.jit(f).lower(jax.ShapeDtypeStruct((16, 16), jnp.float32)).compile().as_text()
+    prog = hlo.analyse(text)
+    assert prog.unknown_loops == 0
+    dots = [(ins, m) for ins, m in prog.instructions() if ins.opcode in ("dot", "convolution")]
+    assert dots and all(m == 21 for _, m in dots)
+
+
+def test_shape_bytes_and_oom_message():
+    assert hlo.shape_bytes("bf16[8,128]{1,0}") == 2048
+    assert hlo.shape_bytes("(f32[4], s32[], pred[2,2])") == 16 + 4 + 4
+    msg = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory "
+           "required for HLO temporaries (17.18G) exceeds available HBM (15.75G). HLO module: jit_step.")
+    need, have = parse_hbm_oom(msg)
+    assert need == int(17.18 * 2 ** 30) and have == int(15.75 * 2 ** 30)
+    assert parse_hbm_oom("Used 139.38G of 94.74G hbm. Exceeded hbm capacity by 44.64G.") == (
+        int(139.38 * 2 ** 30), int(94.74 * 2 ** 30))
+    assert parse_hbm_oom("INVALID_ARGUMENT: something else") is None

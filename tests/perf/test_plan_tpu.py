@@ -1,0 +1,93 @@
+"""``olmax plan`` for a TPU topology (libtpu compiles for it on this CPU-only machine), and the
+splash kernel compiled by Mosaic inside the real training step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from olmax.cli import main
+from olmax.model.flops import flops_per_token
+from olmax.train.recipes import load_recipe
+
+pytestmark = pytest.mark.tpu
+
+KEYS = {"topology", "num_devices", "device_kind", "attn_impl", "remat", "global_batch_size", "seq_len",
+        "memory", "flops_per_step", "estimate", "collectives", "compile_s"}
+OVERRIDES = ["train.attn_impl=auto", "train.global_batch_size=8", "train.micro_batch_size=1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
+    rc = main(["plan", "olmo3_tiny", "--topology", "v5e:2x2", *OVERRIDES, "--json", str(out)])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_plan_json_contract(tiny_plan):
+    p = tiny_plan
+    assert KEYS <= set(p)
+    assert set(p["memory"]) >= {"argument_bytes", "output_bytes", "temp_bytes", "alias_bytes",
+                                "code_bytes", "peak_bytes", "hbm_bytes", "fits"}
+    assert set(p["flops_per_step"]) >= {"olmo_core", "causal", "xla"}
+    assert set(p["estimate"]) >= {"method", "step_s", "tokens_per_s_per_chip", "mfu_olmo_core", "mfu_causal"}
+    assert all(set(c) >= {"kind", "count", "bytes"} for c in p["collectives"])
+    assert (p["topology"], p["num_devices"], p["device_kind"]) == ("v5e:2x2", 4, "TPU v5 lite")
+    assert (p["attn_impl"], p["global_batch_size"], p["seq_len"]) == ("splash", 8, 128)
+
+
+def test_plan_memory_is_consistent(tiny_plan):
+    m = tiny_plan["memory"]
+    assert m["hbm_bytes"] == 16 * 2 ** 30 and m["fits"] is True
+    # The state is donated: every output aliases an argument of the same size.
+    assert m["alias_bytes"] > 0 and m["alias_bytes"] <= min(m["argument_bytes"], m["output_bytes"])
+    assert m["peak_bytes"] >= m["argument_bytes"] + m["temp_bytes"] - m["alias_bytes"]
+    assert m["peak_bytes"] < m["hbm_bytes"]
+    # fp32 parameters + Adam mu/nu, FSDP over 4 devices: arguments hold about 12 bytes/param / 4.
+    cfg = load_recipe("olmo3_tiny", OVERRIDES)
+    n = cfg.model.num_params()
+    assert 12 * n / 4 <= m["argument_bytes"] <= 1.2 * 12 * n / 4 + 2 ** 20
+
+
+def test_plan_flops_and_estimate(tiny_plan):
+    p = tiny_plan
+    cfg = load_recipe("olmo3_tiny", OVERRIDES)
+    f = p["flops_per_step"]
+    tokens = 8 * 128
+    assert f["olmo_core"] == pytest.approx(flops_per_token(cfg.model, 128, "olmo_core") * tokens / 4)
+    assert f["causal"] == pytest.approx(flops_per_token(cfg.model, 128, "causal") * tokens / 4)
+    # XLA's count (parts + kernels) adds elementwise work and the kernels' masked blocks but no
+    # remat (remat=none here): a little above the model FLOPs, far from the 2x undercount of
+    # counting the micro-batch loop once.
+    assert 1.0 < f["xla"] / f["causal"] < 1.3
+    e = p["estimate"]
+    assert e["method"].startswith("estimate: XLA TPU cost model")
+    assert e["step_s"] > 0 and e["tokens_per_s_per_chip"] == pytest.approx(tokens / 4 / e["step_s"])
+    assert 0 < e["mfu_causal"] <= e["mfu_olmo_core"] < 1
+    kinds = {c["kind"]: c for c in p["collectives"]}
+    assert kinds["all-gather"]["count"] > 0 and kinds["all-gather"]["bytes"] > 0   # FSDP gathers
+    assert p["compile_s"] > 0
+
+
+def test_splash_kernels_in_the_compiled_step(tiny_plan):
+    """4 layers x 2 micro-batches (8 sequences on 4 devices, 1 per micro-step): every layer runs the
+    forward, dq and dkv kernels once per micro-batch (counted through the loop's trip count)."""
+    assert tiny_plan["details"]["n_micro"] == 2
+    assert tiny_plan["details"]["kernel_calls"] == {"fwd": 8, "dq": 8, "dkv": 8}
+    assert tiny_plan["details"]["kernel_flops"] > 0
+
+
+def test_plan_one_line_errors(tmp_path, capsys):
+    assert main(["plan", "olmo3_tiny", "--topology", "v9z:2x2"]) == 2
+    assert main(["plan", "olmo3_tiny", "--topology", "v5e:2x2", "mesh.fsdp=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "unknown TPU topology 'v9z:2x2'" in err[0] and "mesh:" in err[1]
+    out = tmp_path / "oom.json"
+    assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", "model.vocab_size=8000000",
+                 "model.padded_vocab_size=8000000", "train.seq_len=64", "--json", str(out)]) == 1
+    line = capsys.readouterr().out.strip()
+    assert "\n" not in line and line.startswith("olmax plan: does not fit:") and "GiB available" in line
+    mem = json.loads(out.read_text())["memory"]
+    assert mem["fits"] is False and mem["peak_bytes"] > mem["hbm_bytes"] > 15 * 2 ** 30
