@@ -33,3 +33,6 @@ def test_gpu_script_runs_tiny_on_cpu(tmp_path):
     result = json.loads((tmp_path / "gpu_h200.json").read_text())
     assert [r["attention"] for r in result["rows"]] == ["XLA chunked (fallback)"] * 2
     assert all(r["tokens_per_s"] > 0 and r["mfu_causal"] is None for r in result["rows"])
+    # ... then `olmax plan` of the slice on the same device (the tiny recipe here)
+    plan = json.loads((tmp_path / "plan_gpu.json").read_text())
+    assert plan["device_kind"] == "cpu" and plan["attn_impl"] == "chunked" and plan["memory"]["fits"]

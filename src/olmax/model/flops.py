@@ -104,7 +104,7 @@ PEAK_BF16: tuple[tuple[str, float], ...] = (
     ("tpu v5p", 459e12),
     ("tpu v5", 459e12),       # v5p reports itself as "TPU v5"
     ("tpu v4", 275e12),
-    ("tpu7x", 2307e12),       # Ironwood
+    ("tpu7x", 2307e12 / 2),   # Ironwood: 2307 per chip, whose 2 TensorCores are 2 JAX devices
 )
 
 
