@@ -25,6 +25,7 @@ def add_parser(subparsers) -> None:
                    help="TPU topology to compile for (e.g. tpu7x:2x2x2, v5p:4x4x4); default: local devices")
     p.add_argument("--no-parts", action="store_true",
                    help="skip compiling the unscanned parts (no XLA FLOPs count, no estimate)")
+    p.add_argument("--hlo", dest="hlo_out", help="also write the compiled step's optimized HLO text here")
     p.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
     p.add_argument("--force", action="store_true", help="replace an existing --json file")
     p.set_defaults(func=run)
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     _check_output(args.json_out, args.force)
     cfg = load_recipe(args.recipe, args.overrides)
     try:
-        result = plan(cfg, args.topology, parts=not args.no_parts)
+        result = plan(cfg, args.topology, parts=not args.no_parts, hlo_out=args.hlo_out)
     except DoesNotFit as e:
         print(f"olmax plan: {e}")
         if args.json_out:

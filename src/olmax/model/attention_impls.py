@@ -130,8 +130,10 @@ def dot_product_attention(q, k, v, window: int | None, scale: float) -> jnp.ndar
 def _on_gpu(x: jnp.ndarray) -> bool:
     try:
         devices = x.devices()  # concrete arrays
-    except Exception:  # tracers: decide by the default backend the computation compiles for
-        return jax.default_backend() == "gpu"
+    except Exception:  # tracers: decide by the platform the computation compiles for
+        from olmax.model.attention import context_platform
+
+        return context_platform() in ("gpu", "cuda", "rocm")
     return all(dev.platform == "gpu" for dev in devices)
 
 

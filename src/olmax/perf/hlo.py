@@ -28,7 +28,8 @@ _INSTR_RE = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _SHAPE_RE = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) +
                        r")\[([0-9,]*)\]")
 _OPCODE_RE = re.compile(r"\s([a-z][a-z0-9\-]*)\(")
-_CALLS_RE = re.compile(r"\b(calls|to_apply|body|condition|branch_computations)=\{?([^,}\s]+(?:,\s*%[\w.\-]+)*)\}?")
+_CALLS_RE = re.compile(r"\b(calls|to_apply|body|condition|branch_computations|called_computations)="
+                       r"\{?([^,}\s]+(?:,\s*%[\w.\-]+)*)\}?")
 
 
 @dataclasses.dataclass
@@ -157,13 +158,24 @@ def analyse(text: str) -> Program:
 
 def collective_kind(ins: Instruction) -> str | None:
     """The collective an instruction performs (its ``-start`` half for async pairs), else None.
-    TPU programs also wrap collectives in ``AsyncCollectiveStart`` custom calls around fusions;
-    those are counted through the collective inside the fusion."""
+    TPU programs also run collectives inside other computations -- fusions started by
+    ``AsyncCollectiveStart`` custom calls, or (tpu7x) SparseCore ``custom-call-start`` ops with
+    ``called_computations`` -- which are counted through the collective inside them."""
     op = ins.opcode
     if op.endswith("-done"):
         return None
     base = op[:-6] if op.endswith("-start") else op
     return base if base in COLLECTIVES else None
+
+
+def collective_bytes(ins: Instruction, kind: str) -> int:
+    """Bytes one execution moves per device: the gathered result of an all-gather, the input of a
+    reduce-scatter, the buffer of an all-reduce / permute / all-to-all. An async ``-start`` returns
+    a tuple (input, output, context scalars): there the largest buffer is the one that counts,
+    except for all-reduce, whose (possibly combined) operands are all reduced."""
+    if not ins.opcode.endswith("-start") or kind == "all-reduce":
+        return shape_bytes(ins.shape)
+    return max((shape_bytes(f"{d}[{dims}]") for d, dims in _SHAPE_RE.findall(ins.shape)), default=0)
 
 
 def collectives(prog: Program) -> list[dict]:
@@ -173,12 +185,8 @@ def collectives(prog: Program) -> list[dict]:
     for ins, m in prog.instructions():
         kind = collective_kind(ins)
         if kind:
-            shape = ins.shape
-            if ins.opcode.endswith("-start"):  # (operands..., results...) tuple: take the results
-                arrays = _SHAPE_RE.findall(shape)
-                shape = " ".join(f"{d}[{s}]" for d, s in arrays[len(arrays) // 2:]) or shape
             count[kind] += m
-            size[kind] += m * shape_bytes(shape)
+            size[kind] += m * collective_bytes(ins, kind)
     return [{"kind": k, "count": int(round(count[k])), "bytes": int(round(size[k]))}
             for k in COLLECTIVES if count.get(k)]
 

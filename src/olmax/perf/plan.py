@@ -111,11 +111,43 @@ def _filtered_stderr():
                     print(line, file=sys.stderr)
 
 
+def gpu_topology_devices(kind: str, count: int) -> list:
+    """``count`` compile-only GPUs described by ``olmax.perf.gpu_targets`` (no GPU needed; the CUDA
+    PJRT plugin must be installed)."""
+    import glob
+    import importlib.util
+
+    from olmax.perf.gpu_targets import TARGETS
+
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        import jax
+
+        raise OlmaxError(f"--topology {kind}:{count}: compiling for GPUs needs JAX's CUDA plugin: "
+                         f"pip install 'jax[cuda12]=={jax.__version__}'")
+    if not glob.glob("/dev/nvidia[0-9]*"):  # no driver to check the CUDA libraries against
+        os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    from jax.experimental import topologies
+
+    try:
+        desc = topologies.get_topology_desc(platform="cuda", target_config=TARGETS[kind],
+                                            topology=f"1x1x{count}")
+    except (RuntimeError, NotImplementedError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise OlmaxError(f"--topology {kind}:{count}: the CUDA plugin cannot compile without a GPU "
+                         f"here ({msg})") from None
+    return list(desc.devices)
+
+
 def topology_devices(name: str) -> list:
     """The devices of a TPU topology such as ``v5p:4x4x4`` or ``tpu7x:2x2x2`` (compilation only).
 
     On a host without TPUs libtpu is told so before it loads (no metadata-server lookups, no
     warnings about accelerator type or worker hostnames, several compiling processes allowed)."""
+    from olmax.perf import gpu_targets
+
+    gpu = gpu_targets.parse(name)
+    if gpu is not None:
+        return gpu_topology_devices(*gpu)
     if _no_tpu_attached():
         for key, value in {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
                            "TPU_ACCELERATOR_TYPE": "v5litepod-4",  # any valid type: only silences a warning
@@ -136,7 +168,8 @@ def topology_devices(name: str) -> list:
         if "INVALID_ARGUMENT" in msg or "Invalid" in msg or "not divisible" in msg:
             detail = msg.split("INVALID_ARGUMENT:")[-1].strip()
             raise OlmaxError(f"unknown TPU topology '{name}' ({detail}); examples: v5e:2x2, "
-                             f"v5p:2x2x1, v5p:4x4x4, v6e:4x4, tpu7x:2x2x1, tpu7x:2x2x2") from None
+                             f"v5p:2x2x1, v5p:4x4x4, v6e:4x4, tpu7x:2x2x1, tpu7x:2x2x2 "
+                             f"(GPUs: h100:8, h200:8)") from None
         raise OlmaxError(f"--topology {name}: {msg}") from None
     return list(desc.devices)
 
@@ -183,28 +216,32 @@ def _compile(lowered, where: str):
         raise DoesNotFit(*oom, where) from None
 
 
-# Custom calls XLA's TPU cost model can cost: Pallas/Mosaic kernels and the async-collective
-# wrappers. Every other custom call (internal rewrites such as ConcatBitcast,
-# AssumeGatherIndicesInBound) enters ``optimal_seconds`` as -1 s ("unknown").
-_COSTED_CUSTOM_CALLS = ("tpu_custom_call", "AsyncCollectiveStart", "AsyncCollectiveDone")
+# XLA-internal custom calls that XLA's TPU cost model enters into ``optimal_seconds`` as -1 s each
+# ("unknown"), found by comparing programs that differ only in them. They rewrite layouts or
+# annotate indices (no arithmetic) and are taken as free.
+_MINUS_ONE_CUSTOM_CALLS = ("ConcatBitcast", "AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked")
 
 
 def _cost(compiled) -> dict:
     """``cost_analysis`` of a compiled program, with ``optimal_seconds`` corrected for the -1 s that
     each custom call unknown to the cost model contributes (they are data-layout rewrites, taken
-    as free); ``uncosted_custom_calls`` says how many there were."""
+    as free); ``custom_calls`` counts the custom calls by target."""
     from olmax.perf import hlo
 
     cost = compiled.cost_analysis()
     cost = dict((cost[0] if isinstance(cost, (list, tuple)) else cost) or {})
     if cost.get("optimal_seconds") is not None:
         comps, _ = hlo.parse(compiled.as_text())
-        unknown = sum(1 for instrs in comps.values() for ins in instrs
-                      if ins.opcode == "custom-call"
-                      and not any(f'custom_call_target="{c}"' in ins.text for c in _COSTED_CUSTOM_CALLS))
+        targets: dict[str, int] = {}
+        for instrs in comps.values():
+            for ins in instrs:
+                m = re.search(r'custom_call_target="([^"]+)"', ins.text) if ins.opcode == "custom-call" else None
+                if m:
+                    targets[m.group(1)] = targets.get(m.group(1), 0) + 1
+        unknown = sum(targets.get(t, 0) for t in _MINUS_ONE_CUSTOM_CALLS)
         cost["optimal_seconds_raw"] = cost["optimal_seconds"]
         cost["optimal_seconds"] = cost["optimal_seconds"] + unknown
-        cost["uncosted_custom_calls"] = unknown
+        cost["custom_calls"] = targets
     return cost
 
 
@@ -326,8 +363,10 @@ def _kernel_flops(prog) -> tuple[float, dict]:
     return total, calls
 
 
-def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True) -> Plan:
-    """Compile the training step of ``cfg`` for ``topology`` (or the local devices); see module."""
+def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
+         hlo_out: str | None = None) -> Plan:
+    """Compile the training step of ``cfg`` for ``topology`` (or the local devices); see module.
+    ``hlo_out``: also write the compiled step's optimized HLO text there."""
     import jax
     import jax.numpy as jnp
 
@@ -352,7 +391,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True) -> 
     lr = jax.ShapeDtypeStruct((), jnp.float32)
     where = f"{topology or dev.platform} x{n}, batch {b} x {t}, remat={train.remat}, attn={st.attn_impl}"
     t0 = time.perf_counter()
-    with _filtered_stderr() if topology else contextlib.nullcontext():
+    with _filtered_stderr() if topology and dev.platform == "tpu" else contextlib.nullcontext():
         compiled = _compile(st.step_fn.lower(st.abstract_state, batch, lr), f"the step ({where})")
     compile_s = time.perf_counter() - t0
 
@@ -366,7 +405,12 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True) -> 
               "hbm_bytes": hbm, "fits": None if hbm is None else bool(peak <= hbm),
               "headroom": None if hbm is None else 1.0 - peak / hbm, "hbm_source": hbm_source}
 
-    prog = hlo.analyse(compiled.as_text())
+    text = compiled.as_text()
+    if hlo_out:
+        from olmax.analysis.curves import atomic_write
+
+        atomic_write(hlo_out, text.encode(), overwrite=True)
+    prog = hlo.analyse(text)
     kernel, kernel_calls = _kernel_flops(prog)
     whole = _cost(compiled)
 
@@ -396,7 +440,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True) -> 
         xla = combine("flops")
         flops["xla"] = None if xla is None else xla + kernel
         details["parts"] = {name: {k: part.get(k) for k in ("flops", "optimal_seconds", "optimal_seconds_raw",
-                                                            "uncosted_custom_calls", "bytes accessed")}
+                                                            "custom_calls", "bytes accessed")}
                             for name, part in (("layer_group_plus_head", a), ("head_and_loss", h),
                                                ("optimizer", o))}
         seconds = combine("optimal_seconds")

@@ -1,0 +1,61 @@
+"""GPU compile targets for ``olmax plan --topology h100:N`` / ``h200:N`` on a host without GPUs.
+
+XLA's GPU compiler can compile for a device it is only told about (a ``GpuTargetConfig``: the
+device description a real GPU would report) through the CUDA PJRT plugin's topology
+(``get_topology_desc(platform="cuda", target_config=..., topology="1x1xN")``). That needs the
+plugin (``pip install "jax[cuda12]"`` at the jax pin) but no GPU and no driver. The figures below
+are the SXM parts' published properties (132 SMs, 1.98 GHz boost, 50 MB L2; H100 80 GB HBM3 at
+3.35 TB/s, H200 141 GB HBM3e at 4.8 TB/s) with the memory sizes the CUDA runtime reports; the
+cuDNN and CUDA versions are those the jax 0.12.0.1 CUDA 12 wheels install.
+"""
+
+from __future__ import annotations
+
+_COMMON = """gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {bandwidth}
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: {memory}
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability {{
+    major: 9
+  }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{
+  major: 9
+  minor: 28
+}}
+runtime_version {{
+  major: 12
+  minor: 9
+}}
+device_description_str: "{name}"
+"""
+
+TARGETS = {
+    "h100": _COMMON.format(bandwidth=3352320000000, memory=84929347584, name="NVIDIA H100 80GB HBM3"),
+    "h200": _COMMON.format(bandwidth=4800000000000, memory=150754820096, name="NVIDIA H200"),
+}
+
+
+def parse(name: str) -> tuple[str, int] | None:
+    """``h100:8`` -> ("h100", 8); ``h200`` -> ("h200", 1); None for other names."""
+    kind, _, count = name.lower().partition(":")
+    if kind not in TARGETS:
+        return None
+    if count and not count.isdigit():
+        return None
+    return kind, int(count or 1)
