@@ -79,3 +79,17 @@ def test_shape_bytes_and_oom_message():
     assert parse_hbm_oom("Used 139.38G of 94.74G hbm. Exceeded hbm capacity by 44.64G.") == (
         int(139.38 * 2 ** 30), int(94.74 * 2 ** 30))
     assert parse_hbm_oom("INVALID_ARGUMENT: something else") is None
+
+
+def test_gpu_target_names_and_missing_plugin(capsys):
+    from olmax.perf import gpu_targets
+    from olmax.perf.plan import cuda_plugin_installed
+
+    assert gpu_targets.parse("h100:8") == ("h100", 8) and gpu_targets.parse("H200") == ("h200", 1)
+    assert gpu_targets.parse("v5p:4x4x4") is None and gpu_targets.parse("h100:x") is None
+    assert 'device_description_str: "NVIDIA H200"' in gpu_targets.TARGETS["h200"]
+    if cuda_plugin_installed():
+        pytest.skip("JAX's CUDA plugin is installed here")
+    assert main(["plan", "olmo3_tiny", "--topology", "h100:8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "needs JAX's CUDA plugin" in err

@@ -116,11 +116,6 @@ def parse_scope(op_name: str) -> dict | None:
 _warned: set[str] = set()
 
 
-def _context_mesh():
-    mesh = jax.sharding.get_abstract_mesh()
-    return None if mesh.empty else mesh
-
-
 def _local_splash(q, k, v, window: int | None, scale: float, block: int, interpret: bool):
     """q: [b, T, Hq, D], k/v: [b, T, Hkv, D] (one device's part) -> [b, T, Hq, D]."""
     b, t, hq, d = q.shape
@@ -140,11 +135,8 @@ def _local_splash(q, k, v, window: int | None, scale: float, block: int, interpr
 def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
                      scale: float, block_size: int = DEFAULT_BLOCK) -> jnp.ndarray:
     """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring)."""
-    from jax.sharding import PartitionSpec as P
+    from olmax.model.attention import context_platform, per_device
 
-    from olmax.model.attention import context_platform
-
-    mesh = _context_mesh()
     platform = context_platform()
     interpret = platform != "tpu"
     if interpret and platform not in _warned:
@@ -153,21 +145,4 @@ def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int
                     "(exact but slow; 'chunked' is the fast path off TPU)", platform)
     fn = functools.partial(_local_splash, window=window, scale=scale, block=block_size,
                            interpret=interpret)
-    if mesh is None:
-        return fn(q, k, v).astype(q.dtype)
-
-    from olmax.parallel.mesh import BATCH_AXES
-
-    b, hq, hkv = q.shape[0], q.shape[2], k.shape[2]
-    batch_axes, size = [], 1
-    for a in BATCH_AXES:
-        n = mesh.shape.get(a, 1)
-        if n > 1 and b % (size * n) == 0:
-            batch_axes.append(a)
-            size *= n
-    tensor = mesh.shape.get("tensor", 1)
-    head_axis = "tensor" if tensor > 1 and hq % tensor == 0 and hkv % tensor == 0 else None
-    spec = P(tuple(batch_axes) or None, None, head_axis, None)
-    sharded = jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
-                            check_vma=False)
-    return sharded(q, k, v).astype(q.dtype)
+    return per_device(fn, q, k, v).astype(q.dtype)

@@ -111,15 +111,23 @@ def _filtered_stderr():
                     print(line, file=sys.stderr)
 
 
+def cuda_plugin_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins package at all
+        return False
+
+
 def gpu_topology_devices(kind: str, count: int) -> list:
     """``count`` compile-only GPUs described by ``olmax.perf.gpu_targets`` (no GPU needed; the CUDA
     PJRT plugin must be installed)."""
     import glob
-    import importlib.util
 
     from olmax.perf.gpu_targets import TARGETS
 
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    if not cuda_plugin_installed():
         import jax
 
         raise OlmaxError(f"--topology {kind}:{count}: compiling for GPUs needs JAX's CUDA plugin: "
