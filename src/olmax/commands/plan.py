@@ -1,8 +1,9 @@
 """``olmax plan RECIPE [key=value ...] [--topology NAME] [--json OUT]``
 
 Compile the recipe's real training step ahead of time -- for a TPU topology (``--topology
-tpu7x:2x2x2``, ``v5p:4x4x4``, ``v5e:2x2``, ``v6e:4x4``; needs the tpu extra, Python >= 3.12) or for
-this machine's devices -- without allocating any parameter or batch, and report per device: memory
+tpu7x:2x2x2``, ``v5p:4x4x4``, ``v5e:2x2``, ``v6e:4x4``; needs the tpu extra, Python >= 3.12), for a GPU
+target (``--topology h100:8``, ``h200:8``; needs JAX's CUDA plugin, not a GPU) or for this machine's
+devices -- without allocating any parameter or batch, and report per device: memory
 (arguments, outputs, temporaries, aliasing, generated code; the peak against the device's HBM),
 FLOPs per step (analytic, both conventions, and XLA's count with loop trip counts and kernels), an
 estimated step time with tokens/s/chip and MFU (labelled with its method), the collectives in the
@@ -22,7 +23,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("recipe", help="recipe name or YAML path")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     p.add_argument("--topology", default=None,
-                   help="TPU topology to compile for (e.g. tpu7x:2x2x2, v5p:4x4x4); default: local devices")
+                   help="TPU topology (e.g. tpu7x:2x2x2, v5p:4x4x4) or GPU target (h100:8, h200:8) "
+                        "to compile for; default: the local devices")
     p.add_argument("--no-parts", action="store_true",
                    help="skip compiling the unscanned parts (no XLA FLOPs count, no estimate)")
     p.add_argument("--hlo", dest="hlo_out", help="also write the compiled step's optimized HLO text here")
