@@ -51,3 +51,11 @@ def test_stage2():
     assert (c.scheduler.name, c.scheduler.warmup_steps, c.scheduler.alpha_f) == ("linear_with_warmup", 0, 0.0)
     assert c.scheduler.t_max == c.train.max_steps == math.ceil(1e11 / 2**21) == 47684
     assert c.data.mix.endswith("OLMo-midtraining-mix-0625-100B.txt") and c.init.load_optimizer is True
+
+
+def test_recipe_without_resolving_data():
+    """Commands that read no data (``olmax plan``) load a recipe whose mix is only a name."""
+    from olmax.train.recipes import load_recipe as load
+
+    cfg = load("olmo3_7b_stage1", ["data.mix=No-Such-Mix"], find_mix=False)
+    assert cfg.data.mix == "No-Such-Mix" and cfg.train.attn_impl == "auto"

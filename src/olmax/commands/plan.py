@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from olmax.train.recipes import load_recipe
 
     _check_output(args.json_out, args.force)
-    cfg = load_recipe(args.recipe, args.overrides)
+    cfg = load_recipe(args.recipe, args.overrides, find_mix=False)   # the plan reads no data
     try:
         result = plan(cfg, args.topology, parts=not args.no_parts, hlo_out=args.hlo_out)
     except DoesNotFit as e:
