@@ -459,10 +459,11 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
             per_chip = n / details["chips"]
             tps_dev = tokens / n / step_s
             method = (f"estimate: XLA {dev.platform.upper()} cost model (optimal_seconds) summed over "
-                      f"unscanned parts: {m} micro-batch(es) x ({groups} layer groups + LM head/loss) "
-                      f"+ optimizer")
+                      f"unscanned one-device parts: {m} micro-batch(es) x ({groups} layer groups + "
+                      f"LM head/loss) + optimizer")
             if kernel:
                 method += "; Pallas kernels at their FLOPs / peak"
+            method += "; collectives not timed (assumed overlapped; listed with their bytes)"
             estimate = {"method": method, "step_s": step_s,
                         "tokens_per_s_per_chip": tps_dev * per_chip,
                         "mfu_olmo_core": f_oc / step_s / peak_dev if peak_dev else None,
