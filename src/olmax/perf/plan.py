@@ -409,7 +409,10 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     hbm, hbm_source = hbm_bytes(dev)
     arg, out, tmp = ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.temp_size_in_bytes
     alias, code = ma.alias_size_in_bytes, ma.generated_code_size_in_bytes
-    peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0) or arg + out - alias + tmp + code
+    # XLA's buffer-assignment peak (live buffers at the worst point) on TPU/GPU; the CPU backend's
+    # figure is not one (it reports the arguments), so there: everything, as if all live at once.
+    xla_peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0) if dev.platform != "cpu" else 0
+    peak = xla_peak or arg + out - alias + tmp + code
     memory = {"argument_bytes": int(arg), "output_bytes": int(out), "temp_bytes": int(tmp),
               "alias_bytes": int(alias), "code_bytes": int(code), "peak_bytes": int(peak),
               "hbm_bytes": hbm, "fits": None if hbm is None else bool(peak <= hbm),
