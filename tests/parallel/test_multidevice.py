@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     import numpy as np, jax, jax.numpy as jnp
     from olmax.config import MeshConfig, ModelConfig, OptimConfig, SchedulerConfig, TrainConfig
     from olmax.parallel.mesh import make_mesh
@@ -26,11 +26,13 @@ SCRIPT = textwrap.dedent("""
     cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
                       vocab_size=250, padded_vocab_size=256, window_pattern=(8, 8, 8, None),
                       max_seq_len=32)
-    train = TrainConfig(seq_len=32, global_batch_size=16, micro_batch_size=2, max_steps=5)
+    steps = int(os.environ.get("TEST_STEPS", "5"))
+    train = TrainConfig(seq_len=32, global_batch_size=16, micro_batch_size=2, max_steps=5,
+                        attn_impl=os.environ.get("TEST_ATTN", "xla"))
     tx = skip_step_adamw(OptimConfig(lr=5e-3))
     sched = build_schedule(SchedulerConfig(warmup_steps=2), 5e-3, 5)
     rng = np.random.default_rng(0)
-    batches = [np.minimum(rng.geometric(0.05, size=(16, 32)), 249).astype(np.int32) for _ in range(5)]
+    batches = [np.minimum(rng.geometric(0.05, size=(16, 32)), 249).astype(np.int32) for _ in range(steps)]
     out = {}
     meshes = {"1": (MeshConfig(fsdp=1), 1), "fsdp8": (MeshConfig(), 8),
               "2x2x2": (MeshConfig(data=2, fsdp=2, tensor=2), 8)}
@@ -54,9 +56,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(*meshes):
+def _run(*meshes, **extra_env):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", **extra_env)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, *meshes], env=env, capture_output=True,
                           text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -85,4 +87,15 @@ def test_one_vs_eight_devices_fsdp_same_losses():
 def test_one_vs_data_fsdp_tensor_mesh_same_losses():
     out = _run("1", "2x2x2")
     assert out["2x2x2"]["n_micro"] == 2 and "tensor" in out["2x2x2"]["embed_spec"]
+    _compare(out, ["2x2x2"])
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_splash_per_device_on_data_fsdp_tensor_mesh():
+    """The splash kernel (Pallas interpret mode on CPU) runs once per device in a shard_map: batch
+    over data x fsdp, query and key heads over tensor (4q/2kv: each device keeps matching GQA
+    groups). Same losses and parameters as one device."""
+    out = _run("1", "2x2x2", TEST_ATTN="splash", TEST_STEPS="3")
+    assert out["2x2x2"]["n_micro"] == 2
     _compare(out, ["2x2x2"])

@@ -65,30 +65,17 @@ def context_platform() -> str:
     return device.platform if device is not None else jax.default_backend()
 
 
-def per_device(fn, q, k, v):
-    """``fn(q, k, v)`` run on each device's part of the batch (and heads): under a context mesh a
-    ``shard_map`` with the batch split over ``data x fsdp`` and heads over ``tensor`` (where they
-    divide); without one, ``fn`` itself. For kernels XLA cannot partition (Pallas) or partitions
-    only for equal q/k/v shardings (cuDNN), so they never run on gathered inputs."""
-    from jax.sharding import PartitionSpec as P
+# Logical axes of attention's inputs/outputs (as in ``olmax.model.olmo3``), for kernels that run
+# per device (``olmax.model.logical.per_device``).
+QKV_AXES = (("batch", "seq", "act_heads", "head_dim"), ("batch", "seq", "act_kv_heads", "head_dim"),
+            ("batch", "seq", "act_kv_heads", "head_dim"))
 
-    from olmax.parallel.mesh import BATCH_AXES
 
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return fn(q, k, v)
-    b, hq, hkv = q.shape[0], q.shape[2], k.shape[2]
-    batch_axes, size = [], 1
-    for a in BATCH_AXES:
-        n = mesh.shape.get(a, 1)
-        if n > 1 and b % (size * n) == 0:
-            batch_axes.append(a)
-            size *= n
-    tensor = mesh.shape.get("tensor", 1)
-    head_axis = "tensor" if tensor > 1 and hq % tensor == 0 and hkv % tensor == 0 else None
-    spec = P(tuple(batch_axes) or None, None, head_axis, None)
-    return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
-                         check_vma=False)(q, k, v)
+def per_device_attention(fn, q, k, v):
+    """``fn(q, k, v)`` on each device's sequences (and heads) under a mesh; ``fn`` itself otherwise."""
+    from olmax.model.logical import per_device
+
+    return per_device(fn, (q, k, v), QKV_AXES)
 
 
 def resolve_attn_impl(impl: str, platform: str | None = None) -> str:

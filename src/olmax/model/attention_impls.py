@@ -154,14 +154,14 @@ def cudnn_attention(q, k, v, window: int | None, scale: float) -> jnp.ndarray:
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         _fallback(f"dtype {q.dtype} (cuDNN needs bf16/fp16)")
         return chunked_attention(q, k, v, window, scale)
-    from olmax.model.attention import per_device
+    from olmax.model.attention import per_device_attention
 
     def cudnn(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
                                             local_window_size=_window_args(window, q.shape[1]),
                                             implementation="cudnn")
     try:
-        return per_device(cudnn, q, k, v)
+        return per_device_attention(cudnn, q, k, v)
     except (ValueError, NotImplementedError, RuntimeError) as e:  # raised at trace time
         _fallback(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return chunked_attention(q, k, v, window, scale)

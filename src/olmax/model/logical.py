@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 
@@ -37,10 +37,36 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
 
 
 @contextlib.contextmanager
-def activation_sharding(fn: Constrainer | None) -> Iterator[None]:
-    """Trace model code under ``fn`` (None: no constraints)."""
-    token = _CONSTRAINER.set(fn)
+def _bound(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _CONSTRAINER.reset(token)
+        var.reset(token)
+
+
+def activation_sharding(fn: Constrainer | None) -> contextlib.AbstractContextManager:
+    """Trace model code under ``fn`` (None: no constraints)."""
+    return _bound(_CONSTRAINER, fn)
+
+
+# Kernels XLA cannot partition (Pallas custom calls) or partitions only for equal input shardings
+# (cuDNN attention) run once per device on its own part of their inputs: the training step
+# installs a runner (``olmax.parallel.sharding.per_device_runner``) that places them with a
+# ``shard_map`` by the same logical axes. Without one (a single device) they run as they are.
+Runner = Callable[[Callable, tuple, tuple], Any]
+
+_RUNNER: contextvars.ContextVar[Runner | None] = contextvars.ContextVar(
+    "olmax_per_device_runner", default=None)
+
+
+def per_device(fn: Callable, arrays: tuple, axes: tuple) -> Any:
+    """``fn(*arrays)`` on each device's part of ``arrays`` (logical ``axes`` per array; the result
+    is placed like the first array), or ``fn(*arrays)`` itself outside a mesh."""
+    runner = _RUNNER.get()
+    return fn(*arrays) if runner is None else runner(fn, arrays, axes)
+
+
+def per_device_kernels(runner: Runner | None) -> contextlib.AbstractContextManager:
+    """Trace model code with ``runner`` placing per-device kernels (None: run them as they are)."""
+    return _bound(_RUNNER, runner)

@@ -14,10 +14,10 @@ block by block (online softmax in fp32 scratch, bf16 or fp32 matmul operands) an
 - blocks of ``min(512, T')`` in every kernel (MaxText's defaults), where T' is T rounded up to a
   multiple of 128 lanes and then of the block. Padding rows lie after every real query, so causality
   hides them from real queries; padded query rows are dropped;
-- one kernel per device: under a mesh (the abstract mesh that ``olmax.train.step`` sets while
-  tracing) the call is a ``shard_map`` over the batch axes ``data x fsdp`` and, where it divides
-  both head counts, ``tensor`` over heads, so XLA never gathers q/k/v to run a custom call it cannot
-  partition. Without a mesh the batch is ``vmap``-ed.
+- one kernel per device: in the training step the call runs per device
+  (``olmax.model.logical.per_device``: a ``shard_map`` placing q, k, v by their logical axes --
+  batch over ``data x fsdp``, heads over ``tensor`` where it divides both head counts), so XLA never
+  gathers q/k/v to run a custom call it cannot partition. Each device ``vmap``s over its sequences.
 
 On a TPU the kernel is compiled by Mosaic; elsewhere it runs in Pallas interpret mode (exact, slow:
 for tests), which is logged once. The kernel's FLOPs are not visible to XLA's cost analysis, so
@@ -135,7 +135,7 @@ def _local_splash(q, k, v, window: int | None, scale: float, block: int, interpr
 def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
                      scale: float, block_size: int = DEFAULT_BLOCK) -> jnp.ndarray:
     """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring)."""
-    from olmax.model.attention import context_platform, per_device
+    from olmax.model.attention import context_platform, per_device_attention
 
     platform = context_platform()
     interpret = platform != "tpu"
@@ -145,4 +145,4 @@ def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int
                     "(exact but slow; 'chunked' is the fast path off TPU)", platform)
     fn = functools.partial(_local_splash, window=window, scale=scale, block=block_size,
                            interpret=interpret)
-    return per_device(fn, q, k, v).astype(q.dtype)
+    return per_device_attention(fn, q, k, v).astype(q.dtype)

@@ -79,6 +79,25 @@ def activation_constrainer(mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RU
     return constrain
 
 
+def per_device_runner(mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RULES):
+    """The runner :func:`olmax.model.logical.per_device_kernels` takes: a ``shard_map`` over
+    ``mesh`` with each input split by its logical axes. A dimension that is split for some inputs
+    but not all (GQA key heads that ``tensor`` does not divide) is kept whole for all of them, so
+    that the kernel sees matching parts (query head h with key head h // group)."""
+
+    def run(fn, arrays: tuple, axes: tuple):
+        specs = [tuple(logical_to_spec(a, x.shape, mesh, rules)) + (None,) * (x.ndim - len(a))
+                 for x, a in zip(arrays, axes)]
+        for d in range(max(len(s) for s in specs)):
+            if len({s[d] for s in specs if d < len(s)}) > 1:
+                specs = [s[:d] + (None,) + s[d + 1:] if d < len(s) else s for s in specs]
+        specs = [P(*s) for s in specs]
+        return jax.shard_map(fn, mesh=mesh, in_specs=tuple(specs), out_specs=specs[0],
+                             check_vma=False)(*arrays)
+
+    return run
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Rows over ``data x fsdp``; other dimensions replicated."""
     return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))

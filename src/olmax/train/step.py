@@ -19,7 +19,7 @@ import optax
 from jax.sharding import Mesh
 
 from olmax.config import ConfigError, ModelConfig, TrainConfig
-from olmax.model.logical import activation_sharding
+from olmax.model.logical import activation_sharding, per_device_kernels
 from olmax.train.loss import loss_and_sums, loss_denominator, make_labels
 from olmax.train.optim import last_step_info
 from olmax.train.state import TrainState
@@ -62,13 +62,13 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
         from olmax.parallel.sharding import batch_sharding
         return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
 
-    constrainer = None
+    constrainer = runner = None
     if mesh is not None:
-        from olmax.parallel.sharding import activation_constrainer
-        constrainer = activation_constrainer(mesh)
+        from olmax.parallel.sharding import activation_constrainer, per_device_runner
+        constrainer, runner = activation_constrainer(mesh), per_device_runner(mesh)
 
     def step(state: TrainState, batch: dict, lr: jax.Array):
-        with activation_sharding(constrainer):
+        with activation_sharding(constrainer), per_device_kernels(runner):
             return _step(state, batch, lr)
 
     def _step(state: TrainState, batch: dict, lr: jax.Array):
