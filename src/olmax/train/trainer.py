@@ -17,7 +17,7 @@
 
 Run directory: ``metrics.jsonl``, ``tb/`` (TensorBoard), ``config.yaml`` (the resolved config),
 ``run_info.json`` (olmax version, git revision, JAX version, devices, command line),
-``checkpoints/``.
+``checkpoints/``, and ``.olmax-lock`` while a trainer holds it (one writer per run directory).
 """
 
 from __future__ import annotations
@@ -231,7 +231,20 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Train to ``train.max_steps`` (or until stopped); returns a summary dict."""
+        """Train to ``train.max_steps`` (or until stopped); returns a summary dict. The run
+        directory is locked for the whole run (:mod:`olmax.train.run_lock`): a second trainer on
+        it stops before touching anything."""
+        from olmax.train.run_lock import lock_run_dir
+
+        lock = lock_run_dir(self.run_dir, is_main=self.is_main)
+        self.extra_callbacks.append(lock)     # stops the run if the lock is ever taken over
+        try:
+            return self._run()
+        finally:
+            self.extra_callbacks.remove(lock)
+            lock.release()
+
+    def _run(self) -> dict[str, Any]:
         import jax
 
         from olmax.train.metrics import MetricsLogger
