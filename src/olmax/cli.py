@@ -1,8 +1,9 @@
 """The ``olmax`` command line: subcommands only; each is a thin layer over a library function.
 
 A subcommand lives in ``olmax/commands/<name>.py`` with ``add_parser(subparsers)`` (which registers
-itself and sets ``func``) and is listed in ``COMMANDS``. User errors (``ConfigError``,
-``OlmaxError``, missing files) print one line and exit non-zero; no traceback.
+itself and sets ``func``) and is listed in ``COMMANDS``. Every failure, a usage mistake included,
+prints one line and exits non-zero, with a traceback only under ``--debug`` or ``OLMAX_DEBUG=1``
+(:mod:`olmax.reporting`). ``key=value`` overrides may stand anywhere among a command's options.
 """
 
 from __future__ import annotations
@@ -27,8 +28,19 @@ COMMANDS = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported in one line like every other error."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        self.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="olmax", description="OLMo 3 pre-training in JAX.")
+    parser = Parser(prog="olmax", description="OLMo 3 pre-training in JAX.")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an error (also: OLMAX_DEBUG=1; the flag may "
+                             "stand anywhere on the command line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -42,30 +54,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_override(arg: str) -> bool:
+    return "=" in arg and not arg.startswith("-")
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from olmax.config import ConfigError, OlmaxError
+    from olmax.reporting import DEBUG_FLAG, debug_requested, quiet_libraries, run_reporting
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_requested(argv)
+    argv = [a for a in argv if a != DEBUG_FLAG]
+    quiet_libraries()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    # ``key=value`` overrides may also follow the options (``RECIPE --topology X key=value``).
-    if extra and isinstance(getattr(args, "overrides", None), list) and all(
-            "=" in e and not e.startswith("-") for e in extra):
-        args.overrides += extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        rc = args.func(args)
-    except (ConfigError, OlmaxError) as e:
-        print(f"olmax {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"olmax {args.command}: error: file not found: {e.filename or e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"olmax {args.command}: interrupted", file=sys.stderr)
-        return 130
-    return int(rc or 0)
+    if extra:   # ``key=value`` overrides after options (``bench train R --steps 4 a.b=1``)
+        takes = isinstance(getattr(args, "overrides", None), list)
+        unknown = [a for a in extra if not (takes and _is_override(a))]
+        if unknown:
+            print(f"olmax {args.command}: error: unrecognized arguments: {' '.join(unknown)} "
+                  f"(see olmax {args.command} --help)", file=sys.stderr)
+            return 2
+        args.overrides.extend(extra)
+    return run_reporting(args.command, lambda: args.func(args), debug=debug)
 
 
 if __name__ == "__main__":

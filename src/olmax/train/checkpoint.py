@@ -183,13 +183,15 @@ class Checkpointer:
         _sync("olmax-checkpoint-scan")
 
     def _manager(self) -> ocp.CheckpointManager:
+        ro = self.read_only     # (orbax warns about every save setting a reader passes)
         opts = ocp.CheckpointManagerOptions(
-            max_to_keep=self.cfg.keep,
-            keep_period=self.cfg.permanent_interval,
+            max_to_keep=None if ro else self.cfg.keep,
+            keep_period=None if ro else self.cfg.permanent_interval,
+            save_interval_steps=0 if ro else 1,
             enable_async_checkpointing=self.cfg.async_save,
-            cleanup_tmp_directories=not self.read_only,
-            read_only=self.read_only,
-            create=not self.read_only,
+            cleanup_tmp_directories=not ro,
+            read_only=ro,
+            create=not ro,
         )
         handlers = {"params": ocp.StandardCheckpointHandler(),
                     "opt_state": ocp.StandardCheckpointHandler(),

@@ -1,0 +1,130 @@
+"""How the command line reports failures: one line per error, a traceback only on request.
+
+Every failure of an ``olmax`` command ends in one line on stderr, ``olmax COMMAND: error: ...``,
+and a non-zero exit status (2; 130 after Ctrl-C):
+
+- olmax's own errors (:class:`~olmax.config.ConfigError`, :class:`~olmax.config.OlmaxError`) print
+  their message, which names the key or file;
+- any ``OSError`` prints its reason and the file it concerns (``cannot read FILE: Permission
+  denied``);
+- any other ``ValueError`` (a malformed input a library rejected) prints its first line;
+- anything else is a bug: one line saying so, with the exception's first line.
+
+``--debug`` anywhere on the command line, or ``OLMAX_DEBUG=1``, prints the full traceback as well.
+
+Library noise that used to bury these lines is filtered (:func:`quiet_libraries`): tracebacks of
+``RuntimeError('Event loop is closed')`` that TensorStore callbacks raise into an event loop Orbax
+has already closed (after a failed read of a corrupt checkpoint; harmless, and the fallback to the
+previous checkpoint goes on); Orbax's warnings that a checkpoint item (the optimizer state, when
+only parameters are read) "could not be restored" and that a directory opened for reading is read
+only; and the traceback Orbax logs from its writer thread for an olmax error raised there (a
+tensor found NaN while converting), which the command reports itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from typing import Callable, Sequence
+
+from olmax.config import ConfigError, OlmaxError
+
+DEBUG_ENV = "OLMAX_DEBUG"
+DEBUG_FLAG = "--debug"
+
+
+def debug_requested(argv: Sequence[str]) -> bool:
+    return DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0", "false", "False")
+
+
+def _first_line(text: str) -> str:
+    for line in str(text).splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def describe(e: BaseException) -> str:
+    """The one line an exception becomes (see the module docstring)."""
+    if isinstance(e, (ConfigError, OlmaxError)):
+        return " ".join(str(e).split("\n"))
+    if isinstance(e, OSError):
+        reason = e.strerror or _first_line(str(e)) or type(e).__name__
+        names = [n for n in (e.filename, e.filename2) if n is not None]
+        if isinstance(e, FileNotFoundError) and names:
+            return f"file not found: {names[0]}"
+        if names:
+            return f"{reason}: {' -> '.join(map(str, names))}"
+        return f"{type(e).__name__}: {reason}" if not e.strerror else reason
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    if isinstance(e, ValueError):
+        return _first_line(str(e)) or type(e).__name__
+    return (f"internal error: {type(e).__name__}: {_first_line(str(e))} (a bug in olmax; rerun "
+            f"with {DEBUG_FLAG} for the traceback)")
+
+
+def run_reporting(command: str, func: Callable[[], int | None], *, debug: bool) -> int:
+    """Run ``func``; turn any exception into one line on stderr and an exit status."""
+    try:
+        return int(func() or 0)
+    except KeyboardInterrupt:
+        print(f"olmax {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last resort: every failure becomes one line
+        if debug:
+            traceback.print_exc()
+        print(f"olmax {command}: error: {describe(e)}", file=sys.stderr, flush=True)
+        return 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Library noise
+
+
+_ORBAX_NOISE = ("was found in the checkpoint, but could not",   # an item not asked for
+                "Given directory is read only",                  # a checkpoint opened to read
+                "CheckpointManagerOptions.read_only=True")
+
+
+class _DropOrbaxNoise(logging.Filter):
+    """Orbax's notes about reading only part of a checkpoint, and the traceback it logs from its
+    writer thread for an error olmax raised there (the same error reaches the command, which
+    reports it in one line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg if isinstance(record.msg, str) else ""
+        if any(text in msg for text in _ORBAX_NOISE):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, (ConfigError, OlmaxError))
+
+
+def _is_closed_loop_noise(exc: BaseException | None, tb) -> bool:
+    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+        return False
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
+
+
+def quiet_libraries() -> None:
+    """Install the noise filters of the module docstring (idempotent)."""
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _DropOrbaxNoise) for f in absl.filters):
+        absl.addFilter(_DropOrbaxNoise())
+    previous = sys.unraisablehook
+    if getattr(previous, "_olmax_quiet", False):
+        return
+
+    def hook(unraisable) -> None:
+        if _is_closed_loop_noise(unraisable.exc_value, unraisable.exc_traceback):
+            return
+        previous(unraisable)
+
+    hook._olmax_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+__all__ = ["describe", "run_reporting", "quiet_libraries", "debug_requested", "DEBUG_FLAG"]

@@ -1,0 +1,140 @@
+"""The command line's last resort (olmax.reporting): any failure is one line, a traceback only on
+request; ``key=value`` overrides anywhere; library noise filtered."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import types
+
+import pytest
+
+from olmax.cli import main
+from olmax.reporting import describe, quiet_libraries, run_reporting
+
+
+def _lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("exc, line", [
+    (PermissionError(13, "Permission denied", "/data/run/x"), "Permission denied: /data/run/x"),
+    (IsADirectoryError(21, "Is a directory", "tokens"), "Is a directory: tokens"),
+    (FileNotFoundError(2, "No such file or directory", "a.yaml"), "file not found: a.yaml"),
+    (OSError(28, "No space left on device"), "No space left on device"),
+    (ValueError("could not convert string to float: 'x'\nmore detail"),
+     "could not convert string to float: 'x'"),
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+     "not UTF-8 text (invalid start byte at byte 0)"),
+])
+def test_library_errors_become_one_line(capsys, exc, line):
+    def fail():
+        raise exc
+
+    assert run_reporting("eval", fail, debug=False) == 2
+    err = capsys.readouterr().err
+    assert _lines(err) == [f"olmax eval: error: {line}"]
+    assert describe(exc) == line
+
+
+def test_a_bug_is_one_line_that_says_so_and_debug_adds_the_traceback(capsys, monkeypatch):
+    def bug():
+        return {}["missing"]
+
+    assert run_reporting("train", bug, debug=False) == 2
+    err = capsys.readouterr().err
+    assert _lines(err) == ["olmax train: error: internal error: KeyError: 'missing' (a bug in olmax; "
+                           "rerun with --debug for the traceback)"]
+    assert run_reporting("train", bug, debug=True) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("for the traceback)")
+
+
+def test_debug_flag_anywhere_and_environment(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("OLMAX_DEBUG", raising=False)
+    assert main(["curves", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(_lines(err)) == 1
+    assert main(["curves", str(tmp_path / "nothing"), "--debug"]) == 2
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+    monkeypatch.setenv("OLMAX_DEBUG", "1")
+    assert main(["curves", str(tmp_path / "nothing")]) == 2
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_usage_mistakes_are_one_line(capsys):
+    for argv in (["eval"], ["convert", "hf-to-jax", "a", "b"], ["nosuchcommand"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        lines = _lines(capsys.readouterr().err)
+        assert len(lines) == 1 and ": error: " in lines[0] and "--help" in lines[0], lines
+
+
+def test_overrides_anywhere_in_every_command(monkeypatch, capsys):
+    import olmax.commands.bench as bench
+    import olmax.commands.launch as launch
+    import olmax.commands.train as train
+
+    seen = {}
+    monkeypatch.setattr(bench, "run_train", lambda args: seen.setdefault("bench", args) and 0)
+    argv = ["bench", "train", "olmo3_tiny", "a.b=1", "--steps", "4", "c.d=2", "--no-ceiling", "e.f=3"]
+    assert main(argv) == 0
+    args = seen["bench"]
+    assert args.overrides == ["a.b=1", "c.d=2", "e.f=3"] and args.steps == 4 and args.no_ceiling
+
+    def record(args):
+        train.split_options(args)
+        seen["train"] = args
+        return 0
+
+    monkeypatch.setattr(train, "run", record)
+    assert main(["train", "olmo3_tiny", "a.b=1", "--run-dir", "r", "c.d=2", "--quiet", "e.f=3"]) == 0
+    assert seen["train"].overrides == ["a.b=1", "c.d=2", "e.f=3"] and seen["train"].run_dir == "r"
+
+    def record_launch(args):
+        launch.split_options(args)
+        seen["launch"] = args
+        return 0
+
+    monkeypatch.setattr(launch, "run", record_launch)
+    assert main(["launch", "slurm", "olmo3_tiny", "a.b=1", "--nodes", "2", "c.d=2", "--out", "j.sh"]) == 0
+    assert seen["launch"].overrides == ["a.b=1", "c.d=2"] and seen["launch"].nodes == 2
+
+    assert main(["bench", "train", "olmo3_tiny", "--steps", "4", "a.b=1", "--bogus"]) == 2
+    assert _lines(capsys.readouterr().err) == [
+        "olmax bench: error: unrecognized arguments: --bogus (see olmax bench --help)"]
+
+
+def test_orbax_notes_and_closed_loop_tracebacks_are_filtered(caplog, monkeypatch):
+    from olmax.config import OlmaxError
+
+    quiet_libraries()
+    absl = logging.getLogger("absl")
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        absl.warning('Item "%s" was found in the checkpoint, but could not be restored. Please ...',
+                     "opt_state")
+        absl.warning("Given directory is read only=%s", "/x")
+        try:
+            raise OlmaxError("x.safetensors: non-finite weights in 1 tensor(s)")
+        except OlmaxError:   # orbax's writer thread logs what it raised; the command reports it
+            absl.error("_SignalingThread.run() raised an exception", exc_info=True)
+        absl.warning("a real warning stays")
+    assert [r.getMessage() for r in caplog.records] == ["a real warning stays"]
+
+    passed_on = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: passed_on.append(u.exc_value))
+    quiet_libraries()
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:   # what a TensorStore callback meets after Orbax closed its loop
+        loop.call_soon_threadsafe(lambda: None)
+    except RuntimeError as e:
+        closed = e
+    other = RuntimeError("Event loop is closed")   # the same text from elsewhere is not hidden
+    for exc in (closed, other):
+        sys.unraisablehook(types.SimpleNamespace(exc_type=type(exc), exc_value=exc,
+                                                 exc_traceback=exc.__traceback__, err_msg=None,
+                                                 object=None))
+    assert passed_on == [other]
