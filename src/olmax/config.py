@@ -10,6 +10,7 @@ This module sits at the bottom of the import graph: it imports nothing else from
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -196,12 +197,17 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             return int(value)
         raise ConfigError(f"{path}: expected int, got {type(value).__name__} {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            number = float(value)
         # YAML 1.1 reads "1e-3" (no dot) as a string; accept numeric spellings for float fields.
-        if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
-            return float(value)
-        raise ConfigError(f"{path}: expected float, got {type(value).__name__} {value!r}")
+        elif isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+            number = float(value)
+        if number is None:
+            raise ConfigError(f"{path}: expected float, got {type(value).__name__} {value!r}")
+        if not math.isfinite(number):   # 1e999 parses as inf: never a meaningful setting
+            raise ConfigError(f"{path}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -396,12 +402,26 @@ class CheckpointConfig:
     async_save: bool = True
 
 
+SEED_LIMIT = 2**63     # seeds are int64 for jax.random.key and non-negative for numpy's PCG64
+
+
+def check_seed(value: int | None, key: str) -> None:
+    if value is not None and not 0 <= value < SEED_LIMIT:
+        raise ConfigError(f"{key} must be an integer in [0, 2^63) (got {value})")
+
+
 @dataclass(frozen=True)
 class InitConfig:
     seed: int | None = None          # model init seed (None: the run seed)
     hf_dir: str | None = None        # start from HF Olmo3ForCausalLM weights
     checkpoint: str | None = None    # warm start from an olmax checkpoint
     load_optimizer: bool = False     # with checkpoint: carry Adam moments and step count
+    # The model comes from the checkpoint's config (olmax.interop.architecture): true lets the
+    # recipe's model fields win where they differ (shapes must still agree).
+    allow_architecture_override: bool = False
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed, "init.seed")
 
 
 @dataclass(frozen=True)
@@ -467,6 +487,9 @@ class RunConfig:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed, "seed")
 
 
 def run_config_from_dict(data: Mapping[str, Any]) -> RunConfig:

@@ -48,6 +48,10 @@ def parse_map(items: list[str]) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     from olmax.analysis.curves import atomic_write, compare_runs, load_curve, plot_comparison
 
+    if args.smooth is not None and not 0 <= args.smooth < 1:
+        raise ConfigError(f"--smooth must be in [0, 1) (got {args.smooth})")
+    if args.windows < 1:
+        raise ConfigError(f"--windows must be positive (got {args.windows})")
     if args.label and len(args.label) != len(args.sources):
         raise ConfigError(f"--label given {len(args.label)} times for {len(args.sources)} sources")
     columns = parse_map(args.map)

@@ -44,8 +44,10 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.tasks and not args.heldout:
         raise ConfigError("give --tasks and/or --heldout")
-    if args.limit is not None and args.limit <= 0:
-        raise ConfigError(f"--limit must be positive (got {args.limit})")
+    for flag, value in (("--limit", args.limit), ("--heldout-max-docs", args.heldout_max_docs),
+                        ("--max-length", args.max_length), ("--batch-size", args.batch_size)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be positive (got {value})")
     if Path(args.json_out).exists() and not args.force:
         raise OlmaxError(f"{args.json_out} already exists (remove it or pass --force)")
     from olmax.eval.tasks import expand_tasks, get_task

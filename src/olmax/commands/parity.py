@@ -29,7 +29,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random token ids")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tokens", metavar="FILE", default=None,
-                     help="token ids instead of random ones (.npy or raw uint32 token file)")
+                     help="token ids instead of random ones (a .npy array or a raw uint32 token "
+                          "file, told apart by content)")
     src.add_argument("--text", metavar="FILE", default=None,
                      help="a text file, tokenized with HF_DIR's tokenizer.json (else dolma2)")
     p.add_argument("--json", metavar="OUT.json", default=None, help="also write the report as JSON")
@@ -45,7 +46,10 @@ def _run(args) -> int:
         path = Path(args.text)
         if not path.is_file():
             raise OlmaxError(f"text file not found: {path}")
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise OlmaxError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     report = run_parity(args.hf_dir, checkpoint=args.checkpoint, seq_len=args.seq_len,
                         batch=args.batch, dtype=args.dtype, seed=args.seed,
                         token_file=args.tokens, text=text)

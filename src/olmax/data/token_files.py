@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import BinaryIO, Iterable, Iterator
 import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
+from olmax.data.manifests import check_against_manifest, directory_hint
 from olmax.data.remote import is_remote, remote_files
 
 def _umask() -> int:
@@ -45,15 +47,21 @@ def parse_dtype(name: str) -> np.dtype:
 
 
 def file_size(path: str, cache_dir: str | os.PathLike | None = None) -> int:
-    """Bytes in a token file (local or remote); a missing file is an OlmaxError naming it."""
+    """Bytes in a token file (local or remote); a missing file, or anything but a regular file
+    (a folder, a device), is an OlmaxError naming it."""
     if is_remote(path):
         return remote_files(cache_dir).size(path)
     try:
-        return os.stat(path).st_size
+        st = os.stat(path)
     except FileNotFoundError:
         raise OlmaxError(f"token file not found: {path}") from None
     except OSError as e:
         raise OlmaxError(f"cannot read token file {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise OlmaxError(f"{path} is a directory, not a token file{directory_hint(path)}")
+    if not stat.S_ISREG(st.st_mode):
+        raise OlmaxError(f"{path} is not a regular file (token files are plain files)")
+    return st.st_size
 
 
 def prefetch_sizes(paths: Iterable[str]) -> None:
@@ -65,9 +73,12 @@ def prefetch_sizes(paths: Iterable[str]) -> None:
 
 
 def file_num_tokens(path: str, dtype: np.dtype) -> int:
-    """Token count of a file from its size; a missing file or a size not a multiple of the item size
-    is an :class:`OlmaxError` naming the file."""
+    """Token count of a file from its size; a missing file, a size not a multiple of the item size,
+    or a size other than the ``manifest.json`` beside it lists (:mod:`olmax.data.manifests`) is an
+    :class:`OlmaxError` naming the file."""
     size = file_size(path)
+    if not is_remote(path):
+        check_against_manifest(path, size, dtype)
     if size % dtype.itemsize:
         raise OlmaxError(
             f"{path}: size {size} bytes is not a multiple of {dtype.itemsize} "

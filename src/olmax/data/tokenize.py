@@ -30,6 +30,7 @@ import multiprocessing as mp
 import os
 import shutil
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -191,10 +192,11 @@ def iter_documents(path: Path, text_field: str, start: int = 0,
             if not isinstance(text, str):
                 raise OlmaxError(f"{where()}: field {text_field!r} is not a string")
             yield text
-    except (OSError, EOFError) as e:  # truncated/corrupt compressed input
+    except (OSError, EOFError, zlib.error) as e:  # truncated/corrupt compressed input
         if isinstance(e, FileNotFoundError):
             raise OlmaxError(f"input not found: {path}") from None
-        raise OlmaxError(f"{path}: cannot read: {e}") from None
+        raise OlmaxError(f"{path}: cannot read ({'corrupt compressed data: ' if isinstance(e, zlib.error) else ''}"
+                         f"{e})") from None
     except Exception as e:
         if type(e).__module__.startswith("zstandard"):
             raise OlmaxError(f"{path}: cannot read: {e}") from None
@@ -312,9 +314,11 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
 
     if settings.max_file_tokens <= 0:
         raise ConfigError("tokenize: the file size limit must be positive")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OlmaxError(f"output folder {out} exists and is not a folder")
     paths = expand_inputs(inputs)
     tok = get_tokenizer(settings.tokenizer)
-    out = Path(out_dir)
     records = [_input_record(p) for p in paths]
     groups = plan_groups(paths, settings.group_bytes)
     plan = {"settings": asdict(settings), "tokenizer": tok.identity, "inputs": records, "groups": groups}
@@ -362,6 +366,7 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
             bar.update(res.input_bytes)
             bar.set_postfix(tokens=f"{new_tokens:.3g}")
 
+    ok = False
     try:
         if workers > 1 and len(todo) > 1:
             ctx = mp.get_context("spawn")
@@ -372,8 +377,10 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
         else:
             for task in todo:
                 record(_tokenize_group(task))
+        ok = True
     finally:
         if bar is not None:
+            bar.leave = ok    # a failed run's bar is cleared: its error line stands alone
             bar.close()
     seconds = time.perf_counter() - t0
 

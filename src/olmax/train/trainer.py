@@ -180,6 +180,12 @@ class Trainer:
         self.speed = SpeedMonitor()
         cbs: list = [self.speed]
         try:
+            from olmax.train.callbacks.evaluator import EvaluatorCallback
+        except ImportError:
+            EvaluatorCallback = None  # type: ignore[assignment,misc]
+        # first: it checks the eval tasks and files, and nothing is opened yet
+        ev = EvaluatorCallback.from_config(self.cfg) if EvaluatorCallback is not None else None
+        try:
             from olmax.train.callbacks.checkpointing import CheckpointCallback
         except ImportError:
             CheckpointCallback = None  # type: ignore[assignment,misc]
@@ -187,14 +193,8 @@ class Trainer:
                         if CheckpointCallback is not None else None)
         if self.ckpt_cb is not None:
             cbs.append(self.ckpt_cb)
-        try:
-            from olmax.train.callbacks.evaluator import EvaluatorCallback
-        except ImportError:
-            EvaluatorCallback = None  # type: ignore[assignment,misc]
-        if EvaluatorCallback is not None:
-            ev = EvaluatorCallback.from_config(self.cfg)
-            if ev is not None:
-                cbs.append(ev)
+        if ev is not None:
+            cbs.append(ev)
         from olmax.train.callbacks.dashboard import DashboardCallback
 
         return cbs + self.extra_callbacks + [DashboardCallback()]

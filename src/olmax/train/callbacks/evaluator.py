@@ -46,6 +46,12 @@ class EvaluatorCallback:
         e = run_cfg.eval
         if not (e.heldout or e.tasks) or not (e.interval or e.on_start or e.on_end):
             return None
+        from olmax.eval.perplexity import parse_heldout
+        from olmax.eval.tasks import expand_tasks, get_task
+
+        for name in expand_tasks(list(e.tasks)):   # a bad task or file fails before training
+            get_task(name)
+        parse_heldout(e.heldout, cache_dir=run_cfg.data.cache_dir)
         return cls(e)
 
     # -- setup ---------------------------------------------------------------------------------
