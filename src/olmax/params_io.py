@@ -34,15 +34,17 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import numpy as np
 
 from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dict
+from olmax.model.finite import check_params, raise_non_finite, tensor_problem
 
 FORMAT_VERSION = 1
 PARAMS_ITEM = "params"
+OPT_STATE_ITEM = "opt_state"
 META_ITEM = "meta"
 
 
@@ -85,6 +87,8 @@ def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for aside in tmp.parent.glob(f"{tmp.name}.*"):   # a writer's own temporaries (orbax)
+            shutil.rmtree(aside, ignore_errors=True)
         for d in created:  # innermost first
             with contextlib.suppress(OSError):
                 d.rmdir()
@@ -189,18 +193,23 @@ def _checkpointer(restore_concurrent_gb: int | None = None):
     import orbax.checkpoint as ocp
 
     kw = {} if restore_concurrent_gb is None else {"restore_concurrent_gb": restore_concurrent_gb}
+    # opt_state (training step dirs) is known but never read here: without a handler for it,
+    # orbax warns twice per read that the item "could not be restored".
     return ocp.Checkpointer(ocp.CompositeCheckpointHandler(
         **{PARAMS_ITEM: ocp.StandardCheckpointHandler(**kw),
+           OPT_STATE_ITEM: ocp.StandardCheckpointHandler(),
            META_ITEM: ocp.JsonCheckpointHandler()}))
 
 
 def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfig, *,
-                extra_meta: Mapping[str, Any] | None = None) -> Path:
+                extra_meta: Mapping[str, Any] | None = None,
+                before_commit: Callable[[], None] | None = None) -> Path:
     """Write ``params`` (arrays in any dtype; numpy, jax or :class:`StreamedArray`) and the model
     config as a step dir.
 
     ``extra_meta`` is merged into the meta JSON (it may not override ``model`` or
-    ``format_version``). Atomic; refuses an existing non-empty ``directory``.
+    ``format_version``). Atomic; refuses an existing non-empty ``directory``. ``before_commit``
+    runs once everything is written and may raise to discard it all.
     """
     import orbax.checkpoint as ocp
 
@@ -220,9 +229,14 @@ def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfi
     else:
         checkpointer, item = _checkpointer(), ocp.args.StandardSave(params)
     with atomic_output_dir(directory) as tmp:
-        checkpointer.save(tmp, args=ocp.args.Composite(**{PARAMS_ITEM: item,
-                                                          META_ITEM: ocp.args.JsonSave(meta)}),
-                          force=True)
+        try:
+            checkpointer.save(tmp, args=ocp.args.Composite(**{PARAMS_ITEM: item,
+                                                              META_ITEM: ocp.args.JsonSave(meta)}),
+                              force=True)
+        finally:
+            checkpointer.close()
+        if before_commit is not None:
+            before_commit()
     return Path(directory)
 
 
@@ -315,12 +329,14 @@ def _checked_config(step: Path) -> tuple[ModelConfig, dict]:
     return cfg, stored
 
 
-def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None):
+def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None,
+                check_finite: bool = True):
     """Restore ``(params, ModelConfig)`` from a step dir, a run dir or a ``checkpoints/`` dir.
 
     ``dtype``: cast every array on restore (None keeps the stored dtype). ``shardings``: a pytree
     of ``jax.sharding.Sharding`` matching the params (restore onto any device layout); None puts
-    everything on the default device. The stored tree must match the config's parameter shapes.
+    everything on the default device. The stored tree must match the config's parameter shapes,
+    and (``check_finite``) hold no NaN/Inf (:mod:`olmax.model.finite`: an OlmaxError naming them).
     """
     import orbax.checkpoint as ocp
 
@@ -345,6 +361,8 @@ def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None):
             **{PARAMS_ITEM: ocp.args.StandardRestore(target)}))[PARAMS_ITEM]
     except Exception as e:
         raise OlmaxError(f"cannot restore params from {step}: {str(e).splitlines()[0]}") from None
+    if check_finite:
+        check_params(restored, f"checkpoint {step}")
     return restored, cfg
 
 
@@ -352,17 +370,23 @@ class StoredArray:
     """One stored parameter, read by slices (``a[i]``, ``a[:, :v]``) into numpy; nothing else of
     it is read or kept."""
 
-    def __init__(self, store, name: str) -> None:
+    def __init__(self, store, name: str, store_path: str | os.PathLike = "") -> None:
         self._store = store
         self.name = name
+        self.store_path = store_path
         self.shape = tuple(store.shape)
         self.dtype = np.dtype(store.dtype.numpy_dtype)
 
     def __getitem__(self, index) -> np.ndarray:
         try:
-            return np.asarray(self._store[index].read().result())
+            out = np.asarray(self._store[index].read().result())
         except Exception as e:  # tensorstore reports missing or corrupt chunks as ValueError etc.
             raise OlmaxError(f"cannot read parameter '{self.name}': {str(e).splitlines()[0]}") from None
+        where = f"{self.name}[{index}]" if isinstance(index, (int, np.integer)) else self.name
+        problem = tensor_problem(where, out)
+        if problem:
+            raise_non_finite(f"checkpoint {self.store_path}", [problem])
+        return out
 
 
 def stored_arrays(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
@@ -392,7 +416,8 @@ def stored_arrays(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
         spec = {"driver": driver, "kvstore": {"driver": "ocdbt", "base": f"file://{item}",
                                               "path": name}}
         try:
-            return StoredArray(ts.open(spec, open=True, read=True, context=context).result(), name)
+            return StoredArray(ts.open(spec, open=True, read=True, context=context).result(), name,
+                               step)
         except Exception as e:
             raise OlmaxError(f"{item}: cannot open parameter '{name}': "
                              f"{str(e).splitlines()[0]}") from None

@@ -16,7 +16,7 @@ def make_hf_model(out_dir: Path, *, vocab: int = 300, hidden: int = 64, inter: i
                   layer_types: list[str] | None = None, head_dim: int | None = None,
                   rope_theta: float = 10_000.0, yarn: dict | None = None, tie: bool = False,
                   dtype: str = "float32", seed: int = 0, max_shard_size: str | None = None,
-                  max_pos: int = 256, std: float = 0.15):
+                  max_pos: int = 256, std: float = 0.15, eps: float = 1e-6):
     """Build, randomise and ``save_pretrained`` a model; return it (eval mode, in ``dtype``)."""
     import torch
     from transformers import Olmo3Config, Olmo3ForCausalLM
@@ -29,7 +29,7 @@ def make_hf_model(out_dir: Path, *, vocab: int = 300, hidden: int = 64, inter: i
     cfg = Olmo3Config(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, sliding_window=window,
-        layer_types=layer_types, max_position_embeddings=max_pos, rms_norm_eps=1e-6,
+        layer_types=layer_types, max_position_embeddings=max_pos, rms_norm_eps=eps,
         rope_parameters={"full_attention": full,
                          "sliding_attention": {"rope_type": "default", "rope_theta": rope_theta}},
         tie_word_embeddings=tie, initializer_range=std, pad_token_id=None, eos_token_id=None,

@@ -102,13 +102,14 @@ def _to_olmax_layout(model):
                        "mlp_norm": stack("feed_forward_norm", False)}}
 
 
-def _run_olmo_core(params, batches):
+def _run_olmo_core(params, batches, model=None):
+    """OLMo-core's training steps on ``batches``, from ``params`` (or an already loaded ``model``)."""
     from olmo_core.data.utils import get_labels
     from olmo_core.optim.adamw import SkipStepAdamW
     from olmo_core.optim.scheduler import CosWithWarmup
 
     torch.manual_seed(0)
-    model = _oc_model(params)
+    model = model if model is not None else _oc_model(params)
     model.train()
     emb = [p for n, p in model.named_parameters() if n == "embeddings.weight"]
     rest = [p for n, p in model.named_parameters() if n != "embeddings.weight"]

@@ -21,9 +21,9 @@ from olmax.eval.tasks import expand_tasks, get_task
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
-    p = Path(path)
-    return (p / "config.json").is_file() and (any(p.glob("*.safetensors"))
-                                               or (p / "model.safetensors.index.json").is_file())
+    """A Hugging Face model directory (``config.json``; its weights are checked when read: only
+    safetensors are accepted)."""
+    return (Path(path) / "config.json").is_file()
 
 
 @dataclass
@@ -46,10 +46,12 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
 
         params, cfg, _ = load_hf(p)
         return LoadedModel(jax.tree.map(jax.numpy.asarray, params), cfg, "hf", cfg.vocab_size)
-    from olmax.params_io import load_params
+    from olmax.interop.vocab_padding import softmax_vocab
+    from olmax.params_io import load_meta, load_params
 
     params, cfg = load_params(p)
-    return LoadedModel(params, cfg, "olmax", cfg.padded_vocab_size)
+    # padding rows the source never had stay out of the softmax (olmax.interop.vocab_padding)
+    return LoadedModel(params, cfg, "olmax", softmax_vocab(load_meta(p), cfg))
 
 
 @dataclass

@@ -6,8 +6,9 @@ positions so a batch never materialises ``[B, T, vocab]`` at once.
 
 ``softmax_vocab`` is how many logits enter the normaliser: the padded vocabulary (OLMo-core: its LM
 head has ``padded_vocab_size`` outputs and ``cross_entropy`` sees all of them) or the real vocabulary
-(HF ``Olmo3ForCausalLM``, whose head has ``vocab_size`` rows; used for models imported from HF, whose
-padding rows are not trained). Shapes are bucketed (batch fixed, length a power of two >= 128) so a
+(HF ``Olmo3ForCausalLM``, whose head has ``vocab_size`` rows; used for HF directories and for
+checkpoints imported from them, which record that their padding rows were never in a softmax:
+:mod:`olmax.interop.vocab_padding`). Shapes are bucketed (batch fixed, length a power of two >= 128) so a
 run compiles a handful of programs.
 """
 

@@ -15,17 +15,20 @@ Config (``config.json``, transformers ``configuration_olmo3.py``) -> :class:`Mod
 Weights (``model.safetensors`` or a sharded ``model.safetensors.index.json``; F32/BF16/F16) map
 per layer into the stacked olmax pytree (HF linear weights are [out, in], olmax [in, out])::
 
-    model.embed_tokens.weight                     embed          [Vp, D] (rows >= V are zero)
+    model.embed_tokens.weight                     embed          [Vp, D] (rows >= V: padding)
     model.layers.{i}.self_attn.{q,k,v,o}_proj     layers.{q,k,v,o}_proj[i]     (transposed)
     model.layers.{i}.self_attn.{q,k}_norm         layers.{q,k}_norm[i]
     model.layers.{i}.post_attention_layernorm     layers.attn_norm[i]   (on the attention output)
     model.layers.{i}.post_feedforward_layernorm   layers.mlp_norm[i]    (on the MLP output)
     model.layers.{i}.mlp.{gate,up,down}_proj      layers.{gate,up,down}_proj[i] (transposed)
     model.norm.weight                             final_norm
-    lm_head.weight                                lm_head        [D, Vp] (transposed; zero pad)
+    lm_head.weight                                lm_head        [D, Vp] (transposed; padding)
 
 The HF vocabulary (``vocab_size`` rows, e.g. dolma2's 100278) is padded to a multiple of 128
-(OLMo-core's ``padded_vocab_size``, 100352) on import and cut back on export. Both directions
+(OLMo-core's ``padded_vocab_size``, 100352) on import and cut back on export; the padding rows start
+as OLMo-core's HF loader makes them and stay out of an imported model's softmax
+(:mod:`olmax.interop.vocab_padding`). Only safetensors directories are read
+(:func:`check_safetensors_dir`), and a tensor holding NaN/Inf is refused by name as it is read. Both directions
 stream (``benchmarks/convert_scale.py`` measures them): import hands the checkpoint writer
 :class:`~olmax.params_io.StreamedArray` leaves that read each chunk (one layer's tensor, a block
 of vocabulary rows) from the safetensors files with plain reads as it is written; export reads
@@ -49,6 +52,9 @@ import ml_dtypes
 import numpy as np
 
 from olmax.config import ConfigError, ModelConfig, OlmaxError, YarnConfig
+from olmax.interop import vocab_padding
+from olmax.interop.vocab_padding import padding_rows
+from olmax.model.finite import raise_non_finite, tensor_problem
 from olmax.params_io import (StreamedArray, atomic_output_dir, check_output_dir, load_meta,
                              load_model_config, save_params, stored_arrays)
 
@@ -91,9 +97,36 @@ def dtype_of(name: str) -> np.dtype:
 # Config
 
 
+PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
+
+
+def check_safetensors_dir(hf_dir: str | os.PathLike) -> Path:
+    """``hf_dir`` as a Path when it is a directory with safetensors weights (``model.safetensors``
+    or its sharded index). Any other HF directory is refused before a byte of it is read: the
+    pickle formats (``pytorch_model.bin``, ``.pt``, ...) can run code when loaded."""
+    d = Path(hf_dir)
+    if not d.is_dir():
+        if d.exists():
+            raise OlmaxError(f"{d} is a file, not a Hugging Face model directory")
+        raise OlmaxError(f"Hugging Face model directory not found: {d}")
+    if (d / SINGLE_FILE).is_file() or (d / INDEX_FILE).is_file():
+        return d
+    pickled = sorted({p.name for pattern in PICKLE_WEIGHTS for p in d.glob(pattern)})
+    if pickled:
+        raise OlmaxError(f"{d} holds {', '.join(pickled[:3])} but no {SINGLE_FILE}: olmax reads "
+                         f"safetensors weights only (pickled weights can run code when loaded); "
+                         f"convert the directory to safetensors first")
+    raise OlmaxError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE} (not a Hugging Face safetensors model "
+                     f"directory)")
+
+
 def read_hf_config(hf_dir: str | os.PathLike) -> dict:
+    """``config.json`` of an HF directory, as a dict (its weights are not looked at here: see
+    :func:`check_safetensors_dir`)."""
     path = Path(hf_dir) / "config.json"
     if not Path(hf_dir).is_dir():
+        if Path(hf_dir).exists():
+            raise OlmaxError(f"{hf_dir} is a file, not a Hugging Face model directory")
         raise OlmaxError(f"Hugging Face model directory not found: {hf_dir}")
     if not path.is_file():
         raise OlmaxError(f"{path}: missing (not a Hugging Face model directory)")
@@ -366,10 +399,17 @@ def read_safetensors_header(path: Path) -> tuple[int, dict[str, dict]]:
 class SafetensorsDir:
     """The weights of an HF directory (single file or sharded index), read tensor by tensor (or
     by row ranges) with plain reads: no memory map, so nothing but the requested bytes enters
-    the process."""
+    the process.
 
-    def __init__(self, hf_dir: str | os.PathLike):
+    Every block read is checked for NaN/Inf: an OlmaxError naming the tensor, or with
+    ``collect_non_finite`` the tensor's name is noted in :attr:`non_finite` and reading goes on
+    (a streaming writer fails after its last write instead of inside its writer threads, and
+    every bad tensor is named)."""
+
+    def __init__(self, hf_dir: str | os.PathLike, *, collect_non_finite: bool = False):
         self.dir = Path(hf_dir)
+        self.collect_non_finite = collect_non_finite
+        self.non_finite: dict[str, str] = {}     # tensor name -> file
         index, single = self.dir / INDEX_FILE, self.dir / SINGLE_FILE
         if index.is_file():
             try:
@@ -429,7 +469,18 @@ class SafetensorsDir:
                     got += n
         except OSError as e:
             raise OlmaxError(f"{path}: cannot read tensor '{name}' ({e.strerror})") from None
+        problem = tensor_problem(name if (start, stop) == (0, shape[0] if shape else 1)
+                                 else f"{name} rows {start}..{stop - 1}", out)
+        if problem and not self.collect_non_finite:
+            raise_non_finite(str(path), [problem])
+        if problem:
+            self.non_finite[name] = fname
         return out
+
+    def check_non_finite(self) -> None:
+        """Raise an OlmaxError naming every tensor found non-finite while collecting."""
+        files = sorted({str(self.dir / f) for f in self.non_finite.values()})
+        raise_non_finite(", ".join(files), sorted(self.non_finite, key=_hf_order))
 
 
 def load_hf(hf_dir: str | os.PathLike, *, dtype: str = "float32",
@@ -460,11 +511,17 @@ def load_hf(hf_dir: str | os.PathLike, *, dtype: str = "float32",
             key, transposed = LAYER_TENSORS[suffix]
             layers[key][i] = t.T if transposed else t
         del t
+    exact = target == np.float32     # float32 holds the file's values: no second read needed
+    params["embed"][v:] = _padding(weights, "model.embed_tokens.weight", cfg, "embed",
+                                   params["embed"] if exact else None)
+    if "lm_head" in params:
+        params["lm_head"][:, v:] = _padding(weights, "lm_head.weight", cfg, "lm_head",
+                                            params["lm_head"].T if exact else None).T
     return params, cfg, info
 
 
-def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None
-            ) -> tuple[SafetensorsDir, ModelConfig, dict]:
+def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None,
+            collect_non_finite: bool = False) -> tuple[SafetensorsDir, ModelConfig, dict]:
     """An HF Olmo3 directory, checked (every tensor's name, shape and dtype against config.json)
     without reading any weights -> (weights, ModelConfig, source info: the original ``hf_config``
     and the files' ``hf_dtype``, so an export can reproduce the directory)."""
@@ -472,7 +529,7 @@ def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None
     hf_cfg = read_hf_config(hf_dir)
     cfg = model_config_from_hf(hf_cfg, where=str(hf_dir / "config.json"),
                                padded_vocab_size=padded_vocab_size)
-    weights = SafetensorsDir(hf_dir)
+    weights = SafetensorsDir(check_safetensors_dir(hf_dir), collect_non_finite=collect_non_finite)
     expected = hf_tensor_shapes(cfg)
     for name in weights.names():
         if name in expected or name.endswith(_IGNORED_SUFFIXES):
@@ -498,15 +555,35 @@ def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None
     return weights, cfg, info
 
 
+def _padding(weights: SafetensorsDir, name: str, cfg: ModelConfig, which: str,
+             rows: np.ndarray | None = None) -> np.ndarray:
+    """The padding rows ``[vocab_size, padded_vocab_size)`` of an HF embedding or LM head, as
+    OLMo-core's HF loader makes them (:mod:`olmax.interop.vocab_padding`); float32, HF layout.
+    The tensor's rows come from ``rows`` (HF layout, the file's values) or the file."""
+    _, code = weights.info(name)
+    read = (lambda a, b: rows[a:b]) if rows is not None else (
+        lambda a, b: weights.read_rows(name, a, b))
+    return padding_rows(read, cfg.vocab_size, cfg.d_model, cfg.padded_vocab_size,
+                        _SAFETENSORS_DTYPES[code], which=which)
+
+
 def streamed_params(weights: SafetensorsDir, cfg: ModelConfig, dtype: str) -> dict:
     """The olmax params of an HF directory as a tree of :class:`StreamedArray` leaves: each block
     the checkpoint writer asks for is read from the safetensors files when asked (vocabulary
-    rows, one layer's tensor), transposed and cast to ``dtype``; the padding rows are zeros."""
+    rows, one layer's tensor), transposed and cast to ``dtype``; the padding rows are made as
+    OLMo-core's HF loader makes them (computed once, from two passes over the rows)."""
     from olmax.model.olmo3 import param_shapes
 
     target = dtype_of(dtype)
     v = cfg.vocab_size
     last: dict[str, np.ndarray] = {}      # the most recent layer tensor (a chunk may be part of one)
+    pads: dict[str, np.ndarray] = {}
+
+    def pad(name: str, which: str, a: int, b: int) -> np.ndarray:
+        """Padding rows [a, b) (absolute vocabulary indices >= v), HF layout."""
+        if name not in pads:
+            pads[name] = _padding(weights, name, cfg, which)
+        return pads[name][a - v:b - v]
 
     def layer_tensor(name: str, transposed: bool) -> np.ndarray:
         if name not in last:
@@ -524,16 +601,24 @@ def streamed_params(weights: SafetensorsDir, cfg: ModelConfig, dtype: str) -> di
         rows, cols = index
         t, n = vocab_rows("model.embed_tokens.weight", rows)
         out = np.zeros((n, len(range(*cols.indices(cfg.d_model)))), target)
+        got = 0 if t is None else len(t)
         if t is not None:
-            out[:len(t)] = t[:, cols]
+            out[:got] = t[:, cols]
+        if got < n:
+            a, b, _ = rows.indices(cfg.padded_vocab_size)
+            out[got:] = pad("model.embed_tokens.weight", "embed", a + got, b)[:, cols]
         return out
 
     def lm_head(index):
         rows, cols = index
         t, n = vocab_rows("lm_head.weight", cols)
         out = np.zeros((len(range(*rows.indices(cfg.d_model))), n), target)
+        got = 0 if t is None else len(t)
         if t is not None:
-            out[:, :len(t)] = t[:, rows].T
+            out[:, :got] = t[:, rows].T
+        if got < n:
+            a, b, _ = cols.indices(cfg.padded_vocab_size)
+            out[:, got:] = pad("lm_head.weight", "lm_head", a + got, b)[:, rows].T
         return out
 
     def final_norm(index):
@@ -554,6 +639,14 @@ def streamed_params(weights: SafetensorsDir, cfg: ModelConfig, dtype: str) -> di
                                          stacked=True)
                       for suffix, (key, t) in LAYER_TENSORS.items()}
     return tree
+
+
+def _hf_order(name: str) -> tuple:
+    """Sort key: HF module order (embedding, layers by index, norm, head)."""
+    if name.startswith("model.layers."):
+        i, suffix = _layer_index(name)
+        return (1, i, suffix)
+    return (0 if "embed" in name else 2, 0, name)
 
 
 def _layer_index(name: str) -> tuple[int, str]:
@@ -680,9 +773,11 @@ def convert_hf_to_olmax(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, *
     so the host holds one chunk (at most one layer's tensor or a block of vocabulary rows)."""
     check_output_dir(out_dir)
     dtype_of(dtype)
-    weights, cfg, info = open_hf(hf_dir)
+    weights, cfg, info = open_hf(hf_dir, collect_non_finite=True)
+    padding = vocab_padding.record(cfg, in_softmax=False, init=vocab_padding.IMPORTED)
     return save_params(out_dir, streamed_params(weights, cfg, dtype), cfg,
-                       extra_meta={"source": info})
+                       extra_meta={"source": info, vocab_padding.META_KEY: padding},
+                       before_commit=weights.check_non_finite)
 
 
 def convert_olmax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -709,6 +804,6 @@ def convert_olmax_to_hf(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
     return Path(out_dir)
 
 
-__all__ = ["read_hf_config", "model_config_from_hf", "hf_config_from_model", "hf_tensor_shapes",
+__all__ = ["read_hf_config", "check_safetensors_dir", "model_config_from_hf", "hf_config_from_model", "hf_tensor_shapes",
            "SafetensorsDir", "load_hf", "iter_hf_tensors", "write_hf_dir", "convert_hf_to_olmax",
            "convert_olmax_to_hf", "HF_ARCHITECTURE", "DTYPES"]

@@ -29,12 +29,10 @@ from typing import Any
 import numpy as np
 
 from olmax.config import ConfigError, ModelConfig, OlmaxError
-from olmax.interop.hf import load_hf, model_config_from_hf, read_hf_config
+from olmax.interop.architecture import describe, differences
+from olmax.interop.hf import check_safetensors_dir, load_hf, model_config_from_hf, read_hf_config
 
 DTYPES = ("float32", "bfloat16")
-_ARCH_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
-                "vocab_size", "rope_theta", "rope_scaling", "norm_eps", "qk_norm", "block_type",
-                "window_pattern", "tie_embeddings")
 
 
 def _reference():
@@ -62,13 +60,29 @@ def seeded_tokens(vocab_size: int, batch: int, seq_len: int, seed: int) -> np.nd
     return np.random.default_rng(seed).integers(0, vocab_size, (batch, seq_len)).astype(np.int32)
 
 
+NPY_MAGIC = b"\x93NUMPY"
+
+
 def tokens_from_file(path: str | os.PathLike, batch: int, seq_len: int) -> np.ndarray:
-    """The first batch*seq_len ids of a ``.npy`` array or a raw uint32 token file."""
+    """The first batch*seq_len ids of a ``.npy`` array or a raw uint32 token file (told apart by
+    the ``.npy`` magic bytes, not the name: OLMo's raw token files are named ``.npy`` too)."""
     p = Path(path)
     if not p.is_file():
-        raise OlmaxError(f"token file not found: {p}")
-    ids = np.load(p, mmap_mode="r").reshape(-1) if p.suffix == ".npy" else np.memmap(
-        p, dtype=np.uint32, mode="r")
+        raise OlmaxError(f"token file not found: {p}" if not p.exists() else f"{p} is not a file")
+    with open(p, "rb") as f:
+        is_npy = f.read(len(NPY_MAGIC)) == NPY_MAGIC
+    if is_npy:
+        try:
+            ids = np.load(p, mmap_mode="r", allow_pickle=False).reshape(-1)
+        except ValueError as e:
+            raise OlmaxError(f"{p}: not a numeric .npy array ({str(e).splitlines()[0]})") from None
+        if ids.dtype.kind not in "iu":
+            raise OlmaxError(f"{p}: a .npy array of {ids.dtype}, not token ids (integers)")
+    elif p.stat().st_size % 4:
+        raise OlmaxError(f"{p}: size {p.stat().st_size} bytes is not a multiple of 4 (raw uint32 "
+                         f"token file) and it is no .npy array")
+    else:
+        ids = np.memmap(p, dtype=np.uint32, mode="r")
     need = batch * seq_len
     if ids.size < need:
         raise OlmaxError(f"{p}: has {ids.size} tokens, need batch*seq_len = {need}")
@@ -123,7 +137,7 @@ def _hf_model(hf_dir: str | os.PathLike, dtype: str):
     transformers.utils.logging.disable_progress_bar()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(hf_dir), dtype=tdtype, attn_implementation="eager")
+            str(hf_dir), dtype=tdtype, attn_implementation="eager", use_safetensors=True)
     except (OSError, ValueError) as e:
         raise OlmaxError(f"transformers cannot load {hf_dir}: {str(e).splitlines()[0]}") from None
     return model.eval()
@@ -160,12 +174,12 @@ def _hf_rope_warnings(model, cfg: ModelConfig) -> list[str]:
     return out
 
 
-def _check_same_architecture(ckpt_cfg: ModelConfig, hf_cfg: ModelConfig, ckpt: Any) -> None:
-    for f in _ARCH_FIELDS:
-        a, b = getattr(ckpt_cfg, f), getattr(hf_cfg, f)
-        if a != b:
-            raise OlmaxError(f"checkpoint {ckpt} does not match the HF config: {f} is {a!r} "
-                             f"in the checkpoint, {b!r} in config.json")
+def _check_same_architecture(ckpt_cfg: ModelConfig, hf_cfg: ModelConfig, ckpt: Any,
+                             hf_dir: Any) -> None:
+    diff = differences(hf_cfg, ckpt_cfg)
+    if diff:
+        raise OlmaxError(f"checkpoint {ckpt} is another model than {hf_dir}: "
+                         + describe(hf_cfg, ckpt_cfg, diff, f"{hf_dir}/config.json", "the checkpoint"))
 
 
 def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | None = None,
@@ -185,9 +199,12 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         raise ConfigError("batch and seq_len must be positive")
     torch, transformers = _reference()
     hf_cfg = model_config_from_hf(read_hf_config(hf_dir), where=str(Path(hf_dir) / "config.json"))
+    check_safetensors_dir(hf_dir)      # before transformers reads anything (no pickles)
     if checkpoint is not None:
+        from olmax.params_io import load_model_config
+
+        _check_same_architecture(load_model_config(checkpoint), hf_cfg, checkpoint, hf_dir)
         params, cfg = load_params(checkpoint)
-        _check_same_architecture(cfg, hf_cfg, checkpoint)
         source = str(checkpoint)
     else:
         # bf16: rounding the weights on load is what the bf16 compute cast does anyway.

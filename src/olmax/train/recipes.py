@@ -69,5 +69,9 @@ def resolve_mix(mix: str) -> str:
 
 
 def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *, find_mix: bool = True) -> RunConfig:
-    """Recipe + ``key.sub=value`` overrides -> validated RunConfig (ConfigError on bad keys/types)."""
-    return run_config_from_dict(recipe_dict(name_or_path, overrides, find_mix=find_mix))
+    """Recipe + ``key.sub=value`` overrides -> validated RunConfig (ConfigError on bad keys/types).
+    With ``init.hf_dir`` / ``init.checkpoint`` the model is the checkpoint's
+    (:func:`olmax.interop.architecture.model_from_init`)."""
+    from olmax.interop.architecture import model_from_init
+
+    return run_config_from_dict(model_from_init(recipe_dict(name_or_path, overrides, find_mix=find_mix)))

@@ -7,8 +7,11 @@ The trainer owns one :class:`CheckpointCallback` (built from ``cfg.checkpoint``/
    order: the newest readable checkpoint of the run itself (automatic resume; corrupt ones are
    reported and skipped), else ``init.checkpoint`` (warm start: params, plus with
    ``init.load_optimizer=true`` Adam's moments and step count; the trainer step, data position and
-   LR schedule restart at 0 and the new recipe's settings apply), else ``init.hf_dir`` (HF weights,
-   fresh optimizer), else a fresh init. On resume, ``metrics.jsonl`` is rewound to the restored step
+   LR schedule restart at 0 and the new recipe's settings apply; a parameters-only checkpoint such
+   as ``olmax convert hf-to-olmax`` writes starts a fresh optimizer), else ``init.hf_dir`` (HF
+   weights, fresh optimizer), else a fresh init. The run's model must be the one the weights were
+   saved with (:mod:`olmax.interop.architecture`), and weights holding NaN/Inf are refused by name
+   (:mod:`olmax.model.finite`). On resume, ``metrics.jsonl`` is rewound to the restored step
    (lines of later steps, which the resumed run will log again, are dropped), so the file always
    reads like one uninterrupted run.
 2. **Each step** — :meth:`on_step_end`: a non-finite loss (or a non-finite gradient that was applied)
@@ -20,8 +23,9 @@ The trainer owns one :class:`CheckpointCallback` (built from ``cfg.checkpoint``/
 
 Meta written with every checkpoint: ``model``, ``config`` (resolved RunConfig), ``seed``,
 ``data_position`` (= batches consumed = step; the next batch index is ``data_position``),
-``data_fingerprint``, ``mesh``, ``process_count``, ``device_count`` and ``init`` (where the run
-started from), plus ``format_version`` and ``step`` (added by the Checkpointer).
+``data_fingerprint``, ``mesh``, ``process_count``, ``device_count``, ``init`` (where the run
+started from) and ``vocab_padding`` (the padding rows are in the softmax: they were trained there),
+plus ``format_version`` and ``step`` (added by the Checkpointer).
 
 OLMo-core's counterparts: ``train/callbacks/checkpointer.py`` (periodic saves, ephemeral vs
 permanent) and ``train/trainer.py`` (``maybe_load_checkpoint``: resume first, else the configured
@@ -40,20 +44,17 @@ import jax
 import jax.numpy as jnp
 
 from olmax.config import ModelConfig, OlmaxError, RunConfig, to_dict
+from olmax.interop import vocab_padding
+from olmax.model.finite import check_params
 from olmax.train.checkpoint import Checkpointer, StopSignal, open_step_dir, rewind_jsonl
-
-# ModelConfig fields that decide parameter shapes: a warm start must agree on these.
-SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
-                "padded_vocab_size", "qk_norm", "tie_embeddings")
-
 
 class NonFiniteLoss(OlmaxError):
     """The loss (or an applied gradient) became NaN/Inf; the run stops without saving that state."""
 
 
-def _model_difference(saved: dict, current: ModelConfig, fields: tuple[str, ...] | None) -> str | None:
+def _model_difference(saved: dict, current: ModelConfig) -> str | None:
     now = to_dict(current)
-    names = fields or tuple(sorted(set(saved) | set(now)))
+    names = tuple(sorted(set(saved) | set(now)))
     diffs = [f"{k} {saved.get(k)!r} vs {now.get(k)!r}" for k in names if saved.get(k) != now.get(k)]
     return ", ".join(diffs) or None
 
@@ -77,7 +78,7 @@ class CheckpointCallback:
 
     def _check_resume_meta(self, meta: dict) -> None:
         where = self.ckpt.step_dir(meta.get("step", -1))
-        diff = _model_difference(meta.get("model", {}), self.model_cfg, None)
+        diff = _model_difference(meta.get("model", {}), self.model_cfg)
         if diff:
             raise OlmaxError(f"checkpoint {where} was written for a different model ({diff}); use "
                              f"another --run-dir, or warm-start with init.checkpoint={where}")
@@ -101,6 +102,7 @@ class CheckpointCallback:
             if meta.get("seed") not in (None, self.cfg.seed):
                 self.ckpt.report(f"note: seed {self.cfg.seed} differs from the checkpoint's "
                                  f"{meta['seed']}; the data order follows the new seed")
+            check_params(state.params, f"checkpoint {self.ckpt.step_dir(step)}")
             self.origin = meta.get("init", {"kind": "fresh"})
             self.resumed_step = self.last_good = step
             if jax.process_index() == 0:
@@ -115,22 +117,30 @@ class CheckpointCallback:
         return init_state(None)
 
     def _warm_start(self, abstract_state: Any, init_state: Callable[[Any], Any]) -> Any:
-        ro, step = open_step_dir(self.cfg.init.checkpoint, report=self.ckpt.report)
-        where = ro.step_dir(step)
-        meta = ro.read_meta(step)
-        diff = _model_difference(meta.get("model", {}), self.model_cfg, SHAPE_FIELDS)
-        if diff:
-            raise OlmaxError(f"init.checkpoint {where}: its model has other shapes ({diff})")
+        from olmax.params_io import load_model_config, load_params, resolve_step_dir
+
+        where = resolve_step_dir(self.cfg.init.checkpoint)
+        self._check_architecture(load_model_config(where), "init.checkpoint", f"{where}/meta")
         load_opt = self.cfg.init.load_optimizer
-        if load_opt and "opt_state" not in {p.name for p in where.iterdir()}:
+        if load_opt and not (where / "opt_state").is_dir():
             raise OlmaxError(f"init.checkpoint {where} has no optimizer state "
                              "(set init.load_optimizer=false to start a fresh optimizer)")
+        if not (where / "opt_state").is_dir():   # parameters only (olmax convert, save_params)
+            target = abstract_state.params
+            params, _ = load_params(where, dtype=jax.tree.leaves(target)[0].dtype,
+                                    shardings=jax.tree.map(lambda t: t.sharding, target))
+            self.origin = {"kind": "checkpoint", "path": str(where), "step": None,
+                           "load_optimizer": False}
+            self.ckpt.report(f"warm start from {where} (params, fresh optimizer)")
+            return init_state(params)
+        ro, step = open_step_dir(where, report=self.ckpt.report)
         items = ("params", "opt_state") if load_opt else ("params",)
         try:
             state, _ = ro.restore(step, abstract_state, items=items)
         except Exception as e:
             raise OlmaxError(f"cannot warm-start from {where}: {' '.join(str(e).split())[:300]}") from None
         ro.close()
+        check_params(state.params, f"init.checkpoint {where}")
         if load_opt:
             state = state._replace(opt_state=_restart_skip_windows(state.opt_state),
                                    step=jnp.zeros_like(state.step))
@@ -142,21 +152,30 @@ class CheckpointCallback:
                          f"{'params + optimizer state' if load_opt else 'params, fresh optimizer'})")
         return state
 
+    def _check_architecture(self, source: ModelConfig, key: str, where: str) -> None:
+        """The run's model must be the weights' model (olmax.interop.architecture)."""
+        from olmax.interop.architecture import check_model, describe
+
+        allow = self.cfg.init.allow_architecture_override
+        overridden = check_model(self.model_cfg, source, allow_override=allow, key=key,
+                                 where=where, hf_source=key == "init.hf_dir")
+        if overridden:
+            self.ckpt.report(f"note: {describe(source, self.model_cfg, overridden, where, 'this run')} "
+                             f"(init.allow_architecture_override=true)")
+
     def _from_hf(self, abstract_state: Any, init_state: Callable[[Any], Any]) -> Any:
         from olmax.interop.hf import load_hf
 
-        params, hf_cfg, _ = load_hf(self.cfg.init.hf_dir,
-                                    padded_vocab_size=self.model_cfg.padded_vocab_size)
-        diff = _model_difference(to_dict(hf_cfg), self.model_cfg, SHAPE_FIELDS)
-        if diff:
-            raise OlmaxError(f"init.hf_dir {self.cfg.init.hf_dir}: its model has other shapes ({diff})")
+        hf_dir = self.cfg.init.hf_dir
+        params, hf_cfg, _ = load_hf(hf_dir, padded_vocab_size=self.model_cfg.padded_vocab_size)
+        self._check_architecture(hf_cfg, "init.hf_dir", f"{hf_dir}/config.json")
         target = abstract_state.params
         params = jax.tree.map(
             lambda x, t: jax.make_array_from_callback(t.shape, t.sharding,
                                                       lambda idx: x[idx].astype(t.dtype)),
             params, target)
-        self.origin = {"kind": "hf", "path": str(self.cfg.init.hf_dir)}
-        self.ckpt.report(f"initialised from HF weights in {self.cfg.init.hf_dir} (fresh optimizer)")
+        self.origin = {"kind": "hf", "path": str(hf_dir)}
+        self.ckpt.report(f"initialised from HF weights in {hf_dir} (fresh optimizer)")
         return init_state(params)
 
     # -- meta -----------------------------------------------------------------------------------
@@ -174,6 +193,8 @@ class CheckpointCallback:
             "process_count": jax.process_count(),
             "device_count": jax.device_count(),
             "init": self.origin,
+            vocab_padding.META_KEY: vocab_padding.record(self.model_cfg, in_softmax=True,
+                                                         init=vocab_padding.TRAINED),
         }
 
     def save(self, trainer: Any, step: int, force: bool = False) -> bool:
