@@ -507,6 +507,9 @@ def resolve_model(section: Mapping[str, Any] | None, path: str = "model") -> Mod
     """``{"preset": "olmo3-7b", "n_layers": 4, ...}`` -> ModelConfig (preset fields overridden)."""
     from olmax.model.presets import get_preset  # presets are data built on ModelConfig
 
+    if section is not None and not isinstance(section, Mapping):
+        raise ConfigError(f"{path}: expected a mapping (a preset and fields), got "
+                          f"{type(section).__name__} {section!r}")
     section = dict(section or {})
     preset = section.pop("preset", None)
     if preset is None:

@@ -254,6 +254,9 @@ def resolve_step_dir(path: str | os.PathLike) -> Path:
     p = Path(path).absolute()   # orbax refuses relative paths
     if not p.exists():
         raise OlmaxError(f"checkpoint not found: {path}")
+    if not p.is_dir():
+        raise OlmaxError(f"{path} is a file, not an olmax checkpoint (a step dir, a run dir or a "
+                         f"checkpoints/ dir)")
     if _is_step_dir(p):
         return p
     root = p / "checkpoints" if (p / "checkpoints").is_dir() else p

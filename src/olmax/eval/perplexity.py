@@ -130,6 +130,11 @@ def parse_heldout(entries: Sequence[str], *, cache_dir: str | None = None) -> di
             sets.setdefault(_label_of(f), []).append(f)
     for label, files in sets.items():
         for f in files:
+            if not is_remote(f) and os.path.isdir(f):
+                from olmax.data.manifests import directory_hint
+
+                raise OlmaxError(f"held-out set '{label}': {f} is a directory, not a token file"
+                                 f"{directory_hint(f)}")
             if not (remote_files().exists(f) if is_remote(f) else os.path.isfile(f)):
                 raise OlmaxError(f"held-out set '{label}': token file not found: {f}")
     return sets

@@ -1,0 +1,660 @@
+"""Ordinary mistakes, run through the ``olmax`` command line; each must end in one clean line.
+
+Every case below is a real command on real (tiny) files: a Hugging Face directory, olmax
+checkpoints, token files, recipes. *Clean* means: a non-zero exit status, nothing on stdout, and
+exactly one line on stderr, ``olmax COMMAND: error: ...``, with the message the case expects
+(the file, key or value at fault). The table in ``docs/bad-inputs.md`` is this list with what
+olmax printed; regenerate it with
+
+    PYTHONPATH=src python tests/cli/bad_inputs.py --write docs/bad-inputs.md
+
+``tests/cli/test_bad_inputs.py`` runs every case and checks the table is current. All cases run
+in one process (``olmax.cli.main``, with stdout/stderr captured at the file-descriptor level, so
+library output counts too), in a scratch directory with relative paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gzip
+import io
+import json
+import os
+import pickle
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "bad-inputs.md"
+CASE_TIMEOUT_S = 120
+
+
+@dataclasses.dataclass
+class Case:
+    group: str
+    mistake: str                 # what the user did wrong, in words
+    argv: list[str]              # the olmax command line (relative paths, run in the scratch dir)
+    expect: str                  # a regex the error line must match (after "error: ")
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _render(line: str) -> str:
+    shown = ""
+    for part in line.split("\r"):
+        shown = part + shown[len(part):]
+    return shown.rstrip()
+
+
+@dataclasses.dataclass
+class Result:
+    rc: int | str
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def lines(self) -> list[str]:
+        """The non-blank lines of stderr as a terminal shows them (a carriage return moves back to
+        the start of the line: what follows overwrites it, as progress bars rely on)."""
+        return [ln for ln in map(_render, self.stderr.split("\n")) if ln.strip()]
+
+    def error_line(self) -> str:
+        lines = self.lines()
+        return lines[-1].strip() if lines else ""
+
+    def clean(self, case: Case) -> bool:
+        lines = self.lines()
+        if not isinstance(self.rc, int) or self.rc == 0 or self.stdout.strip() or len(lines) != 1:
+            return False
+        m = re.match(r"olmax( [a-z-]+)*: error: (.*)$", lines[0])
+        return bool(m) and re.search(case.expect, m.group(2)) is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# Scratch files
+
+
+TINY = dict(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
+            vocab_size=100278, padded_vocab_size=100352, rope_theta=500_000.0, norm_eps=1e-6,
+            window_pattern=(16, 16, 16, None), max_seq_len=256)
+
+
+def _tiny_cfg(**changes):
+    from olmax.config import ModelConfig
+
+    return ModelConfig(**{**TINY, **changes})
+
+
+def _params(cfg, seed=0):
+    import jax
+
+    from olmax.model.olmo3 import init_params
+
+    return jax.tree.map(np.asarray, init_params(cfg, jax.random.key(seed)))
+
+
+def _hf_dir(path: Path, cfg, params) -> None:
+    from olmax.interop.hf import write_hf_dir
+
+    path.mkdir(parents=True)
+    write_hf_dir(path, params, cfg, dtype="float32")
+
+
+class _Pwned:
+    """A pickle that, if anything ever unpickles it, leaves a marker file behind."""
+
+    def __reduce__(self):
+        return (os.system, ("touch PWNED-by-pickle",))
+
+
+def make_workspace(root: Path) -> dict[str, str]:
+    """Create the scratch files every case uses; returns names for the ones cases refer to."""
+    from olmax.config import CheckpointConfig, to_dict
+    from olmax.params_io import save_params
+    from olmax.train.checkpoint import Checkpointer
+    from olmax.train.optim import build_optimizer
+    from olmax.config import OptimConfig
+    from olmax.train.state import init_train_state
+
+    os.chdir(root)
+    cfg = _tiny_cfg()
+    params = _params(cfg)
+    _hf_dir(root / "hf", cfg, params)
+    bad = {k: (dict(v) if isinstance(v, dict) else v.copy()) for k, v in params.items()}
+    bad["layers"]["up_proj"] = params["layers"]["up_proj"].copy()
+    bad["layers"]["up_proj"][2, 5, 7] = np.nan
+    bad["final_norm"] = params["final_norm"].copy()
+    bad["final_norm"][3] = np.inf
+    one_nan = {**params, "layers": {**params["layers"], "up_proj": bad["layers"]["up_proj"]}}
+    _hf_dir(root / "hf-nan", cfg, one_nan)
+    save_params(root / "ckpt-nan", bad, cfg)
+    save_params(root / "ckpt", params, cfg)
+    other = _tiny_cfg(rope_theta=10_000.0, norm_eps=1e-5, window_pattern=(8, 8, 8, None))
+    _hf_dir(root / "hf-theta", other, params)
+
+    # A training step directory (params + optimizer state), as `olmax train` writes them.
+    tx = build_optimizer(OptimConfig())
+    state = init_train_state(params, tx)
+    ck = Checkpointer(root / "run-done" / "checkpoints", CheckpointConfig(interval=1, async_save=False),
+                      report=lambda m: None)
+    ck.save(5, state, {"model": to_dict(cfg), "data_position": 5, "seed": 1}, force=True)
+    ck.close()
+    ck = Checkpointer(root / "run-nan" / "checkpoints", CheckpointConfig(interval=1, async_save=False),
+                      report=lambda m: None)
+    ck.save(5, init_train_state(bad, tx), {"model": to_dict(cfg), "data_position": 5, "seed": 1},
+            force=True)
+    ck.close()
+
+    # An HF directory in the pickle format: refused before anything reads it.
+    binary = root / "hf-bin"
+    binary.mkdir()
+    (binary / "config.json").write_text((root / "hf" / "config.json").read_text())
+    (binary / "pytorch_model.bin").write_bytes(pickle.dumps(_Pwned()))
+    (root / "not-hf").mkdir()
+    (root / "not-hf" / "config.json").write_text("{not json")
+    llama = root / "hf-llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": [
+        "LlamaForCausalLM"], "hidden_size": 32}))
+    nohidden = root / "hf-nohidden"
+    nohidden.mkdir()
+    config = json.loads((root / "hf" / "config.json").read_text())
+    del config["hidden_size"]
+    (nohidden / "config.json").write_text(json.dumps(config))
+    (nohidden / "model.safetensors").write_bytes((root / "hf" / "model.safetensors").read_bytes())
+    trunc = root / "hf-truncated"
+    trunc.mkdir()
+    (trunc / "config.json").write_text((root / "hf" / "config.json").read_text())
+    data = (root / "hf" / "model.safetensors").read_bytes()
+    (trunc / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+    # Token files: raw uint32 (named .npy, as olmax tokenize and Dolma name them), a tokenized
+    # folder with its manifest, a copy cut short, an odd-sized file.
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 1000, 4096).astype("<u4")
+    (root / "tokens.npy").write_bytes(tokens.tobytes())
+    (root / "odd.npy").write_bytes(tokens.tobytes()[:-2])
+    (root / "docs").mkdir()
+    (root / "docs" / "a.txt").write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    from olmax.data.tokenize import TokenizeSettings, tokenize_files
+
+    tokenize_files([str(root / "docs")], str(root / "tokenized"), TokenizeSettings(),
+                   progress=False, log=lambda m: None)
+    short = root / "short"
+    short.mkdir()
+    (short / "manifest.json").write_text((root / "tokenized" / "manifest.json").read_text())
+    for f in (root / "tokenized").glob("*.npy"):
+        (short / f.name).write_bytes(f.read_bytes()[:-400])
+
+    # Text inputs.
+    (root / "latin1.txt").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e".encode("latin-1"))
+    with gzip.open(root / "good.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"text": "hello world"}) + "\n")
+    gz = (root / "good.jsonl.gz").read_bytes()
+    (root / "corrupt.jsonl.gz").write_bytes(gz[:12] + b"\x00garbage\xff" * 8)
+    (root / "bad.jsonl").write_text('{"text": "ok"}\n{"text": broken\n')
+    (root / "notext.jsonl").write_text('{"body": "no text field"}\n')
+    (root / "afile").write_text("I am a file\n")
+    (root / "nonempty").mkdir()
+    (root / "nonempty" / "keep.txt").write_text("x")
+    (root / "exists.json").write_text("{}\n")
+
+    # Recipes.
+    (root / "broken.yaml").write_text("model: {preset: olmo3-tiny\ntrain: [\n")
+    (root / "list.yaml").write_text("- 1\n- 2\n")
+    (root / "pytag.yaml").write_text('model: !!python/object/apply:os.system ["touch PWNED-by-yaml"]\n')
+    recipe = {"model": {k: (list(v) if isinstance(v, tuple) else v) for k, v in TINY.items()},
+              "data": {"paths": ["tokens.npy"]},
+              "train": {"seq_len": 32, "global_batch_size": 4, "max_steps": 2},
+              "logging": {"tensorboard": False, "progress": False},
+              "eval": {"interval": None}}
+    import yaml
+
+    (root / "tiny.yaml").write_text(yaml.safe_dump(recipe))
+
+    # Runs: a metrics file that is not JSON; a run directory held by a live process.
+    (root / "run-bad-metrics").mkdir()
+    (root / "run-bad-metrics" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\nnot json\n')
+    (root / "run-good").mkdir()
+    (root / "run-good" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "loss": 3.0 / i, "tokens": 128 * i}) + "\n" for i in range(1, 6)))
+    (root / "nodocs").mkdir()
+    (root / "nodocs" / "weights.bin").write_bytes(b"\0" * 16)
+    held = root / "run-held"
+    held.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    me = {"host": socket.gethostname(), "boot_id": boot.read_text().strip() if boot.exists() else None,
+          "pid_ns": os.readlink("/proc/self/ns/pid") if os.path.exists("/proc/self/ns/pid") else None}
+    (held / ".olmax-lock").write_text(json.dumps({**me, "pid": holder.pid, "proc_start": None,
+                                              "token": "0" * 32, "started": "2026-01-01T00:00:00Z",
+                                              "command": ["olmax", "train"]}) + "\n")
+    return {"holder_pid": str(holder.pid)}
+
+
+# ----------------------------------------------------------------------------------------------
+# The cases
+
+
+TRAIN = ["train", "tiny.yaml", "--run-dir", "RUN"]
+HELDOUT = "tokenized/part-00000-0000.npy"
+
+
+def EVAL(checkpoint: str, *options: str, heldout: str = HELDOUT) -> list[str]:
+    return ["eval", checkpoint, "--heldout", heldout, *options, "--json", "OUT.json"]
+
+
+def cases() -> list[Case]:
+    C = Case
+    out = [
+        # -- the command line itself
+        C("cli", "no command", [], r"required: COMMAND"),
+        C("cli", "unknown command", ["trian"], r"invalid choice: 'trian'"),
+        C("cli", "unknown option", ["train", "olmo3_tiny", "--bogus"], r"unknown option '--bogus'"),
+        C("cli", "an option that needs a value, without it", ["eval", "ckpt", "--json"],
+          r"--json: expected one argument"),
+        C("cli", "an integer option given a word", ["eval", "ckpt", "--limit", "ten", "--json", "OUT.json"],
+          r"--limit: invalid int value: 'ten'"),
+        C("cli", "options after overrides, one of them unknown",
+          ["bench", "train", "tiny.yaml", "--steps", "1", "train.seq_len=32", "--bogus"],
+          r"unrecognized arguments: --bogus"),
+        # -- recipes and overrides
+        C("train", "unknown recipe", ["train", "no_such_recipe"], r"recipe 'no_such_recipe' is neither"),
+        C("train", "recipe with invalid YAML", ["train", "broken.yaml"], r"broken.yaml line \d+: invalid YAML"),
+        C("train", "recipe that is a list, not a mapping", ["train", "list.yaml"], r"top level must be a mapping"),
+        C("train", "recipe with a python tag (code execution attempt)", ["train", "pytag.yaml"],
+          r"pytag.yaml.*invalid YAML"),
+        C("train", "misspelt key", [*TRAIN, "train.max_step=5"], r"unknown config key 'train.max_step'"),
+        C("train", "a list given as a single value", [*TRAIN, "data.paths=tokens.npy"],
+          r"data.paths: expected a list"),
+        C("train", "model section that is not a mapping", [*TRAIN, "model=olmo3-tiny"], r"model: expected a mapping"),
+        C("init", "init.allow_architecture_override not a boolean",
+          [*TRAIN, "init.hf_dir=hf-theta", "init.allow_architecture_override=maybe"],
+          r"init.allow_architecture_override: expected bool"),
+        C("train", "misspelt section", [*TRAIN, "trian.max_steps=5"], r"unknown config key 'trian'"),
+        C("train", "wrong type", [*TRAIN, "train.max_steps=many"], r"train.max_steps: expected int"),
+        C("train", "override without '='", [*TRAIN, "train.max_steps"], r"not of the form key.sub=value"),
+        C("train", "override with an empty key", [*TRAIN, "=5"], r"has an empty key"),
+        C("train", "unknown model preset", ["train", "olmo3_tiny", "model.preset=olmo9"],
+          r"unknown model preset 'olmo9'"),
+        C("train", "zero steps", [*TRAIN, "train.max_steps=0"], r"train.max_steps must be positive"),
+        C("train", "sequence length 1", [*TRAIN, "train.seq_len=1"], r"train.seq_len must be at least 2"),
+        C("train", "sequence longer than the model allows", [*TRAIN, "train.seq_len=4096"],
+          r"train.seq_len 4096 exceeds model.max_seq_len 256"),
+        C("train", "unknown attention implementation", [*TRAIN, "train.attn_impl=flash9"],
+          r"train.attn_impl.*'flash9'"),
+        C("train", "unknown remat policy", [*TRAIN, "train.remat=everything"], r"train.remat.*'everything'"),
+        C("train", "unknown compute dtype", [*TRAIN, "train.compute_dtype=float8"],
+          r"train.compute_dtype.*'float8'"),
+        C("train", "learning rate that overflows to inf", [*TRAIN, "optim.lr=1e999"],
+          r"optim.lr: .*(finite|inf)"),
+        C("train", "learning rate NaN", [*TRAIN, "optim.lr=.nan"], r"optim.lr: .*(finite|nan)"),
+        C("train", "init seed beyond 64 bits", [*TRAIN, "init.seed=123456789012345678901234567890"],
+          r"init.seed"),
+        C("train", "run seed beyond 64 bits", [*TRAIN, "seed=-123456789012345678901234567890"], r"\bseed\b"),
+        C("train", "unknown scheduler", [*TRAIN, "scheduler.name=cosine"], r"scheduler.*'cosine'"),
+        C("train", "unknown optimizer", [*TRAIN, "optim.name=sgd"], r"optim.*'sgd'"),
+        C("train", "heads not a multiple of KV heads", [*TRAIN, "model.n_kv_heads=3"],
+          r"n_heads \(4\) must be a multiple of n_kv_heads \(3\)"),
+        C("train", "layers not a multiple of the window pattern", [*TRAIN, "model.n_layers=3"],
+          r"n_layers \(3\) must be a multiple of len\(window_pattern\)"),
+        C("train", "checkpoint interval 0", [*TRAIN, "checkpoint.interval=0"], r"checkpoint.interval must be positive"),
+        C("train", "negative eval interval", [*TRAIN, "eval.interval=-5"], r"eval.interval must be positive"),
+        C("train", "micro-batch that does not divide the batch", [*TRAIN, "train.micro_batch_size=3"],
+          r"train.micro_batch_size \(3\) must divide"),
+        C("train", "mesh that does not fit the devices", [*TRAIN, "mesh.tensor=3"], r"mesh"),
+        C("train", "--exit-code-on-stop out of range", [*TRAIN, "--exit-code-on-stop", "300"],
+          r"--exit-code-on-stop must be 0..255"),
+        C("train", "--exit-code-on-stop not a number", [*TRAIN, "--exit-code-on-stop", "x"],
+          r"--exit-code-on-stop needs an integer"),
+        # -- run directories
+        C("train", "--run-dir that is an existing file", ["train", "tiny.yaml", "--run-dir", "afile"],
+          r"run directory afile exists and is not a directory"),
+        C("train", "--run-dir below a file", ["train", "tiny.yaml", "--run-dir", "afile/run"],
+          r"a parent path is a file"),
+        C("train", "--run-dir that cannot be created", ["train", "tiny.yaml", "--run-dir", "/sys/olmax-run"],
+          r"cannot create run directory /sys/olmax-run: Operation not permitted"),
+        C("train", "--run-dir the user cannot write", ["train", "tiny.yaml", "--run-dir", "/sys/fs"],
+          r"run directory /sys/fs is not writable: Permission denied"),
+        C("train", "--run-dir in use by another trainer", ["train", "tiny.yaml", "--run-dir", "run-held"],
+          r"run directory run-held is in use by olmax train pid \d+ on host "),
+        # -- training data
+        C("data", "token file that does not exist", [*TRAIN, "data.paths=[missing.npy]"],
+          r"token file not found: missing.npy"),
+        C("data", "a folder where a token file belongs", [*TRAIN, "data.paths=[tokenized]"],
+          r"tokenized.* is a directory"),
+        C("data", "token file shorter than its manifest says", [*TRAIN, "data.paths=[short/part-00000-0000.npy]"],
+          r"short/part-00000-0000.npy.*manifest"),
+        C("data", "token file size not a multiple of the token size", [*TRAIN, "data.paths=[odd.npy]"],
+          r"odd.npy: size 16382 bytes is not a multiple of 4"),
+        C("data", "unknown token dtype", [*TRAIN, "data.dtype=uint128"], r"data.dtype"),
+        C("data", "token dtype other than the manifest's", ["data", "inspect", "--paths", HELDOUT, "--dtype",
+                                                          "uint64", "--seq-len", "32", "--global-batch-size",
+                                                          "2", "--seed", "1", "--batches", "0:1"],
+          r"manifest.json says the tokens are uint32"),
+        C("data", "mix file that does not exist", [*TRAIN, "data.mix=nomix.txt"],
+          r"nomix.txt"),
+        C("data", "fewer instances than one batch", [*TRAIN, "train.global_batch_size=512"],
+          r"fewer than one global batch"),
+        C("data", "held-out file that does not exist", [*TRAIN, "eval.interval=1", "eval.heldout=[gone.npy]"],
+          r"gone.npy"),
+        C("data", "unknown downstream task", [*TRAIN, "eval.interval=1", "eval.tasks=[arc_hard_bogus]"],
+          r"unknown downstream task 'arc_hard_bogus'"),
+        # -- starting points
+        C("init", "init.hf_dir that does not exist", [*TRAIN, "init.hf_dir=nope"], r"nope"),
+        C("init", "init.hf_dir holding pytorch_model.bin only", [*TRAIN, "init.hf_dir=hf-bin"],
+          r"hf-bin.*safetensors"),
+        C("init", "init.hf_dir whose architecture disagrees with the recipe", [*TRAIN, "init.hf_dir=hf-theta"],
+          r"rope_theta"),
+        C("init", "init.hf_dir with NaN weights", [*TRAIN, "init.hf_dir=hf-nan", "model=null"],
+          r"non-finite.*layers.2.mlp.up_proj"),
+        C("init", "init.checkpoint that does not exist", [*TRAIN, "init.checkpoint=nowhere"], r"nowhere"),
+        C("init", "init.checkpoint pointing at an HF directory", [*TRAIN, "init.checkpoint=hf"],
+          r"(no olmax checkpoint|Hugging Face)"),
+        C("init", "init.checkpoint with NaN weights", [*TRAIN, "init.checkpoint=run-nan"],
+          r"non-finite.*up_proj"),
+        # -- eval
+        C("eval", "checkpoint that does not exist", EVAL("nowhere"), r"checkpoint not found: nowhere"),
+        C("eval", "a file instead of a checkpoint", EVAL("afile"), r"afile is a file, not an olmax checkpoint"),
+        C("eval", "HF directory with pytorch_model.bin only", EVAL("hf-bin"), r"hf-bin.*safetensors"),
+        C("eval", "olmax checkpoint with NaN weights", EVAL("ckpt-nan"), r"non-finite.*up_proj"),
+        C("eval", "HF directory with NaN weights", EVAL("hf-nan"), r"non-finite.*up_proj"),
+        C("eval", "nothing to evaluate", ["eval", "ckpt", "--json", "OUT.json"], r"give --tasks and/or --heldout"),
+        C("eval", "--json file exists", [*EVAL("ckpt")[:-1], "exists.json"], r"exists.json already exists"),
+        C("eval", "--limit 0", ["eval", "ckpt", "--tasks", "arc_easy", "--limit", "0", "--json", "OUT.json"],
+          r"--limit must be positive"),
+        C("eval", "--batch-size 0", EVAL("ckpt", "--batch-size", "0"), r"--batch-size must be positive"),
+        C("eval", "--max-length 0", EVAL("ckpt", "--max-length", "0"), r"--max-length must be positive"),
+        C("eval", "unknown task", ["eval", "ckpt", "--tasks", "arc_hard_bogus", "--json", "OUT.json"],
+          r"unknown downstream task"),
+        C("eval", "held-out file that does not exist", EVAL("ckpt", heldout="gone.npy"), r"gone.npy"),
+        C("eval", "held-out file missing, for a training checkpoint (read first)",
+          EVAL("run-done/checkpoints/5", heldout="gone.npy"), r"gone.npy"),
+        C("eval", "held-out folder instead of files", EVAL("ckpt", heldout="tokenized"), r"tokenized is a directory"),
+        C("eval", "tokenizer file that does not exist", EVAL("ckpt", "--tokenizer", "tok.json"), r"tok.json"),
+        C("eval", "unknown compute dtype", EVAL("ckpt", "--dtype", "float16"), r"invalid choice: 'float16'"),
+        # -- convert
+        C("convert", "HF directory that does not exist", ["convert", "hf-to-olmax", "nope", "OUT"], r"nope"),
+        C("convert", "HF config that is not JSON", ["convert", "hf-to-olmax", "not-hf", "OUT"],
+          r"not-hf/config.json: invalid JSON"),
+        C("convert", "config.json without a required key", ["convert", "hf-to-olmax", "hf-nohidden", "OUT"],
+          r"hf-nohidden/config.json: missing 'hidden_size'"),
+        C("convert", "another architecture", ["convert", "hf-to-olmax", "hf-llama", "OUT"],
+          r"model_type 'llama'.*not supported"),
+        C("convert", "HF directory with pytorch_model.bin only", ["convert", "hf-to-olmax", "hf-bin", "OUT"],
+          r"hf-bin.*safetensors"),
+        C("convert", "truncated safetensors file", ["convert", "hf-to-olmax", "hf-truncated", "OUT"],
+          r"hf-truncated/model.safetensors"),
+        C("convert", "HF weights with NaN/Inf", ["convert", "hf-to-olmax", "hf-nan", "OUT"],
+          r"non-finite.*model.layers.2.mlp.up_proj.weight"),
+        C("convert", "output folder not empty", ["convert", "hf-to-olmax", "hf", "nonempty"],
+          r"output directory exists and is not empty: nonempty"),
+        C("convert", "output is a file", ["convert", "hf-to-olmax", "hf", "afile"],
+          r"output path exists and is not a directory: afile"),
+        C("convert", "checkpoint that does not exist", ["convert", "olmax-to-hf", "nowhere", "OUT"],
+          r"checkpoint not found: nowhere"),
+        C("convert", "an HF directory given as the checkpoint", ["convert", "olmax-to-hf", "hf", "OUT"],
+          r"(no olmax checkpoint|Hugging Face)"),
+        C("convert", "checkpoint with NaN/Inf weights", ["convert", "olmax-to-hf", "ckpt-nan", "OUT"],
+          r"non-finite.*up_proj"),
+        C("convert", "unknown direction", ["convert", "hf-to-jax", "hf", "OUT"], r"invalid choice: 'hf-to-jax'"),
+        C("convert", "unknown dtype", ["convert", "hf-to-olmax", "hf", "OUT", "--dtype", "int8"],
+          r"invalid choice: 'int8'"),
+        # -- parity
+        C("parity", "HF directory that does not exist", ["parity", "nope"], r"nope"),
+        C("parity", "HF directory with pytorch_model.bin only", ["parity", "hf-bin", "--checkpoint", "ckpt"],
+          r"hf-bin.*safetensors"),
+        C("parity", "--checkpoint that does not exist", ["parity", "hf", "--checkpoint", "nowhere"], r"nowhere"),
+        C("parity", "--checkpoint of another architecture", ["parity", "hf-theta", "--checkpoint", "ckpt"],
+          r"rope_theta"),
+        C("parity", "--checkpoint with NaN weights", ["parity", "hf", "--checkpoint", "ckpt-nan"],
+          r"non-finite.*up_proj"),
+        C("parity", "--tokens file that does not exist", ["parity", "hf", "--tokens", "gone.npy"], r"gone.npy"),
+        C("parity", "--tokens missing, with a training checkpoint (read first)",
+          ["parity", "hf", "--checkpoint", "run-done/checkpoints/5", "--tokens", "gone.npy"], r"gone.npy"),
+        C("parity", "--tokens file too short", ["parity", "hf", "--tokens", "tokens.npy", "--seq-len", "8192"],
+          r"tokens.npy: has 4096 tokens, need"),
+        C("parity", "--text file that is not UTF-8", ["parity", "hf", "--text", "latin1.txt"],
+          r"latin1.txt.*UTF-8"),
+        C("parity", "--text file that does not exist", ["parity", "hf", "--text", "gone.txt"], r"gone.txt"),
+        C("parity", "--seq-len 0", ["parity", "hf", "--seq-len", "0"], r"must be positive"),
+        C("parity", "--tokens and --text together", ["parity", "hf", "--tokens", "tokens.npy", "--text", "a.txt"],
+          r"not allowed with argument"),
+        # -- tokenize
+        C("tokenize", "input that does not exist", ["tokenize", "gone.jsonl", "--out", "tok1"],
+          r"input not found: gone.jsonl"),
+        C("tokenize", "corrupt .jsonl.gz", ["tokenize", "corrupt.jsonl.gz", "--out", "tok2"],
+          r"corrupt.jsonl.gz"),
+        C("tokenize", "a JSONL line that is not JSON", ["tokenize", "bad.jsonl", "--out", "tok3"], r"bad.jsonl:2: unreadable JSON line"),
+        C("tokenize", "JSONL without the text field", ["tokenize", "notext.jsonl", "--out", "tok4"],
+          r"notext.jsonl.*text"),
+        C("tokenize", "text file that is not UTF-8", ["tokenize", "latin1.txt", "--out", "tok5"],
+          r"latin1.txt.*UTF-8"),
+        C("tokenize", "--out that is a file", ["tokenize", "docs", "--out", "afile"], r"afile"),
+        C("tokenize", "--out holding other files", ["tokenize", "docs", "--out", "nonempty"],
+          r"nonempty is not empty"),
+        C("tokenize", "--out of a finished tokenization", ["tokenize", "docs", "--out", "tokenized"],
+          r"already holds a finished tokenization"),
+        C("tokenize", "tokenizer file that does not exist", ["tokenize", "docs", "--out", "tok6",
+                                                             "--tokenizer", "tok.json"], r"tok.json"),
+        C("tokenize", "--workers 0", ["tokenize", "docs", "--out", "tok7", "--workers", "0"], r"--workers must be >= 1"),
+        C("tokenize", "--max-file-tokens 0", ["tokenize", "docs", "--out", "tok8", "--max-file-tokens", "0"],
+          r"file size limit must be positive"),
+        C("tokenize", "folder without any text file", ["tokenize", "nodocs", "--out", "tok9"],
+          r"nodocs: folder holds no"),
+        # -- data inspect
+        C("data", "inspect: token file that does not exist", ["data", "inspect", "--paths", "gone.npy",
+                                                              "--seq-len", "32", "--global-batch-size", "2",
+                                                              "--seed", "1", "--batches", "0:1"], r"gone.npy"),
+        C("data", "inspect: a folder as a token file", ["data", "inspect", "--paths", "tokenized", "--seq-len",
+                                                        "32", "--global-batch-size", "2", "--seed", "1",
+                                                        "--batches", "0:1"], r"tokenized.* is a directory"),
+        C("data", "inspect: malformed --batches", ["data", "inspect", "--paths", "tokens.npy", "--seq-len", "32",
+                                                   "--global-batch-size", "2", "--seed", "1", "--batches", "5"],
+          r"--batches"),
+        C("data", "inspect: empty batch range", ["data", "inspect", "--paths", "tokens.npy", "--seq-len", "32",
+                                                 "--global-batch-size", "2", "--seed", "1", "--batches", "5:3"],
+          r"--batches"),
+        C("data", "inspect: --seq-len 0", ["data", "inspect", "--paths", "tokens.npy", "--seq-len", "0",
+                                           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          r"seq.len"),
+        # -- curves
+        C("curves", "run that does not exist", ["curves", "no-run"], r"no-run"),
+        C("curves", "metrics file with a line that is not JSON", ["curves", "run-bad-metrics"],
+          r"run-bad-metrics/metrics.jsonl.*line 2"),
+        C("curves", "metric the runs do not have", ["curves", "run-good", "--metric", "accuracy"],
+          r"accuracy"),
+        C("curves", "--smooth outside [0, 1)", ["curves", "run-good", "--smooth", "1.5"], r"--smooth"),
+        C("curves", "--map without '='", ["curves", "run-good", "--map", "loss"], r"--map"),
+        # -- bench and launch
+        C("bench", "unknown recipe", ["bench", "train", "no_such_recipe"], r"no_such_recipe"),
+        C("bench", "--steps 0", ["bench", "train", "tiny.yaml", "--steps", "0", "--no-ceiling"], r"--steps"),
+        C("bench", "--json file exists", ["bench", "matmul", "--json", "exists.json"],
+          r"exists.json already exists"),
+        C("launch", "no node count", ["launch", "slurm", "tiny.yaml", "--out", "job.sh"], r"--nodes"),
+        C("launch", "misspelt override", ["launch", "slurm", "tiny.yaml", "trian.x=1", "--nodes", "2",
+                                          "--out", "job.sh"], r"unknown config key 'trian'"),
+        C("quickstart", "--run-dir that is an existing file", ["quickstart", "--run-dir", "afile"],
+          r"run directory afile exists and is not a directory"),
+    ]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Running
+
+
+@contextlib.contextmanager
+def captured():
+    """stdout/stderr of Python and of native code, into two temporary files."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    files = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    old_sys = sys.stdout, sys.stderr
+    out: dict[str, str] = {}
+    try:
+        os.dup2(files[0].fileno(), 1)
+        os.dup2(files[1].fileno(), 2)
+        sys.stdout = open(1, "w", closefd=False, buffering=1)
+        sys.stderr = open(2, "w", closefd=False, buffering=1)
+        yield out
+    finally:
+        for s in (sys.stdout, sys.stderr):
+            try:
+                s.flush()
+            except Exception:
+                pass
+        sys.stdout, sys.stderr = old_sys
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        for name, f in zip(("stdout", "stderr"), files):
+            f.seek(0)
+            out[name] = f.read().decode("utf-8", "replace")
+            f.close()
+
+
+class _Timeout(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def run_case(case: Case) -> Result:
+    from olmax.cli import main
+
+    env_before = {k: os.environ.get(k) for k in case.env}
+    os.environ.update(case.env)
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(CASE_TIMEOUT_S)
+    t0 = time.time()
+    rc: int | str
+    with captured() as out:
+        try:
+            rc = main(list(case.argv))
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+        except _Timeout:
+            rc = "timeout"
+        except BaseException:   # an exception escaping main(): a traceback, as a user would see
+            traceback.print_exc()
+            rc = "exception"
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    for k, v in env_before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    return Result(rc, out.get("stdout", ""), out.get("stderr", ""), time.time() - t0)
+
+
+def normalise(text: str, workdir: Path, names: dict[str, str]) -> str:
+    text = text.replace(str(workdir.resolve()) + "/", "").replace(str(workdir.resolve()), ".")
+    text = text.replace(str(workdir) + "/", "").replace(str(workdir), ".")
+    text = re.sub(r"\bpid \d+ on host \S+", "pid PID on host HOST", text)
+    text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "TIME", text)
+    text = re.sub(r"/tmp/[^ ]*?\.tmp-[A-Za-z0-9_]+", "TMP", text)
+    return text
+
+
+def run_all(workdir: Path, select: Callable[[Case], bool] = lambda c: True) -> list[dict]:
+    names = make_workspace(workdir)
+    rows = []
+    try:
+        for case in cases():
+            if not select(case):
+                continue
+            case = dataclasses.replace(case, argv=[a.replace("RUN", f"run-{len(rows) + 1}").replace(
+                "OUT", f"out-{len(rows) + 1}") for a in case.argv])
+            r = run_case(case)
+            pwned = sorted(p.name for p in workdir.glob("PWNED*"))
+            rows.append({"group": case.group, "mistake": case.mistake,
+                         "command": "olmax " + " ".join(case.argv), "expect": case.expect,
+                         "rc": r.rc, "clean": r.clean(case) and not pwned,
+                         "lines": len(r.lines()), "stdout": normalise(r.stdout, workdir, names),
+                         "output": normalise(r.error_line(), workdir, names),
+                         "stderr": normalise(r.stderr, workdir, names)[-3000:],
+                         "seconds": round(r.seconds, 2), "code_executed": pwned})
+    finally:
+        os.kill(int(names["holder_pid"]), signal.SIGKILL)
+    return rows
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(rows: list[dict]) -> str:
+    clean = sum(r["clean"] for r in rows)
+    out = [
+        "# Bad inputs: what olmax prints",
+        "",
+        "Ordinary mistakes, each run through the `olmax` command line on real (tiny) files. Every one",
+        "must end in **one line** on stderr naming the file, key or value at fault, a non-zero exit",
+        "status and nothing else (no traceback; `--debug` or `OLMAX_DEBUG=1` adds one). Nothing in",
+        "these files is ever executed (a pickled `pytorch_model.bin` and a YAML `!!python` tag are",
+        "refused before they are read) and no output is half-written.",
+        "",
+        "Generated by `tests/cli/bad_inputs.py` (`PYTHONPATH=src python tests/cli/bad_inputs.py --write",
+        "docs/bad-inputs.md`), which runs them; `tests/cli/test_bad_inputs.py` checks every case and that",
+        "this table is current. Paths are relative to the scratch directory the cases run in; `PID`,",
+        "`HOST` and `TIME` stand for the values of the run.",
+        "",
+        f"**{len(rows)} mistakes tried, {clean} end in one clean line.**",
+        "",
+        "| # | area | mistake | command | exit | what olmax prints |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(rows, 1):
+        shown = r["output"] if r["clean"] else f"NOT CLEAN ({r['lines']} lines): {r['output']}"
+        out.append(f"| {i} | {r['group']} | {_cell(r['mistake'])} | `{_cell(r['command'])}` | {r['rc']} | "
+                   f"{_cell(shown)} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", metavar="MD", help="write the markdown table here")
+    ap.add_argument("--json", metavar="OUT", help="write the raw results here")
+    ap.add_argument("-k", default=None, help="only cases whose mistake or command contains this")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.pop("OLMAX_DEBUG", None)
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="olmax-bad-inputs-") as d:
+        sel = (lambda c: args.k in c.mistake or args.k in " ".join(c.argv)) if args.k else (lambda c: True)
+        rows = run_all(Path(d), sel)
+        os.chdir(here)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    if args.write:
+        Path(args.write).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.write).write_text(markdown(rows))
+    bad = [r for r in rows if not r["clean"]]
+    for r in bad:
+        print(f"NOT CLEAN: {r['command']}  (rc {r['rc']}, {r['lines']} lines)\n    "
+              + r["stderr"].strip().replace("\n", "\n    ")[-1500:], file=sys.stderr)
+    print(f"{len(rows)} cases, {len(rows) - len(bad)} clean", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
