@@ -105,3 +105,10 @@ def test_training_refuses_nan_starting_points(broken, tmp_path):
     cfg = load_recipe(str(tmp_path / "own.yaml"))
     with pytest.raises(OlmaxError, match=r"checkpoint .*run/checkpoints/3: non-finite weights"):
         Trainer(cfg, d / "run", quiet=True).run()
+
+
+def test_eval_results_are_strict_json():
+    from olmax.commands.eval import _strict_json
+
+    report, bad = _strict_json({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}})
+    assert report == {"a": None, "b": [1.0, None], "c": {"d": 2}} and bad == 2

@@ -74,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
     report = {"checkpoint": str(args.checkpoint), "source": model.source, "model": to_dict(model.cfg),
               "compute_dtype": args.dtype, "model_ctx_len": ctx, "softmax_vocab": model.softmax_vocab,
               "limit": args.limit, **results, "metrics": log_metrics(results)}
-    atomic_write(args.json_out, (json.dumps(report, indent=2) + "\n").encode(), overwrite=args.force)
+    report, bad = _strict_json(report)
+    if bad:   # (weights are checked finite on load; an overflow in low precision can still do it)
+        print(f"warning: {bad} result(s) are not finite numbers; written as null", file=sys.stderr)
+    atomic_write(args.json_out, (json.dumps(report, indent=2, allow_nan=False) + "\n").encode(),
+                 overwrite=args.force)
     for label, r in results["heldout"].items():
         print(f"{label}: CE loss {r['CE loss']:.4f}  PPL {r['PPL']:.2f}  ({r['documents']} documents)")
     for task, r in results["downstream"].items():
@@ -83,3 +87,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"{task} [{r['metric_type']}, {r['documents']} docs]: {shown}")
     print(f"results: {args.json_out} ({results['seconds']:.1f} s)")
     return 0
+
+
+def _strict_json(obj):
+    """``obj`` with every non-finite float replaced by None (strict JSON has no NaN), and how
+    many there were."""
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None, 1
+    if isinstance(obj, dict):
+        items = {k: _strict_json(v) for k, v in obj.items()}
+        return {k: v for k, (v, _) in items.items()}, sum(n for _, n in items.values())
+    if isinstance(obj, (list, tuple)):
+        items = [_strict_json(v) for v in obj]
+        return [v for v, _ in items], sum(n for _, n in items)
+    return obj, 0
