@@ -485,6 +485,10 @@ def cases() -> list[Case]:
         C("launch", "no node count", ["launch", "slurm", "tiny.yaml", "--out", "job.sh"], r"--nodes"),
         C("launch", "misspelt override", ["launch", "slurm", "tiny.yaml", "trian.x=1", "--nodes", "2",
                                           "--out", "job.sh"], r"unknown config key 'trian'"),
+        C("plan", "--json file exists", ["plan", "tiny.yaml", "--json", "exists.json"],
+          r"exists.json already exists"),
+        C("plan", "misspelt override after an option", ["plan", "tiny.yaml", "--no-parts", "trian.x=1"],
+          r"unknown config key 'trian'"),
         C("quickstart", "--run-dir that is an existing file", ["quickstart", "--run-dir", "afile"],
           r"run directory afile exists and is not a directory"),
     ]

@@ -52,7 +52,9 @@ def test_padding_rows_reproduce_transformers_mean_resizing(tmp_path, monkeypatch
               "lm_head.weight": model.lm_head.weight.detach().numpy()}
     for (name, ref), z in zip(theirs.items(), draws):
         ours = mean_resized_rows(lambda a, b: weights.read_rows(name, a, b), 300, 64, 84, noise=z)
-        np.testing.assert_allclose(ours, ref[300:], rtol=1e-6, atol=0)
+        # float32 rounding of the mean: torch's reduction order follows its thread count
+        rounding = 32 * np.finfo(np.float32).eps * np.abs(ref[300:]).max()
+        np.testing.assert_allclose(ours, ref[300:], rtol=0, atol=rounding)
         np.testing.assert_array_equal(ref[:300], weights.read(name))
         mean = weights.read(name).mean(axis=0)
         assert np.abs(ref[300:] - mean).max() > 100 * np.abs(ours - ref[300:]).max(), \

@@ -50,11 +50,10 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
     if train_cfg.compute_dtype not in COMPUTE_DTYPES:
         raise ConfigError(f"train.compute_dtype must be one of {list(COMPUTE_DTYPES)} "
                           f"(got {train_cfg.compute_dtype!r})")
-    import olmax.model.attention_impls  # noqa: F401 - registers the fast attention paths
     from olmax.model.attention import IMPLEMENTATIONS
     from olmax.model.olmo3 import REMAT_POLICIES
 
-    for key, known in (("attn_impl", IMPLEMENTATIONS), ("remat", REMAT_POLICIES)):
+    for key, known in (("attn_impl", ["auto", *IMPLEMENTATIONS]), ("remat", list(REMAT_POLICIES))):
         if getattr(train_cfg, key) not in known:   # before anything is traced or written
             raise ConfigError(f"train.{key} must be one of {', '.join(known)} "
                               f"(got {getattr(train_cfg, key)!r})")
