@@ -48,6 +48,7 @@ from olmax.interop import vocab_padding
 from olmax.model.finite import check_params
 from olmax.train.checkpoint import Checkpointer, StopSignal, open_step_dir, rewind_jsonl
 
+
 class NonFiniteLoss(OlmaxError):
     """The loss (or an applied gradient) became NaN/Inf; the run stops without saving that state."""
 
