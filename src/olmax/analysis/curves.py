@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from olmax.config import OlmaxError
-from olmax.data.token_files import write_bytes_atomic
+from olmax.io import write_bytes_atomic
 
 
 @dataclass
@@ -175,15 +175,6 @@ def compare_runs(curves: Sequence[Curve], **kw: Any) -> dict[str, Any]:
 # Output
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, *, overwrite: bool = False) -> Path:
-    """Write ``data`` to ``path`` via a temp file + rename; refuse to replace a file unless asked."""
-    p = Path(path)
-    if p.exists() and not overwrite:
-        raise OlmaxError(f"{p} already exists (remove it or pass --force)")
-    write_bytes_atomic(p, data)
-    return p
-
-
 def _figure_bytes(fig) -> bytes:
     import io
 
@@ -231,7 +222,7 @@ def plot_comparison(curves: Sequence[Curve], summary: Mapping[str, Any], out: st
     fig.suptitle(f"{metric} by {x}" + (f" (EMA {smooth})" if smooth else ""))
     data = _figure_bytes(fig)
     plt.close(fig)
-    return atomic_write(out, data, overwrite=overwrite)
+    return write_bytes_atomic(out, data, overwrite=overwrite)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -306,4 +297,4 @@ def write_dashboard(run_dir: str | os.PathLike, out: str | os.PathLike | None = 
     fig.suptitle(str(Path(run_dir).name), fontsize=11)
     data = _figure_bytes(fig)
     plt.close(fig)
-    return atomic_write(out or Path(run_dir) / "dashboard.png", data, overwrite=True)
+    return write_bytes_atomic(out or Path(run_dir) / "dashboard.png", data)

@@ -11,9 +11,9 @@ key can be overridden, e.g. ``model.n_layers=4 train.seq_len=8192 train.attn_imp
 from __future__ import annotations
 
 import argparse
-import json
 
 from olmax.config import ConfigError
+from olmax.io import write_json_atomic
 
 
 def add_parser(subparsers) -> None:
@@ -44,9 +44,7 @@ def add_parser(subparsers) -> None:
 
 def _write(path: str | None, data: dict, force: bool) -> None:
     if path:
-        from olmax.analysis.curves import atomic_write
-
-        atomic_write(path, (json.dumps(data, indent=2) + "\n").encode(), overwrite=force)
+        write_json_atomic(path, data, overwrite=force)
 
 
 def _check_output(path: str | None, force: bool) -> None:

@@ -8,9 +8,9 @@ OLMo-core export) whose columns are mapped with ``--map step=_step --map loss="t
 from __future__ import annotations
 
 import argparse
-import json
 
 from olmax.config import ConfigError
+from olmax.io import write_json_atomic
 
 
 def add_parser(subparsers) -> None:
@@ -46,7 +46,7 @@ def parse_map(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from olmax.analysis.curves import atomic_write, compare_runs, load_curve, plot_comparison
+    from olmax.analysis.curves import compare_runs, load_curve, plot_comparison
 
     if args.smooth is not None and not 0 <= args.smooth < 1:
         raise ConfigError(f"--smooth must be in [0, 1) (got {args.smooth})")
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
               + (f"first {args.x} beyond {kind} {args.threshold:g}: {div:g}" if div is not None
                  else f"never beyond {kind} {args.threshold:g}"))
     if args.json_out:
-        atomic_write(args.json_out, (json.dumps(summary, indent=2) + "\n").encode(), overwrite=args.force)
+        write_json_atomic(args.json_out, summary, overwrite=args.force)
     if args.out:
         plot_comparison(curves, summary, args.out, metric=args.metric, x=args.x, smooth=args.smooth,
                         overwrite=args.force)

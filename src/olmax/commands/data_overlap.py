@@ -9,11 +9,11 @@ any evaluation set overlaps the training data (verbatim documents or near duplic
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from olmax.config import ConfigError
 from olmax.data.remote import is_remote, remote_files
+from olmax.io import write_json_atomic
 
 
 def add_overlap_parser(data_subparsers) -> None:
@@ -82,7 +82,6 @@ def downstream_documents(names: list[str], tokenizer, limit: int | None):
 def run_overlap(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from olmax.analysis.curves import atomic_write
     from olmax.config import OlmaxError
     from olmax.data.tokenizer import get_tokenizer
     from olmax.eval.contamination.overlap import documents_from_token_files, overlap
@@ -109,6 +108,5 @@ def run_overlap(args: argparse.Namespace) -> int:
     for s in report.sets:
         print(("OVERLAP  " if s.contaminated else "clean    ") + s.describe())
     if args.json_out:
-        atomic_write(args.json_out, (json.dumps(report.to_dict(), indent=2) + "\n").encode(),
-                     overwrite=args.force)
+        write_json_atomic(args.json_out, report.to_dict(), overwrite=args.force)
     return 1 if report.contaminated else 0

@@ -9,10 +9,10 @@ CKPT_DIR is an olmax checkpoint (a step dir, a run dir or its ``checkpoints/``) 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from olmax.config import ConfigError
+from olmax.io import write_json_atomic
 
 
 def add_parser(subparsers) -> None:
@@ -39,7 +39,6 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from olmax.analysis.curves import atomic_write
     from olmax.config import OlmaxError, to_dict
 
     if not args.tasks and not args.heldout:
@@ -77,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
     report, bad = _strict_json(report)
     if bad:   # (weights are checked finite on load; an overflow in low precision can still do it)
         print(f"warning: {bad} result(s) are not finite numbers; written as null", file=sys.stderr)
-    atomic_write(args.json_out, (json.dumps(report, indent=2, allow_nan=False) + "\n").encode(),
-                 overwrite=args.force)
+    write_json_atomic(args.json_out, report, overwrite=args.force)
     for label, r in results["heldout"].items():
         print(f"{label}: CE loss {r['CE loss']:.4f}  PPL {r['PPL']:.2f}  ({r['documents']} documents)")
     for task, r in results["downstream"].items():

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from olmax.io import write_json_atomic
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("parity", help="logit parity of HF transformers vs olmax",
@@ -39,7 +41,7 @@ def add_parser(subparsers) -> None:
 
 def _run(args) -> int:
     from olmax.config import OlmaxError
-    from olmax.interop.parity import format_report, run_parity, write_json
+    from olmax.interop.parity import format_report, run_parity
 
     text = None
     if args.text is not None:
@@ -55,6 +57,6 @@ def _run(args) -> int:
                         token_file=args.tokens, text=text)
     print(format_report(report))
     if args.json:
-        write_json(report, args.json)
+        write_json_atomic(args.json, report)
         print(f"wrote {args.json}")
     return 0

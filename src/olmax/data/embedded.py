@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from olmax.config import ConfigError
-from olmax.data.token_files import DocumentWriter, cache_root, write_bytes_atomic
+from olmax.data.token_files import DocumentWriter
+from olmax.io import cache_root, write_bytes_atomic
 
 FILE_TOKENS = 1 << 21
 HELDOUT_MODULUS = 20

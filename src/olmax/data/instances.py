@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
-from olmax.data.token_files import atomic_output, cache_root, file_num_tokens, prefetch_sizes
+from olmax.data.token_files import file_num_tokens, prefetch_sizes
+from olmax.io import atomic_output, cache_root
 
 DISK_CACHE_MIN = 1 << 24
 

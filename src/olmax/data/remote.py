@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 from urllib.parse import urlsplit
 
 from olmax.config import OlmaxError
+from olmax.io import publish_file
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +370,6 @@ def download(files: RemoteFiles, url: str, dest: str | os.PathLike, *,
                     else f"MD5 {hasher.hexdigest()}, the store lists {md5}")
             raise OlmaxError(f"{url}: the downloaded copy fails verification ({what}); "
                              f"it was removed, run again to download it anew")
-        from olmax.data.token_files import publish_file  # token_files imports this module
 
         publish_file(str(part), dest)
         lock_path.unlink(missing_ok=True)   # later copiers see the finished file first

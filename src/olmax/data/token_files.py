@@ -11,31 +11,17 @@ URL (:mod:`olmax.data.remote`): its size comes from the store and its reads are 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
 from olmax.data.manifests import check_against_manifest, directory_hint
 from olmax.data.remote import is_remote, remote_files
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def publish_file(tmp: str, path: Path) -> None:
-    """Give the temporary file normal permissions and rename it into place."""
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, path)
-
+from olmax.io import atomic_output, sha256_file
 
 DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64}
 
@@ -206,24 +192,6 @@ def check_ids(ids: np.ndarray, vocab_size: int, where: str) -> None:
         )
 
 
-@contextmanager
-def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A binary file that appears at ``path`` only when the block completes (temp + fsync + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        publish_file(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_tokens_atomic(path: str | os.PathLike, chunks: Iterable[np.ndarray], dtype: np.dtype,
                         *, overwrite: bool = False) -> int:
     """Write ``chunks`` back to back as one raw little-endian token file, atomically.
@@ -240,12 +208,6 @@ def write_tokens_atomic(path: str | os.PathLike, chunks: Iterable[np.ndarray], d
             f.write(arr.tobytes())
             n += arr.size
     return n
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Atomically replace ``path`` with ``data`` (manifests, progress records)."""
-    with atomic_output(path) as f:
-        f.write(data)
 
 
 class DocumentWriter:
@@ -290,19 +252,3 @@ class DocumentWriter:
         self.files.append({"path": name, "documents": len(self._pending), "tokens": self._pending_tokens,
                            "sha256": sha256_file(self.directory / name)})
         self._pending, self._pending_tokens = [], 0
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """``cache_dir``, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("OLMAX_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "olmax"

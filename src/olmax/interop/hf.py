@@ -54,9 +54,10 @@ import numpy as np
 from olmax.config import ConfigError, ModelConfig, OlmaxError, YarnConfig
 from olmax.interop import vocab_padding
 from olmax.interop.vocab_padding import padding_rows
+from olmax.io import atomic_output_dir, check_output_dir
 from olmax.model.finite import raise_non_finite, tensor_problem
-from olmax.params_io import (StreamedArray, atomic_output_dir, check_output_dir, load_meta,
-                             load_model_config, save_params, stored_arrays)
+from olmax.params_io import (StreamedArray, load_meta, load_model_config, save_params,
+                             stored_arrays)
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
 HF_MODEL_TYPE = "olmo3"

@@ -302,12 +302,5 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
-    """Atomic write (temp file + rename)."""
-    from olmax.data.token_files import write_bytes_atomic
-
-    write_bytes_atomic(path, (json.dumps(report, indent=2) + "\n").encode())
-
-
-__all__ = ["run_parity", "position_metrics", "format_report", "write_json", "seeded_tokens",
+__all__ = ["run_parity", "position_metrics", "format_report", "seeded_tokens",
            "tokens_from_file", "tokens_from_text", "default_seq_len"]

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import olmax
 from olmax.config import ConfigError, RunConfig
-from olmax.data.token_files import write_bytes_atomic
+from olmax.io import write_bytes_atomic
 from olmax.parallel.mesh import resolve_mesh_shape
 from olmax.train.recipes import load_recipe, resolve_mix
 from olmax.train.step import num_micro_batches

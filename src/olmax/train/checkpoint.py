@@ -48,7 +48,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from olmax.config import CheckpointConfig, OlmaxError
-from olmax.data.token_files import write_bytes_atomic
+from olmax.io import write_bytes_atomic
 
 FORMAT_VERSION = 1
 ARRAY_ITEMS = ("params", "opt_state")

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from olmax.config import OlmaxError, RunConfig, to_dict
-from olmax.data.token_files import write_bytes_atomic
+from olmax.io import write_json_atomic, write_text_atomic
 
 
 def batch_hash(tokens: np.ndarray) -> str:
@@ -55,10 +55,6 @@ def _git_revision() -> str | None:
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode())
 
 
 class NonFiniteLossError(OlmaxError):
@@ -142,13 +138,13 @@ class Trainer:
         if path.exists() and path.read_text() != cfg_yaml:
             path = self.run_dir / f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml"
         if not path.exists():
-            _write_atomic(path, cfg_yaml)
+            write_text_atomic(path, cfg_yaml)
         info = {"olmax_version": olmax.__version__, "git_revision": _git_revision(),
                 "jax_version": jax.__version__, "devices": jax.device_count(),
                 "device_kind": jax.devices()[0].device_kind, "processes": jax.process_count(),
                 "attn_impl": self.attn_impl,
                 "command": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        _write_atomic(self.run_dir / "run_info.json", json.dumps(info, indent=2) + "\n")
+        write_json_atomic(self.run_dir / "run_info.json", info)
 
     def _build(self) -> None:
         import jax
