@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 
@@ -58,8 +59,30 @@ def _is_override(arg: str) -> bool:
     return "=" in arg and not arg.startswith("-")
 
 
+class _StderrHandler(logging.Handler):
+    """Messages of the ``olmax`` loggers, one line each, to whatever ``sys.stderr`` is now."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            print(msg if record.levelno < logging.WARNING else f"warning: {msg}", file=sys.stderr,
+                  flush=True)
+        except Exception:  # noqa: BLE001 - logging must never fail the command
+            self.handleError(record)
+
+
+def log_to_stderr() -> None:
+    """The command line's one output channel for status lines and warnings (idempotent)."""
+    logger = logging.getLogger("olmax")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False   # libraries (absl, orbax) may configure the root logger too
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        logger.addHandler(_StderrHandler())
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    log_to_stderr()
     from olmax.reporting import DEBUG_FLAG, debug_requested, quiet_libraries, run_reporting
 
     argv = list(sys.argv[1:] if argv is None else argv)

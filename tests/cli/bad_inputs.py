@@ -121,8 +121,8 @@ class _Pwned:
 def make_workspace(root: Path) -> dict[str, str]:
     """Create the scratch files every case uses; returns names for the ones cases refer to."""
     from olmax.config import CheckpointConfig, to_dict
-    from olmax.params_io import save_params
-    from olmax.train.checkpoint import Checkpointer
+    from olmax.checkpoint.params import save_params
+    from olmax.checkpoint.checkpointer import Checkpointer
     from olmax.train.optim import build_optimizer
     from olmax.config import OptimConfig
     from olmax.train.state import init_train_state

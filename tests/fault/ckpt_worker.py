@@ -41,7 +41,7 @@ def main() -> int:
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
     from olmax.config import CheckpointConfig
-    from olmax.train.checkpoint import Checkpointer, abstract_tree
+    from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree
     from olmax.train.state import TrainState
 
     n = jax.device_count()

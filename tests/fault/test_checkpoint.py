@@ -1,4 +1,4 @@
-"""Unit tests of :mod:`olmax.train.checkpoint` on plain pytrees (single device, in-process).
+"""Unit tests of :mod:`olmax.checkpoint.checkpointer` on plain pytrees (single device, in-process).
 
 Multi-device resharding, real kills and multi-process runs are in the other files of this folder.
 """
@@ -22,9 +22,10 @@ import optax
 import pytest
 
 from olmax.config import CheckpointConfig, OlmaxError
-from olmax.params_io import load_params
-from olmax.train.checkpoint import (Checkpointer, StopSignal, abstract_tree, open_step_dir,
-                                    rewind_jsonl)
+from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree, open_step_dir
+from olmax.checkpoint.params import load_params
+from olmax.train.callbacks.checkpointing import StopSignal
+from olmax.train.metrics import rewind_jsonl
 from olmax.train.state import TrainState
 
 
@@ -74,7 +75,7 @@ def test_roundtrip_meta_and_step(tmp_path):
     assert int(st.step) == 2 and st.step.dtype == jnp.int32
     assert meta == {**meta_for(2), "format_version": 1, "step": 2}
     ck.close()
-    # the layout promised to params_io: <step>/{params,opt_state,meta}
+    # the layout olmax.checkpoint.params reads: <step>/{params,opt_state,meta}
     assert {p.name for p in (tmp_path / "checkpoints" / "4").iterdir()} >= {"params", "opt_state", "meta"}
     ro, step = open_step_dir(tmp_path)
     assert step == 4 and ro.directory == tmp_path / "checkpoints"
@@ -199,7 +200,7 @@ DISK_FULL = textwrap.dedent("""
     import resource, signal, sys
     import jax, jax.numpy as jnp, numpy as np
     from olmax.config import CheckpointConfig, OlmaxError
-    from olmax.train.checkpoint import Checkpointer, abstract_tree
+    from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree
     d = sys.argv[1]
     small = {"params": {"w": jnp.ones((4,))}, "opt_state": {"m": jnp.zeros((4,))}}
     big = {"params": {"w": jax.random.normal(jax.random.key(0), (256, 1024))},
@@ -248,7 +249,7 @@ def test_stop_signal_turns_sigterm_into_a_flag():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_params_io_reads_a_training_step_dir(tmp_path):
+def test_load_params_reads_a_training_step_dir(tmp_path):
     from olmax.config import to_dict
     from olmax.model.olmo3 import init_params
     from olmax.model.presets import get_preset

@@ -16,7 +16,7 @@ import pytest
 from olmax.config import CheckpointConfig, InitConfig, OlmaxError, OptimConfig, RunConfig
 from olmax.model.presets import get_preset
 from olmax.train.callbacks.checkpointing import CheckpointCallback, NonFiniteLoss
-from olmax.train.checkpoint import abstract_tree
+from olmax.checkpoint.checkpointer import abstract_tree
 from olmax.train.optim import build_optimizer
 from olmax.train.state import TrainState
 

@@ -13,8 +13,8 @@ from olmax.config import CheckpointConfig, ModelConfig, OlmaxError, OptimConfig,
 from olmax.interop import hf as hfio
 from olmax.model.finite import check_params, params_problems
 from olmax.model.olmo3 import init_params
-from olmax.params_io import save_params
-from olmax.train.checkpoint import Checkpointer
+from olmax.checkpoint.params import save_params
+from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state
 

@@ -14,7 +14,7 @@ from olmax.cli import main
 from olmax.config import CheckpointConfig, ModelConfig, OptimConfig, to_dict
 from olmax.interop import hf as hfio
 from olmax.model.olmo3 import init_params
-from olmax.train.checkpoint import Checkpointer
+from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state
 

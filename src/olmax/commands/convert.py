@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
 
 def _hf_to_olmax(args) -> int:
     from olmax.interop.hf import convert_hf_to_olmax
-    from olmax.params_io import load_model_config
+    from olmax.checkpoint.params import load_model_config
 
     out = convert_hf_to_olmax(args.hf_dir, args.out_dir, dtype=args.dtype)
     cfg = load_model_config(out)

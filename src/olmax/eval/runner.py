@@ -46,8 +46,8 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
 
         params, cfg, _ = load_hf(p)
         return LoadedModel(jax.tree.map(jax.numpy.asarray, params), cfg, "hf", cfg.vocab_size)
+    from olmax.checkpoint.params import load_meta, load_params
     from olmax.interop.vocab_padding import softmax_vocab
-    from olmax.params_io import load_meta, load_params
 
     params, cfg = load_params(p)
     # padding rows the source never had stay out of the softmax (olmax.interop.vocab_padding)

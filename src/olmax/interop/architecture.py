@@ -68,7 +68,8 @@ def source_config(hf_dir: str | None, checkpoint: str | None, *,
     """``(ModelConfig, which key, where it was read)`` of ``init.checkpoint`` or ``init.hf_dir``
     (the trainer's order), or None when neither is set."""
     if checkpoint:
-        from olmax.params_io import load_model_config, resolve_step_dir
+        from olmax.checkpoint.format import resolve_step_dir
+        from olmax.checkpoint.params import load_model_config
 
         step = resolve_step_dir(checkpoint)
         return load_model_config(step), "init.checkpoint", f"{step}/meta"

@@ -30,7 +30,7 @@ as OLMo-core's HF loader makes them and stay out of an imported model's softmax
 (:mod:`olmax.interop.vocab_padding`). Only safetensors directories are read
 (:func:`check_safetensors_dir`), and a tensor holding NaN/Inf is refused by name as it is read. Both directions
 stream (``benchmarks/convert_scale.py`` measures them): import hands the checkpoint writer
-:class:`~olmax.params_io.StreamedArray` leaves that read each chunk (one layer's tensor, a block
+:class:`~olmax.checkpoint.params.StreamedArray` leaves that read each chunk (one layer's tensor, a block
 of vocabulary rows) from the safetensors files with plain reads as it is written; export reads
 the checkpoint slice by slice and writes each shard's header first, then its tensors one at a
 time. Neither holds more than a chunk and a tensor. Import then export reproduces every tensor bit
@@ -51,13 +51,13 @@ from typing import Any, Iterable, Iterator, Mapping
 import ml_dtypes
 import numpy as np
 
+from olmax.checkpoint.params import (StreamedArray, load_meta, load_model_config, save_params,
+                                     stored_arrays)
 from olmax.config import ConfigError, ModelConfig, OlmaxError, YarnConfig
 from olmax.interop import vocab_padding
 from olmax.interop.vocab_padding import padding_rows
 from olmax.io import atomic_output_dir, check_output_dir
 from olmax.model.finite import raise_non_finite, tensor_problem
-from olmax.params_io import (StreamedArray, load_meta, load_model_config, save_params,
-                             stored_arrays)
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
 HF_MODEL_TYPE = "olmo3"

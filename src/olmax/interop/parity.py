@@ -191,7 +191,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     import jax.numpy as jnp
 
     from olmax.model.olmo3 import forward
-    from olmax.params_io import load_params
+    from olmax.checkpoint.params import load_params
 
     if dtype not in DTYPES:
         raise ConfigError(f"unsupported dtype '{dtype}' (choose from {', '.join(DTYPES)})")
@@ -201,7 +201,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     hf_cfg = model_config_from_hf(read_hf_config(hf_dir), where=str(Path(hf_dir) / "config.json"))
     check_safetensors_dir(hf_dir)      # before transformers reads anything (no pickles)
     if checkpoint is not None:
-        from olmax.params_io import load_model_config
+        from olmax.checkpoint.params import load_model_config
 
         _check_same_architecture(load_model_config(checkpoint), hf_cfg, checkpoint, hf_dir)
         params, cfg = load_params(checkpoint)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from olmax.config import LoggingConfig
+from olmax.io import write_bytes_atomic
 
 
 def _jsonable(v: Any) -> Any:
@@ -82,3 +83,29 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def rewind_jsonl(path: str | os.PathLike, step: int) -> int:
+    """Drop the lines of a metrics file whose ``"step"`` is greater than ``step`` (atomically).
+
+    A resumed run calls this with the restored step before logging again, so the file reads exactly
+    like an uninterrupted run's: each step once, in order. A torn last line (the writer was killed
+    mid-write) is dropped too. Returns the number of lines dropped.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in p.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
+            dropped += 1
+            continue
+        keep.append(line)
+    if dropped:
+        write_bytes_atomic(p, "".join(line + "\n" for line in keep).encode())
+    return dropped

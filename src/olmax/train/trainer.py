@@ -200,7 +200,7 @@ class Trainer:
             state = self.ckpt_cb.initial_state(self.abstract_state, self._init_state, self.data)
             return state, int(self.ckpt_cb.resumed_step or 0)
         if self.cfg.init.checkpoint or self.cfg.init.hf_dir:
-            raise OlmaxError("init.checkpoint / init.hf_dir need olmax.train.checkpoint")
+            raise OlmaxError("init.checkpoint / init.hf_dir need olmax.checkpoint")
         return self._init_state(None), 0
 
     def _global_batch(self, host: dict) -> tuple[dict, str]:
@@ -243,7 +243,7 @@ class Trainer:
     def _run(self) -> dict[str, Any]:
         import jax
 
-        from olmax.train.metrics import MetricsLogger
+        from olmax.train.metrics import MetricsLogger, rewind_jsonl
 
         t = self.cfg.train
         self._build()              # bad data/mesh settings fail before anything is written
@@ -252,8 +252,6 @@ class Trainer:
         self.state, start = self._initial_state()
         self.step = start
         if start == 0 and self.is_main and (self.run_dir / "metrics.jsonl").exists():
-            from olmax.train.checkpoint import rewind_jsonl
-
             rewind_jsonl(self.run_dir / "metrics.jsonl", 0)   # a restart from scratch
         self.logger = MetricsLogger(self.run_dir, self.cfg.logging, enabled=self.is_main,
                                     run_config=to_dict(self.cfg), purge_step=start + 1)

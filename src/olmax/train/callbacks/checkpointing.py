@@ -37,16 +37,20 @@ since it never saves them.
 from __future__ import annotations
 
 import math
+import signal
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
 
 from olmax.config import ModelConfig, OlmaxError, RunConfig, to_dict
+from olmax.checkpoint.checkpointer import Checkpointer, open_step_dir
 from olmax.interop import vocab_padding
 from olmax.model.finite import check_params
-from olmax.train.checkpoint import Checkpointer, StopSignal, open_step_dir, rewind_jsonl
+from olmax.train.metrics import rewind_jsonl
 
 
 class NonFiniteLoss(OlmaxError):
@@ -118,7 +122,8 @@ class CheckpointCallback:
         return init_state(None)
 
     def _warm_start(self, abstract_state: Any, init_state: Callable[[Any], Any]) -> Any:
-        from olmax.params_io import load_model_config, load_params, resolve_step_dir
+        from olmax.checkpoint.format import resolve_step_dir
+        from olmax.checkpoint.params import load_model_config, load_params
 
         where = resolve_step_dir(self.cfg.init.checkpoint)
         self._check_architecture(load_model_config(where), "init.checkpoint", f"{where}/meta")
@@ -243,3 +248,40 @@ def _restart_skip_windows(opt_state: Any) -> Any:
         return opt_state
     window = jax.tree.map(jnp.zeros_like, opt_state.window)
     return opt_state._replace(window=window, last_factor=jnp.ones_like(opt_state.last_factor))
+
+
+class StopSignal:
+    """Turns SIGTERM (and optionally SIGINT) into a flag the training loop polls between steps.
+
+    ``requested()`` is agreed across processes (any process signalled -> all stop at the same step),
+    so every process takes part in the final checkpoint. Use as a context manager; the previous
+    handlers are restored on exit.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
+        self.signals = signals
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.received = signum
+
+    def __enter__(self) -> "StopSignal":
+        for s in self.signals:
+            try:
+                self._old[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old.clear()
+
+    def requested(self) -> bool:
+        local = self.received is not None
+        if jax.process_count() == 1:
+            return local
+        flags = multihost_utils.process_allgather(np.int32(local))
+        return bool(np.any(flags))

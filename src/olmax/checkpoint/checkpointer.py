@@ -1,12 +1,9 @@
 """Training checkpoints on Orbax: async, atomic, keep-last-K plus permanent, resharding restore.
 
-Layout (shared with :mod:`olmax.params_io`): ``RUN_DIR/checkpoints/<step>/`` holds three Orbax items
-
-- ``params/``    the parameter pytree (``ocp.args.StandardSave``; every process writes its own shards),
-- ``opt_state/`` the optimizer state pytree (``ocp.args.StandardSave``),
-- ``meta/``      JSON (``ocp.args.JsonSave``): ``format_version``, ``step``, ``data_position`` (batches
-  consumed, i.e. the next batch index the loader serves), ``seed``, ``model`` (``to_dict(ModelConfig)``),
-  ``config`` (the resolved ``RunConfig``) and whatever else the trainer adds.
+Layout (:mod:`olmax.checkpoint.format`): ``RUN_DIR/checkpoints/<step>/`` holds three Orbax items,
+``params/``, ``opt_state/`` and ``meta/`` (JSON: ``format_version``, ``step``, ``data_position``
+(batches consumed, i.e. the next batch index the loader serves), ``seed``, ``model``
+(``to_dict(ModelConfig)``), ``config`` (the resolved ``RunConfig``) and whatever else the trainer adds).
 
 Atomicity comes from Orbax: a step is written under ``<step>.orbax-checkpoint-tmp-*`` and renamed to
 ``<step>`` only once every item of every process is on disk, and old checkpoints are deleted only after
@@ -24,20 +21,14 @@ as a read error; :meth:`Checkpointer.restore_latest` reports the step by name, m
 ``<step>.corrupt`` and falls back to the previous complete step. A problem that every checkpoint shares
 (e.g. a model whose shapes differ from the checkpoint's) is reported as an error instead, and nothing
 is moved.
-
-The SIGTERM handling used by the trainer (:class:`StopSignal`) and the metrics-file rewind done on resume
-(:func:`rewind_jsonl`) live here too, since both exist to make interruption harmless.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 import os
-import re
 import shutil
-import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,28 +37,24 @@ from typing import Any, Callable, Mapping
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
+from olmax.checkpoint.format import (ARRAY_ITEMS, META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, STEP_RE,
+                                     TMP_RE, check_meta, resolve_step_dir, stamp_meta)
 from olmax.config import CheckpointConfig, OlmaxError
-from olmax.io import write_bytes_atomic
 
-FORMAT_VERSION = 1
-ARRAY_ITEMS = ("params", "opt_state")
-META_ITEM = "meta"
-_TMP_RE = re.compile(r"^\d+\.orbax-checkpoint-tmp")
-_STEP_RE = re.compile(r"^\d+$")
+log = logging.getLogger(__name__)
 
 Report = Callable[[str], None]
 
 
-def _report_stderr(msg: str) -> None:
+def _report(msg: str) -> None:
     if jax.process_index() == 0:
-        print(f"[checkpoint] {msg}", file=sys.stderr, flush=True)
+        log.info("checkpoint: %s", msg)
 
 
 def _sync(name: str) -> None:
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -148,7 +135,7 @@ class Checkpointer:
         if self.cfg.keep is not None and self.cfg.keep <= 0:
             raise OlmaxError(f"checkpoint.keep must be positive (got {self.cfg.keep})")
         self.directory = Path(directory).absolute()
-        self.report = report or _report_stderr
+        self.report = report or _report
         self.read_only = read_only
         self.incomplete: list[str] = []   # interrupted saves found (and removed) when opening
         self.corrupt: list[str] = []      # checkpoints found unreadable by restore_latest
@@ -173,7 +160,7 @@ class Checkpointer:
                              f"{e.strerror or e}") from None
 
     def _scan_incomplete(self) -> None:
-        names = sorted(p.name for p in self.directory.iterdir() if _TMP_RE.match(p.name))
+        names = sorted(p.name for p in self.directory.iterdir() if TMP_RE.match(p.name))
         self.incomplete = names
         for name in names:
             self.report(f"ignoring incomplete checkpoint {self.directory / name} "
@@ -193,8 +180,8 @@ class Checkpointer:
             read_only=ro,
             create=not ro,
         )
-        handlers = {"params": ocp.StandardCheckpointHandler(),
-                    "opt_state": ocp.StandardCheckpointHandler(),
+        handlers = {PARAMS_ITEM: ocp.StandardCheckpointHandler(),
+                    OPT_STATE_ITEM: ocp.StandardCheckpointHandler(),
                     META_ITEM: ocp.JsonCheckpointHandler()}
         return ocp.CheckpointManager(self.directory, options=opts, item_handlers=handlers)
 
@@ -230,12 +217,12 @@ class Checkpointer:
         self._raise_pending(step)
         if step in self._mgr.all_steps():
             return False
-        meta = {**dict(meta), "format_version": FORMAT_VERSION, "step": int(step)}
-        args = ocp.args.Composite(
-            params=ocp.args.StandardSave(_get(state, "params")),
-            opt_state=ocp.args.StandardSave(_get(state, "opt_state")),
-            **{META_ITEM: ocp.args.JsonSave(meta)},
-        )
+        meta = stamp_meta(dict(meta), step=int(step))
+        args = ocp.args.Composite(**{
+            PARAMS_ITEM: ocp.args.StandardSave(_get(state, PARAMS_ITEM)),
+            OPT_STATE_ITEM: ocp.args.StandardSave(_get(state, OPT_STATE_ITEM)),
+            META_ITEM: ocp.args.JsonSave(meta),
+        })
         try:
             self._mgr.save(step, args=args, force=True)
         except Exception as e:  # an OSError, or one wrapped by Orbax/TensorStore
@@ -244,7 +231,7 @@ class Checkpointer:
 
     def _save_error(self, step: int | None, e: BaseException) -> OlmaxError:
         try:
-            kept = sorted(int(p.name) for p in self.directory.iterdir() if _STEP_RE.match(p.name))
+            kept = sorted(int(p.name) for p in self.directory.iterdir() if STEP_RE.match(p.name))
         except OSError:
             kept = []
         what = f"at step {step} " if step is not None else ""
@@ -277,14 +264,7 @@ class Checkpointer:
         """The ``meta`` item of ``step``, validated (format version, step)."""
         meta = self._mgr.restore(step, args=ocp.args.Composite(
             **{META_ITEM: ocp.args.JsonRestore()}))[META_ITEM]
-        if not isinstance(meta, dict) or "format_version" not in meta:
-            raise OlmaxError(f"checkpoint {self.step_dir(step)}: meta has no format_version")
-        if meta["format_version"] > FORMAT_VERSION:
-            raise OlmaxError(f"checkpoint {self.step_dir(step)}: format_version "
-                             f"{meta['format_version']} is newer than this olmax ({FORMAT_VERSION})")
-        if meta.get("step") != step:
-            raise OlmaxError(f"checkpoint {self.step_dir(step)}: meta says step {meta.get('step')}")
-        return meta
+        return check_meta(meta, self.step_dir(step), step)
 
     def restore(self, step: int, abstract_state: Any, *,
                 items: tuple[str, ...] = ARRAY_ITEMS) -> tuple[Any, dict]:
@@ -355,75 +335,8 @@ class Checkpointer:
 
 def open_step_dir(path: str | os.PathLike, report: Report | None = None) -> tuple[Checkpointer, int]:
     """A read-only :class:`Checkpointer` over the step dir ``path`` resolves to (a step dir, a run
-    dir or a ``checkpoints/`` dir: see :func:`olmax.params_io.resolve_step_dir`), and its step."""
-    from olmax.params_io import resolve_step_dir
-
+    dir or a ``checkpoints/`` dir: see :func:`olmax.checkpoint.format.resolve_step_dir`), and its step."""
     step_dir = resolve_step_dir(path)
-    if not _STEP_RE.match(step_dir.name):
+    if not STEP_RE.match(step_dir.name):
         raise OlmaxError(f"{step_dir}: not a training checkpoint step dir (its name is not a step)")
     return Checkpointer(step_dir.parent, read_only=True, report=report), int(step_dir.name)
-
-
-def rewind_jsonl(path: str | os.PathLike, step: int) -> int:
-    """Drop the lines of a metrics file whose ``"step"`` is greater than ``step`` (atomically).
-
-    A resumed run calls this with the restored step before logging again, so the file reads exactly
-    like an uninterrupted run's: each step once, in order. A torn last line (the writer was killed
-    mid-write) is dropped too. Returns the number of lines dropped.
-    """
-    p = Path(path)
-    if not p.is_file():
-        return 0
-    keep, dropped = [], 0
-    for line in p.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            dropped += 1
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
-            dropped += 1
-            continue
-        keep.append(line)
-    if dropped:
-        write_bytes_atomic(p, "".join(line + "\n" for line in keep).encode())
-    return dropped
-
-
-class StopSignal:
-    """Turns SIGTERM (and optionally SIGINT) into a flag the training loop polls between steps.
-
-    ``requested()`` is agreed across processes (any process signalled -> all stop at the same step),
-    so every process takes part in the final checkpoint. Use as a context manager; the previous
-    handlers are restored on exit.
-    """
-
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
-        self.signals = signals
-        self.received: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.received = signum
-
-    def __enter__(self) -> "StopSignal":
-        for s in self.signals:
-            try:
-                self._old[s] = signal.signal(s, self._handler)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        self._old.clear()
-
-    def requested(self) -> bool:
-        local = self.received is not None
-        if jax.process_count() == 1:
-            return local
-        from jax.experimental import multihost_utils
-
-        flags = multihost_utils.process_allgather(np.int32(local))
-        return bool(np.any(flags))

@@ -1,17 +1,12 @@
-"""Parameter checkpoints: the olmax step-directory layout, written and read with orbax.
+"""Parameters in the olmax checkpoint format (:mod:`olmax.checkpoint.format`), without the trainer.
 
-A *step directory* holds orbax items (the layout orbax ``CheckpointManager`` writes under
-``RUN_DIR/checkpoints/<step>/``)::
-
-    <step_dir>/params/   the parameter pytree (``ocp.args.StandardSave``)
-    <step_dir>/meta/     JSON (``ocp.args.JsonSave``): {"format_version": 1, "model": <ModelConfig>, ...}
-
-Training step dirs additionally hold ``opt_state/`` and a richer ``meta``; this module reads only
-``params`` and ``meta`` so it loads both kinds.
-
-``save_params`` is for single-process writers (conversion, export); training writes through its
-own orbax ``CheckpointManager``. Output directories are written atomically: a hidden temp dir next
-to the target is filled and then renamed; an existing non-empty target is refused.
+``load_params``/``load_meta``/``load_model_config`` read the ``params`` and ``meta`` items of any step
+directory (a training step's or a conversion's; given as a step dir, a run dir or a ``checkpoints/``
+dir); the stored tree is checked against the shapes its model config implies before any array is
+read. ``save_params`` is for single-process writers (conversion, export); training writes through
+:class:`olmax.checkpoint.checkpointer.Checkpointer`. Output directories are written atomically: a
+hidden temp dir next to the target is filled and then renamed; an existing non-empty target is
+refused.
 
 Streaming: a leaf may be a :class:`StreamedArray` (shape, dtype and a function that returns any
 block of it). Orbax then writes it through :class:`StreamedArrayHandler`, a numpy handler that
@@ -27,23 +22,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
 
+from olmax.checkpoint.format import (META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, check_meta, resolve_step_dir,
+                                     stamp_meta)
 from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dict
 from olmax.io import atomic_output_dir
 from olmax.model.finite import check_params, raise_non_finite, tensor_problem
+from olmax.model.olmo3 import param_shapes
 
-FORMAT_VERSION = 1
-PARAMS_ITEM = "params"
-OPT_STATE_ITEM = "opt_state"
-META_ITEM = "meta"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -84,8 +80,6 @@ class StreamedArray:
         return block
 
     def save_args(self):
-        import orbax.checkpoint as ocp
-
         return ocp.SaveArgs(chunk_byte_size=STREAM_CHUNK_BYTES,
                             shard_axes=(0,) if self.stacked and self.ndim > 1 else ())
 
@@ -98,9 +92,6 @@ def chunk_blocks(shape: tuple[int, ...], chunk: tuple[int, ...]) -> Iterator[tup
 
 
 def _streamed_array_handler():
-    import orbax.checkpoint as ocp
-    import tensorstore as ts
-
     class StreamedArrayHandler(ocp.type_handlers.NumpyHandler):
         """Orbax's numpy handler, writing a :class:`StreamedArray` chunk by chunk. One lock per
         event loop makes the leaves (which orbax writes concurrently) take turns, so one chunk
@@ -125,8 +116,6 @@ def _streamed_array_handler():
 
 def _streaming_registry():
     """Orbax's default type handlers plus :class:`StreamedArray` (a registry of this save only)."""
-    import orbax.checkpoint as ocp
-
     th = ocp.type_handlers
     return th.create_type_handler_registry(
         *[(t, th.get_type_handler(t)) for t in th.supported_types()],
@@ -141,8 +130,6 @@ def _checkpointer(restore_concurrent_gb: int | None = None):
     """Composite checkpointer for the params + meta items. ``restore_concurrent_gb`` bounds the
     bytes orbax reads at once (its default, 96 GB, lets a restore briefly hold about twice the
     model); it must be at least the largest single array."""
-    import orbax.checkpoint as ocp
-
     kw = {} if restore_concurrent_gb is None else {"restore_concurrent_gb": restore_concurrent_gb}
     # opt_state (training step dirs) is known but never read here: without a handler for it,
     # orbax warns twice per read that the item "could not be restored".
@@ -162,13 +149,11 @@ def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfi
     ``format_version``). Atomic; refuses an existing non-empty ``directory``. ``before_commit``
     runs once everything is written and may raise to discard it all.
     """
-    import orbax.checkpoint as ocp
-
     meta = dict(extra_meta or {})
     for key in ("model", "format_version"):
         if key in meta:
             raise ValueError(f"extra_meta may not set '{key}'")
-    meta.update(format_version=FORMAT_VERSION, model=to_dict(model_cfg))
+    meta = stamp_meta(meta, model=to_dict(model_cfg))
     streamed = any(isinstance(x, StreamedArray) for x in jax.tree.leaves(params))
     if streamed:  # the general pytree handler (same on-disk format) takes registered leaf types
         save_args = jax.tree.map(lambda x: x.save_args() if isinstance(x, StreamedArray)
@@ -195,46 +180,17 @@ def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfi
 # Locating and loading
 
 
-def _is_step_dir(p: Path) -> bool:
-    return (p / PARAMS_ITEM).is_dir() and (p / META_ITEM).is_dir()
-
-
-def resolve_step_dir(path: str | os.PathLike) -> Path:
-    """A step dir, a run dir (``<run>/checkpoints/``) or a ``checkpoints/`` dir -> the step dir
-    (for the latter two: the highest-numbered complete step)."""
-    p = Path(path).absolute()   # orbax refuses relative paths
-    if not p.exists():
-        raise OlmaxError(f"checkpoint not found: {path}")
-    if not p.is_dir():
-        raise OlmaxError(f"{path} is a file, not an olmax checkpoint (a step dir, a run dir or a "
-                         f"checkpoints/ dir)")
-    if _is_step_dir(p):
-        return p
-    root = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-    steps = sorted((int(c.name), c) for c in root.iterdir()
-                   if c.is_dir() and re.fullmatch(r"\d+", c.name) and _is_step_dir(c))
-    if not steps:
-        raise OlmaxError(f"no olmax checkpoint in {p} (expected a step dir with params/ and meta/, "
-                         f"a run dir, or a checkpoints/ dir with complete steps)")
-    return steps[-1][1]
-
-
 def load_meta(path: str | os.PathLike) -> dict:
     """The meta JSON of the step dir ``path`` resolves to (format version checked)."""
-    import orbax.checkpoint as ocp
-
     step = resolve_step_dir(path)
     try:
         meta = _checkpointer().restore(step, args=ocp.args.Composite(
             **{META_ITEM: ocp.args.JsonRestore()}))[META_ITEM]
     except Exception as e:  # orbax raises assorted types for unreadable items
         raise OlmaxError(f"cannot read checkpoint meta in {step}: {str(e).splitlines()[0]}") from None
-    if not isinstance(meta, dict) or "model" not in meta:
+    check_meta(meta, step / META_ITEM)
+    if "model" not in meta:
         raise OlmaxError(f"{step}/{META_ITEM}: not an olmax checkpoint (no 'model' entry)")
-    version = meta.get("format_version")
-    if version != FORMAT_VERSION:
-        raise OlmaxError(f"{step}/{META_ITEM}: unsupported format_version {version!r} "
-                         f"(this olmax reads {FORMAT_VERSION})")
     return meta
 
 
@@ -266,8 +222,6 @@ def _dotted(keypath) -> str:
 def _checked_config(step: Path) -> tuple[ModelConfig, dict]:
     """The step's ModelConfig and stored {name: (shape, dtype)}, the stored tree checked against
     the config's parameter shapes."""
-    from olmax.model.olmo3 import param_shapes
-
     cfg = load_model_config(step)
     stored = stored_param_shapes(step)
     expected = {_dotted(kp): s for kp, s in jax.tree_util.tree_flatten_with_path(
@@ -292,10 +246,6 @@ def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None,
     everything on the default device. The stored tree must match the config's parameter shapes,
     and (``check_finite``) hold no NaN/Inf (:mod:`olmax.model.finite`: an OlmaxError naming them).
     """
-    import orbax.checkpoint as ocp
-
-    from olmax.model.olmo3 import param_shapes
-
     step = resolve_step_dir(path)
     cfg, stored = _checked_config(step)
     if shardings is None:
@@ -347,12 +297,6 @@ def stored_arrays(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
     """``(params, ModelConfig)`` where each leaf is a :class:`StoredArray` over the checkpoint's
     array (orbax's layout: one zarr array per dotted parameter name in the item's OCDBT store),
     for streaming a model out of a checkpoint slice by slice."""
-    import json
-
-    import tensorstore as ts
-
-    from olmax.model.olmo3 import param_shapes
-
     step = resolve_step_dir(path)
     cfg, _ = _checked_config(step)
     item = step / PARAMS_ITEM
@@ -381,5 +325,5 @@ def stored_arrays(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
     return tree, cfg
 
 
-__all__ = ["FORMAT_VERSION", "save_params", "load_params", "load_model_config", "load_meta",
-           "resolve_step_dir", "stored_param_shapes", "StreamedArray", "StoredArray", "stored_arrays"]
+__all__ = ["save_params", "load_params", "load_model_config", "load_meta",
+           "stored_param_shapes", "StreamedArray", "StoredArray", "stored_arrays"]
