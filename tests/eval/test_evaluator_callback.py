@@ -9,6 +9,7 @@ import pytest
 
 from olmax.config import OlmaxError, run_config_from_dict, to_dict
 from olmax.model import olmo3
+from olmax.train.callbacks import Run
 from olmax.train.callbacks.evaluator import EvaluatorCallback
 
 from conftest import tiny_cfg
@@ -38,8 +39,8 @@ def _trainer(files, cfg, params, **eval_cfg):
     run = run_config_from_dict({"model": to_dict(cfg), "data": {"paths": [files["train"]]},
                                 "train": {"seq_len": 64}, "eval": eval_cfg})
     logged = []
-    t = SimpleNamespace(cfg=run, model_cfg=cfg, params=params, step=0, run_dir=None,
-                        log=lambda step, m: logged.append((step, m)))
+    t = Run(run, run_dir=None, is_main=True, state=SimpleNamespace(params=params),
+            log_fn=lambda step, m: logged.append((step, m)))
     return t, logged
 
 

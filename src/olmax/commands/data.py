@@ -16,14 +16,12 @@ file verified against the store's size and checksum; prints a summary of bytes a
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import json
 import sys
 
-import numpy as np
-
 from olmax.config import ConfigError
+from olmax.data.loader import batch_hash, build_train_data
 
 
 def add_parser(subparsers) -> None:
@@ -93,16 +91,14 @@ def inspect_batches(data, start: int, end: int) -> list[dict]:
     out = []
     for b in range(start, end):
         batch = data.global_batch(b)
-        tokens = np.ascontiguousarray(batch["tokens"], dtype="<u4")
         out.append({"batch": b, "instances": batch["instance_ids"].tolist(),
-                    "sha256": hashlib.sha256(tokens.tobytes()).hexdigest(),
+                    "sha256": batch_hash(batch["tokens"]),
                     "filtered": (~batch["instance_mask"]).tolist()})
     return out
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     from olmax.config import DataConfig
-    from olmax.data.loader import build_train_data
 
     start, end = parse_range(args.batches)
     cfg = DataConfig(paths=tuple(args.paths or ()), mix=args.mix, root=args.root, remap=tuple(args.remap),

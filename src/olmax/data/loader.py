@@ -15,6 +15,7 @@ does. :meth:`TrainData.iterate` runs the reads in grain (threads, prefetch, opti
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Iterator
 
 import numpy as np
@@ -27,6 +28,12 @@ from olmax.data.remote import join
 from olmax.data.token_files import TokenReader, check_ids, parse_dtype
 
 _ITER_END = 1 << 62
+
+
+def batch_hash(tokens: np.ndarray) -> str:
+    """sha256 of a batch's token ids as uint32 little-endian, row-major: what the trainer logs as
+    ``batch_hash`` and ``olmax data inspect`` prints, so runs can be compared batch by batch."""
+    return hashlib.sha256(np.ascontiguousarray(tokens, dtype="<u4").tobytes()).hexdigest()
 
 
 class TrainData:
@@ -207,4 +214,4 @@ def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: i
                      max_target_seq_len=data_cfg.max_target_seq_len)
 
 
-__all__ = ["TrainData", "build_train_data", "resolve_paths"]
+__all__ = ["TrainData", "batch_hash", "build_train_data", "resolve_paths"]

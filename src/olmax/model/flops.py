@@ -122,9 +122,10 @@ def peak_flops(device: Any) -> float | None:
     return None
 
 
-def mfu(tokens_per_second_per_device: float, cfg: ModelConfig, seq_len: int, peak: float | None,
-        convention: str = "olmo_core") -> float | None:
-    """Model FLOPs utilisation (fraction, not percent) against ``peak`` FLOP/s; None without a peak."""
+def mfu(tokens_per_second: float, cfg: ModelConfig, seq_len: int, peak: float | None,
+        convention: str = "olmo_core", *, devices: int = 1) -> float | None:
+    """Model FLOPs utilisation (fraction, not percent) of ``devices`` devices of ``peak`` FLOP/s
+    each processing ``tokens_per_second`` together; None without a peak."""
     if not peak:
         return None
-    return tokens_per_second_per_device * flops_per_token(cfg, seq_len, convention) / peak
+    return tokens_per_second * flops_per_token(cfg, seq_len, convention) / (peak * devices)

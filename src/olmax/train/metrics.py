@@ -11,14 +11,16 @@ what the interrupted run had logged from that step on and each step shows once, 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from olmax.config import LoggingConfig
 from olmax.io import write_bytes_atomic
+
+log = logging.getLogger(__name__)
 
 
 def _jsonable(v: Any) -> Any:
@@ -52,8 +54,7 @@ class MetricsLogger:
             try:
                 import wandb  # type: ignore[import-not-found]
             except ImportError:
-                print("olmax train: logging.wandb=true but wandb is not installed; skipping W&B",
-                      file=sys.stderr)
+                log.warning("logging.wandb=true but wandb is not installed; skipping W&B")
             else:
                 os.environ.setdefault("WANDB_MODE", "offline")
                 self._wandb = wandb.init(project=cfg.wandb_project or "olmax", dir=str(run_dir),

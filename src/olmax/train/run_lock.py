@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from olmax.config import OlmaxError
+from olmax.train.callbacks.base import Callback
 
 LOCK_NAME = ".olmax-lock"
 HEARTBEAT_S = 15.0
@@ -124,7 +125,7 @@ def describe(holder: dict) -> str:
     return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"
 
 
-class RunDirLock:
+class RunDirLock(Callback):
     """The lock of one run directory (see the module docstring). ``acquire`` creates the directory
     if needed; ``release`` removes the lock file (and the directory, if this lock created it and
     nothing else was written there)."""
@@ -339,7 +340,9 @@ class RunDirLock:
         if self.lost:
             raise RunDirLockLost(f"stopping: {self.lost}")
 
-    def on_step_end(self, trainer: Any, step: int, metrics: dict) -> None:
+    order = 0   # before every other callback: a run that lost its directory stops at once
+
+    def on_step_end(self, run: Any, step: int, metrics: Any) -> None:
         """Trainer callback hook: stop the run when the lock was lost."""
         self.check()
 
@@ -374,15 +377,12 @@ class RunDirLock:
         self.release()
 
 
-class _Follower:
+class _Follower(Callback):
     """What processes other than 0 hold: nothing, with the same hooks."""
 
     lost = None
 
     def check(self) -> None:
-        pass
-
-    def on_step_end(self, trainer: Any, step: int, metrics: dict) -> None:
         pass
 
     def release(self) -> None:

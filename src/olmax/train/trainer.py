@@ -7,13 +7,19 @@
 2. Training data (``olmax.data.loader.build_train_data``); trainer step s >= 1 consumes data batch
    b = s - 1. Each process reads only its rows (``host_batch``) and the global array is assembled
    with ``jax.make_array_from_process_local_data``.
-3. Start state from the checkpoint callback (resume from ``RUN_DIR/checkpoints/``, else warm start
-   from ``init.checkpoint`` / ``init.hf_dir``, else a fresh init from ``init.seed``).
+3. The start state from :func:`olmax.train.init_state.initial_state` (resume from
+   ``RUN_DIR/checkpoints/``, else warm start from ``init.checkpoint`` / ``init.hf_dir``, else a
+   fresh init from ``init.seed``).
 4. Per step: LR from the OLMo-core schedule at ``step`` (counted from 1), the compiled step, then
-   the callbacks (speed monitor, checkpointing, evaluation) and one line in ``metrics.jsonl``:
-   ``step, loss`` (CE, full precision), ``z_loss, lr, grad_norm`` (pre-clip), ``skipped, tokens``
-   (cumulative tokens trained on), ``tokens_per_sec, mfu, batch_hash`` (sha256 of the global
-   batch's token ids as uint32 little-endian), ``epoch``. A NaN/Inf loss stops the run.
+   one line in ``metrics.jsonl``: ``step, loss`` (CE, full precision), ``z_loss, lr, grad_norm``
+   (pre-clip), ``skipped, tokens`` (cumulative tokens trained on), ``batch_hash`` (sha256 of the
+   global batch's token ids as uint32 little-endian), ``epoch``, plus what the callbacks add
+   (``tokens_per_sec, mfu``, evaluation results). A NaN/Inf loss (or an applied NaN/Inf gradient)
+   is logged and stops the run with :class:`NonFiniteLossError`, before any callback sees it.
+
+Callbacks (:mod:`olmax.train.callbacks`: speed monitor, checkpoint saves, evaluation, dashboard)
+are built from the config through the registry and called in order, each hook for every callback;
+they see a :class:`~olmax.train.callbacks.base.Run`, not the trainer.
 
 Run directory: ``metrics.jsonl``, ``tb/`` (TensorBoard), ``config.yaml`` (the resolved config),
 ``run_info.json`` (olmax version, git revision, JAX version, devices, command line),
@@ -22,25 +28,66 @@ Run directory: ``metrics.jsonl``, ``tb/`` (TensorBoard), ``config.yaml`` (the re
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
+import logging
 import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
+import jax
 import numpy as np
+import yaml
+from jax.experimental import multihost_utils
+from tqdm import tqdm
 
+import olmax
+from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.config import OlmaxError, RunConfig, to_dict
+from olmax.data.loader import batch_hash, build_train_data
 from olmax.io import write_json_atomic, write_text_atomic
+from olmax.parallel.distributed import maybe_initialize
+from olmax.parallel.mesh import make_mesh
+from olmax.train.callbacks import Callback, Run, build_callbacks
+from olmax.train.init_state import initial_state
+from olmax.train.metrics import MetricsLogger
+from olmax.train.optim import build_optimizer
+from olmax.train.run_lock import lock_run_dir
+from olmax.train.schedules import build_schedule
+from olmax.train.step import COMPUTE_DTYPES, build_sharded_training
+
+log = logging.getLogger(__name__)
 
 
-def batch_hash(tokens: np.ndarray) -> str:
-    """sha256 of token ids as uint32 little-endian, row-major."""
-    return hashlib.sha256(np.ascontiguousarray(tokens, dtype="<u4").tobytes()).hexdigest()
+class NonFiniteLossError(OlmaxError):
+    """A step's loss (or an applied gradient) is NaN/Inf: the run stops without saving that state."""
+
+    @classmethod
+    def at(cls, step: int, what: str, ckpt: Checkpointer) -> "NonFiniteLossError":
+        """The error for ``step``, naming the last good checkpoint (pending saves are committed
+        first: they hold earlier, finite states)."""
+        ckpt.wait()
+        last = ckpt.latest_step()
+        good = (f"the last good checkpoint is {ckpt.step_dir(last)}" if last is not None
+                else "no checkpoint was written")
+        return cls(f"{what} at step {step}: stopping without saving this state; {good} "
+                   "(lower optim.lr or check the data)")
+
+
+def non_finite(metrics: Mapping[str, Any]) -> str | None:
+    """What is not finite in a step's metrics (the loss, or the norm of a gradient that was
+    applied), or None."""
+    loss = float(metrics["loss"])
+    if not math.isfinite(loss):
+        return f"loss {loss}"
+    grad_norm = float(metrics.get("grad_norm", 0.0))
+    if not metrics.get("skipped") and not math.isfinite(grad_norm):
+        return f"gradient norm {grad_norm}"
+    return None
 
 
 def _git_revision() -> str | None:
@@ -57,83 +104,49 @@ def _git_revision() -> str | None:
         return None
 
 
-class NonFiniteLossError(OlmaxError):
-    """Raised when a step's loss is NaN or Inf."""
-
-
 class Trainer:
-    """See the module docstring. Attributes callbacks may use: ``cfg``, ``model_cfg``, ``run_dir``,
-    ``mesh``, ``data``, ``state``, ``params``, ``step``, ``is_main``, ``log(step, metrics)``,
-    ``stop_requested``."""
+    """See the module docstring. ``callbacks``: added to the registry's (sorted by ``order``)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: str | os.PathLike, *, callbacks: list | None = None,
-                 quiet: bool = False) -> None:
-        from olmax.parallel.distributed import maybe_initialize
-
-        maybe_initialize(cfg.distributed)
-        import jax
-
+    def __init__(self, cfg: RunConfig, run_dir: str | os.PathLike, *,
+                 callbacks: Iterable[Callback] = (), quiet: bool = False) -> None:
         self.cfg = cfg
-        self.model_cfg = cfg.model
         self.run_dir = Path(run_dir)
-        self.extra_callbacks = list(callbacks or [])
+        self.extra_callbacks = list(callbacks)
         self.quiet = quiet
-        self.is_main = jax.process_index() == 0
-        self.step = 0
-        self.state: Any = None
-        self.stop_requested = False
-        self.logger: Any = None
-        self.speed: Any = None
-        self.summary: dict[str, Any] = {}
         self._validate()
+        maybe_initialize(cfg.distributed)
+        self.is_main = jax.process_index() == 0
+        self.logger: MetricsLogger | None = None
+        self.run_view: Run | None = None
+        self.summary: dict[str, Any] = {}
 
     # -- setup -------------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        t = self.cfg.train
+        t, model = self.cfg.train, self.cfg.model
         if t.max_steps <= 0:
             raise OlmaxError(f"train.max_steps must be positive (got {t.max_steps})")
         if t.seq_len <= 1:
             raise OlmaxError(f"train.seq_len must be at least 2 (got {t.seq_len})")
-        if t.seq_len > self.model_cfg.max_seq_len and self.model_cfg.rope_scaling is None:
-            raise OlmaxError(f"train.seq_len {t.seq_len} exceeds model.max_seq_len "
-                             f"{self.model_cfg.max_seq_len}")
+        if t.seq_len > model.max_seq_len and model.rope_scaling is None:
+            raise OlmaxError(f"train.seq_len {t.seq_len} exceeds model.max_seq_len {model.max_seq_len}")
         if t.global_batch_size <= 0:
             raise OlmaxError(f"train.global_batch_size must be positive (got {t.global_batch_size})")
-        from olmax.train.optim import build_optimizer
-        from olmax.train.schedules import build_schedule
-        from olmax.train.step import COMPUTE_DTYPES
-
         if t.compute_dtype not in COMPUTE_DTYPES:
             raise OlmaxError(f"train.compute_dtype must be one of {list(COMPUTE_DTYPES)} "
                              f"(got {t.compute_dtype!r})")
         self.tx = build_optimizer(self.cfg.optim)
         self.schedule = build_schedule(self.cfg.scheduler, self.cfg.optim.lr, t.max_steps)
 
-    @property
-    def params(self) -> Any:
-        return self.state.params
-
-    def log(self, step: int, metrics: dict) -> None:
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if self.logger is not None:
             self.logger.log(step, metrics)
 
-    def _say(self, msg: str) -> None:
-        if self.is_main and not self.quiet:
-            print(msg, file=sys.stderr, flush=True)
-
     def _prepare_run_dir(self) -> None:
-        import jax
-
-        import olmax
-
         if not self.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg_text = json.dumps(to_dict(self.cfg), indent=2)
-        import yaml
-
-        cfg_yaml = yaml.safe_dump(json.loads(cfg_text), sort_keys=False)
+        cfg_yaml = yaml.safe_dump(json.loads(json.dumps(to_dict(self.cfg))), sort_keys=False)
         path = self.run_dir / "config.yaml"
         if path.exists() and path.read_text() != cfg_yaml:
             path = self.run_dir / f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml"
@@ -147,16 +160,10 @@ class Trainer:
         write_json_atomic(self.run_dir / "run_info.json", info)
 
     def _build(self) -> None:
-        import jax
-
-        from olmax.data.loader import build_train_data
-        from olmax.parallel.mesh import make_mesh
-        from olmax.train.step import build_sharded_training
-
         cfg, t = self.cfg, self.cfg.train
         self.mesh = make_mesh(cfg.mesh)
         seed = cfg.init.seed if cfg.init.seed is not None else cfg.seed
-        st = build_sharded_training(self.model_cfg, t, self.tx, self.mesh, jax.random.key(seed))
+        st = build_sharded_training(cfg.model, t, self.tx, self.mesh, jax.random.key(seed))
         if t.global_batch_size % jax.process_count():
             raise OlmaxError(f"train.global_batch_size {t.global_batch_size} is not divisible by "
                              f"the process count {jax.process_count()}")
@@ -166,46 +173,11 @@ class Trainer:
             raise OlmaxError(f"training data has {self.data.num_instances} instances of {t.seq_len} "
                              f"tokens, fewer than one global batch ({t.global_batch_size})")
         self.step_fn, self._init_state = st.step_fn, st.init_state
-        self.state_shardings, self.abstract_state = st.state_shardings, st.abstract_state
+        self.abstract_state = st.abstract_state
         self.batch_sharding, self.n_micro = st.batch_shardings, st.n_micro
         self.attn_impl = st.attn_impl
 
-    def _callbacks(self) -> list:
-        from olmax.train.callbacks.speed_monitor import SpeedMonitor
-
-        self.speed = SpeedMonitor()
-        cbs: list = [self.speed]
-        try:
-            from olmax.train.callbacks.evaluator import EvaluatorCallback
-        except ImportError:
-            EvaluatorCallback = None  # type: ignore[assignment,misc]
-        # first: it checks the eval tasks and files, and nothing is opened yet
-        ev = EvaluatorCallback.from_config(self.cfg) if EvaluatorCallback is not None else None
-        try:
-            from olmax.train.callbacks.checkpointing import CheckpointCallback
-        except ImportError:
-            CheckpointCallback = None  # type: ignore[assignment,misc]
-        self.ckpt_cb = (CheckpointCallback(self.cfg, self.run_dir, model_cfg=self.model_cfg)
-                        if CheckpointCallback is not None else None)
-        if self.ckpt_cb is not None:
-            cbs.append(self.ckpt_cb)
-        if ev is not None:
-            cbs.append(ev)
-        from olmax.train.callbacks.dashboard import DashboardCallback
-
-        return cbs + self.extra_callbacks + [DashboardCallback()]
-
-    def _initial_state(self) -> Any:
-        if self.ckpt_cb is not None:
-            state = self.ckpt_cb.initial_state(self.abstract_state, self._init_state, self.data)
-            return state, int(self.ckpt_cb.resumed_step or 0)
-        if self.cfg.init.checkpoint or self.cfg.init.hf_dir:
-            raise OlmaxError("init.checkpoint / init.hf_dir need olmax.checkpoint")
-        return self._init_state(None), 0
-
     def _global_batch(self, host: dict) -> tuple[dict, str]:
-        import jax
-
         t = self.cfg.train
         shape = (t.global_batch_size, t.seq_len)
         tokens = np.asarray(host["tokens"], dtype=np.int32)
@@ -216,123 +188,126 @@ class Trainer:
                 self.batch_sharding["instance_mask"], mask, shape[:1]),
         }
         if jax.process_count() == 1:
-            digest = batch_hash(tokens)
-        else:
-            from jax.experimental import multihost_utils
+            return batch, batch_hash(tokens)
+        return batch, batch_hash(multihost_utils.process_allgather(tokens, tiled=True))
 
-            everything = multihost_utils.process_allgather(tokens, tiled=True)
-            digest = batch_hash(everything)
-        return batch, digest
-
-    # -- the loop -----------------------------------------------------------------------------
+    # -- the run ------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
         """Train to ``train.max_steps`` (or until stopped); returns a summary dict. The run
         directory is locked for the whole run (:mod:`olmax.train.run_lock`): a second trainer on
         it stops before touching anything."""
-        from olmax.train.run_lock import lock_run_dir
-
         lock = lock_run_dir(self.run_dir, is_main=self.is_main)
-        self.extra_callbacks.append(lock)     # stops the run if the lock is ever taken over
-        try:
-            return self._run()
+        try:   # the lock is a callback too: it stops the run if it is ever taken over
+            return self._run(lock)
         finally:
-            self.extra_callbacks.remove(lock)
             lock.release()
 
-    def _run(self) -> dict[str, Any]:
-        import jax
-
-        from olmax.train.metrics import MetricsLogger, rewind_jsonl
-
-        t = self.cfg.train
+    def _run(self, lock: Callback) -> dict[str, Any]:
         self._build()              # bad data/mesh settings fail before anything is written
         self._prepare_run_dir()
-        callbacks = self._callbacks()
-        self.state, start = self._initial_state()
-        self.step = start
-        if start == 0 and self.is_main and (self.run_dir / "metrics.jsonl").exists():
-            rewind_jsonl(self.run_dir / "metrics.jsonl", 0)   # a restart from scratch
-        self.logger = MetricsLogger(self.run_dir, self.cfg.logging, enabled=self.is_main,
-                                    run_config=to_dict(self.cfg), purge_step=start + 1)
-        self._say(f"olmax train: {self.model_cfg.num_params() / 1e6:.1f}M params, mesh "
-                  f"{dict(self.mesh.shape)}, batch {t.global_batch_size}x{t.seq_len}, "
-                  f"{self.n_micro} micro-batch(es), steps {start + 1}..{t.max_steps}, "
-                  f"run dir {self.run_dir}")
-        bar = None
-        if self.is_main and self.cfg.logging.progress and not self.quiet and start < t.max_steps:
-            from tqdm import tqdm
-
-            bar = tqdm(total=t.max_steps, initial=start, desc="train", unit="step",
-                       dynamic_ncols=True, file=sys.stderr)
-        losses: list[float] = []
+        callbacks = build_callbacks(self.cfg, [lock, *self.extra_callbacks])   # checks eval inputs
         try:
-            for cb in callbacks:
-                if hasattr(cb, "on_train_start"):
-                    cb.on_train_start(self)
-            it = self.data.iterate(start, jax.process_index(), jax.process_count()) \
-                if start < t.max_steps else iter(())
-            for step in range(start + 1, t.max_steps + 1):
-                b, host = next(it)
-                if b != step - 1:
-                    raise OlmaxError(f"data loader served batch {b} for step {step}")
-                batch, digest = self._global_batch(host)
-                lr = self.schedule(step)
-                self.state, m = self.step_fn(self.state, batch, np.float32(lr))
-                m = jax.device_get(m)
-                self.step = step
-                metrics: dict[str, Any] = {
-                    "loss": float(m["loss"]), "z_loss": float(m["z_loss"]), "lr": lr,
-                    "grad_norm": float(m["grad_norm"]), "skipped": bool(m["skipped"] > 0),
-                    "tokens": step * t.global_batch_size * t.seq_len,
-                    "batch_hash": digest, "epoch": int(self.data.epoch_of(b)),
-                }
-                losses.append(metrics["loss"])
-                if not math.isfinite(metrics["loss"]):
-                    self._stop_non_finite(step, metrics, callbacks)
-                for cb in callbacks:
-                    if hasattr(cb, "on_step_end") and cb is not self.ckpt_cb:
-                        extra = cb.on_step_end(self, step, metrics)
-                        if extra:
-                            metrics.update(extra)
-                self.log(step, metrics)
-                # Checkpoint only once the step's metrics line is written: a resume rewinds
-                # metrics.jsonl to the restored step, so that step's line must already be there.
-                if self.ckpt_cb is not None:
-                    self.ckpt_cb.on_step_end(self, step, metrics)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{lr:.2e}")
-                if self.stop_requested:
-                    break
-            for cb in callbacks:
-                if hasattr(cb, "on_train_end"):
-                    cb.on_train_end(self)
+            ckpt = Checkpointer(self.run_dir / "checkpoints", self.cfg.checkpoint)
         except BaseException:
-            if self.ckpt_cb is not None:
-                try:
-                    self.ckpt_cb.close()
-                except Exception:
-                    pass
+            self._close(callbacks, None, None, quietly=True)
+            raise
+        run = self.run_view = Run(self.cfg, self.run_dir, self.is_main, checkpointer=ckpt,
+                                  mesh_shape=dict(self.mesh.shape),
+                                  data_fingerprint=self.data.fingerprint, log_fn=self.log)
+        bar, losses, failed = None, [], True
+        try:
+            start = initial_state(self.cfg, ckpt, self.abstract_state, self._init_state, self.data,
+                                  metrics_path=self.run_dir / "metrics.jsonl")
+            run.state, run.step, run.origin = start.state, start.step, start.origin
+            self.logger = MetricsLogger(self.run_dir, self.cfg.logging, enabled=self.is_main,
+                                        run_config=to_dict(self.cfg), purge_step=start.step + 1)
+            bar = self._announce(start.step)
+            self._loop(run, callbacks, bar, losses)
+            failed = False
+        except BaseException as e:
+            for cb in callbacks:
+                with contextlib.suppress(Exception):
+                    cb.on_error(run, e)
             raise
         finally:
-            if bar is not None:
-                bar.close()
-            if self.logger is not None:
-                self.logger.close()
+            self._close(callbacks, ckpt, bar, quietly=failed)
         self.summary = {
-            "run_dir": str(self.run_dir), "start_step": start, "last_step": self.step,
+            "run_dir": str(self.run_dir), "start_step": start.step, "last_step": run.step,
             "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-            "min_loss": min(losses) if losses else None,
-            "tokens_per_sec": self.speed.steady_tokens_per_sec() if self.speed else None,
-            "stopped_early": self.stop_requested,
+            "min_loss": min(losses) if losses else None, "tokens_per_sec": None,
+            "stopped_early": run.stop_requested,
         }
+        for cb in callbacks:
+            self.summary.update(cb.summary())
         return self.summary
 
-    def _stop_non_finite(self, step: int, metrics: dict, callbacks: list) -> None:
-        """Log the step, let the checkpoint callback report the last good checkpoint, stop."""
-        self.log(step, metrics)
-        if self.ckpt_cb is not None:
-            self.ckpt_cb.on_step_end(self, step, metrics)   # raises with the checkpoint situation
-        raise NonFiniteLossError(f"loss is {metrics['loss']} at step {step}: stopping the run "
-                                 "(lower optim.lr or check the data)")
+    def _announce(self, start: int) -> tqdm | None:
+        """The status line, and a progress bar (process 0, unless quiet or nothing to do)."""
+        t = self.cfg.train
+        if not self.is_main or self.quiet:
+            return None
+        log.info(f"olmax train: {self.cfg.model.num_params() / 1e6:.1f}M params, mesh "
+                 f"{dict(self.mesh.shape)}, batch {t.global_batch_size}x{t.seq_len}, "
+                 f"{self.n_micro} micro-batch(es), steps {start + 1}..{t.max_steps}, "
+                 f"run dir {self.run_dir}")
+        if not self.cfg.logging.progress or start >= t.max_steps:
+            return None
+        return tqdm(total=t.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+                    file=sys.stderr)
+
+    def _loop(self, run: Run, callbacks: list[Callback], bar: tqdm | None, losses: list[float]) -> None:
+        t = self.cfg.train
+        for cb in callbacks:
+            cb.on_train_start(run)
+        it = (self.data.iterate(run.step, jax.process_index(), jax.process_count())
+              if run.step < t.max_steps else iter(()))
+        for step in range(run.step + 1, t.max_steps + 1):
+            b, host = next(it)
+            if b != step - 1:
+                raise OlmaxError(f"data loader served batch {b} for step {step}")
+            batch, digest = self._global_batch(host)
+            lr = self.schedule(step)
+            state, m = self.step_fn(run.state, batch, np.float32(lr))
+            run.state, run.step = state, step
+            m = jax.device_get(m)
+            metrics: dict[str, Any] = {
+                "loss": float(m["loss"]), "z_loss": float(m["z_loss"]), "lr": lr,
+                "grad_norm": float(m["grad_norm"]), "skipped": bool(m["skipped"] > 0),
+                "tokens": step * t.global_batch_size * t.seq_len,
+                "batch_hash": digest, "epoch": int(self.data.epoch_of(b)),
+            }
+            losses.append(metrics["loss"])
+            what = non_finite(metrics)
+            if what:
+                self.log(step, metrics)
+                raise NonFiniteLossError.at(step, what, run.checkpointer)
+            for cb in callbacks:
+                metrics.update(cb.on_step_end(run, step, metrics) or {})
+            self.log(step, metrics)
+            for cb in callbacks:
+                cb.after_log(run, step, metrics)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{lr:.2e}")
+            if run.stop_requested:
+                break
+        for cb in callbacks:
+            cb.on_train_end(run)
+
+    def _close(self, callbacks: list[Callback], ckpt: Checkpointer | None, bar: tqdm | None,
+               quietly: bool) -> None:
+        """Close callbacks, the checkpointer (committing pending saves), bar and logger; a failure
+        to close is raised only when nothing else is being raised."""
+        errors: list[BaseException] = []
+        for close in [cb.close for cb in callbacks] + ([ckpt.close] if ckpt is not None else []):
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001 - every resource is released before raising
+                errors.append(e)
+        if bar is not None:
+            bar.close()
+        if self.logger is not None:
+            self.logger.close()
+        if errors and not quietly:
+            raise errors[0]

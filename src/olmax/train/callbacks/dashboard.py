@@ -5,19 +5,21 @@ failure is reported and never fails the run."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+
+from olmax.analysis.curves import write_dashboard
+from olmax.train.callbacks.base import Callback, Run
 
 log = logging.getLogger(__name__)
 
 
-class DashboardCallback:
-    def on_train_end(self, trainer: Any) -> None:
-        if not getattr(trainer, "is_main", True):
+class DashboardCallback(Callback):
+    order = 90
+
+    def on_train_end(self, run: Run) -> None:
+        if not run.is_main:
             return
         try:
-            from olmax.analysis.curves import write_dashboard
-
-            path = write_dashboard(trainer.run_dir)
+            path = write_dashboard(run.run_dir)
         except Exception as e:  # noqa: BLE001 - a plot must not fail a finished run
             log.warning("could not write the run dashboard: %s", e)
             return

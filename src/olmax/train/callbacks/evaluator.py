@@ -21,17 +21,26 @@ sharded); evaluation data is prepared identically everywhere.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from olmax.config import EvalConfig, RunConfig
+from olmax.data.loader import resolve_paths
+from olmax.data.tokenizer import get_tokenizer
+from olmax.eval.contamination.overlap import check_heldout_disjoint
+from olmax.eval.perplexity import parse_heldout
+from olmax.eval.runner import EvalSuite, log_metrics
+from olmax.eval.scoring import Scorer
+from olmax.train.callbacks.base import Callback, Run
 
 log = logging.getLogger(__name__)
 
 
-class EvaluatorCallback:
-    """The trainer's evaluation hooks (``on_train_start``, ``on_step_end``, ``on_train_end``)."""
+class EvaluatorCallback(Callback):
+    """Held-out perplexity and downstream tasks at ``eval.interval`` steps (and at start/end)."""
+
+    order = 30
 
     def __init__(self, cfg: EvalConfig) -> None:
         self.cfg = cfg
@@ -56,19 +65,14 @@ class EvaluatorCallback:
 
     # -- setup ---------------------------------------------------------------------------------
 
-    def on_train_start(self, trainer: Any) -> None:
-        from olmax.data.tokenizer import get_tokenizer
-        from olmax.eval.perplexity import parse_heldout
-        from olmax.eval.runner import EvalSuite
-        from olmax.eval.scoring import Scorer
-
-        run: RunConfig = trainer.cfg
+    def on_train_start(self, run_view: Run) -> None:
+        run = run_view.cfg
         seq_len = self.cfg.seq_len or run.train.seq_len
         tok = get_tokenizer(run.data.tokenizer)
         heldout_sets = parse_heldout(self.cfg.heldout, cache_dir=run.data.cache_dir)
         flagged = self._guard(run, heldout_sets, tok.eos_token_id) if heldout_sets else {}
         self.suite = EvalSuite.prepare(tasks=self.cfg.tasks, heldout=self.cfg.heldout, tokenizer=tok,
-                                       model_ctx_len=seq_len, vocab_size=trainer.model_cfg.vocab_size,
+                                       model_ctx_len=seq_len, vocab_size=run.model.vocab_size,
                                        limit=self.cfg.limit, heldout_max_docs=self.cfg.heldout_max_docs)
         for label, drop in flagged.items():
             tokens, mask = self.suite.heldout[label]
@@ -76,18 +80,15 @@ class EvaluatorCallback:
             self.suite.heldout[label] = (tokens[keep], mask[keep])
             log.warning("held-out set '%s': evaluating without %d overlapping documents",
                         label, len(tokens) - len(keep))
-        self.scorer = Scorer(trainer.model_cfg, compute_dtype=run.train.compute_dtype,
+        self.scorer = Scorer(run.model, compute_dtype=run.train.compute_dtype,
                              attn_impl=run.train.attn_impl)
         if self.cfg.on_start:
-            trainer.log(trainer.step, self.evaluate(trainer))
+            run_view.log(run_view.step, self.evaluate(run_view))
 
     def _guard(self, run: RunConfig, heldout_sets: dict[str, list[str]], eos: int) -> dict[str, list[int]]:
         """Run the contamination check; returns {label: document indices to drop}."""
         if not self.cfg.overlap_check:
             return {}
-        from olmax.data.loader import resolve_paths
-        from olmax.eval.contamination.overlap import check_heldout_disjoint
-
         train_paths, _ = resolve_paths(run.data)
         lenient = self.cfg.allow_overlap or self.cfg.drop_overlapping
         report = check_heldout_disjoint(
@@ -106,20 +107,18 @@ class EvaluatorCallback:
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def evaluate(self, trainer: Any) -> dict[str, float]:
-        from olmax.eval.runner import log_metrics
-
-        show = bool(getattr(trainer.cfg.logging, "progress", False)) and getattr(trainer, "is_main", True)
-        results = self.suite.run(self.scorer, trainer.params, batch_size=self.cfg.batch_size,
-                                 progress=show, desc=f"eval@{trainer.step}")
-        self.last_eval_step = trainer.step
+    def evaluate(self, run: Run) -> dict[str, float]:
+        show = run.cfg.logging.progress and run.is_main
+        results = self.suite.run(self.scorer, run.params, batch_size=self.cfg.batch_size,
+                                 progress=show, desc=f"eval@{run.step}")
+        self.last_eval_step = run.step
         return {**log_metrics(results), "eval/seconds": results["seconds"]}
 
-    def on_step_end(self, trainer: Any, step: int, metrics: dict) -> dict | None:
+    def on_step_end(self, run: Run, step: int, metrics: Mapping[str, Any]) -> dict | None:
         if self.cfg.interval and step % self.cfg.interval == 0 and self.suite:
-            return self.evaluate(trainer)
+            return self.evaluate(run)
         return None
 
-    def on_train_end(self, trainer: Any) -> None:
-        if self.cfg.on_end and self.suite and self.last_eval_step != trainer.step:
-            trainer.log(trainer.step, self.evaluate(trainer))
+    def on_train_end(self, run: Run) -> None:
+        if self.cfg.on_end and self.suite and self.last_eval_step != run.step:
+            run.log(run.step, self.evaluate(run))

@@ -1,7 +1,7 @@
 """Throughput: tokens/s and MFU per step (OLMo-core ``SpeedMonitorCallback`` counterpart).
 
 ``tokens_per_sec`` is the global batch's tokens (B x T) over the wall time since the previous step
-ended (step 1 includes compilation); ``mfu`` uses :mod:`olmax.model.flops` (OLMo-core's
+ended (step 1 includes compilation); ``mfu`` is :func:`olmax.model.flops.mfu` (OLMo-core's
 window-aware FLOPs convention) against the devices' bf16 peak, and is null where the peak is
 unknown (CPU).
 """
@@ -9,41 +9,39 @@ unknown (CPU).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
+
+import jax
+
+from olmax.model.flops import mfu, peak_flops
+from olmax.train.callbacks.base import Callback, Run
 
 
-class SpeedMonitor:
+class SpeedMonitor(Callback):
+    order = 10
+
     def __init__(self) -> None:
         self._last: float | None = None
-        self.flops_per_token: float | None = None
         self.peak: float | None = None
         self.history: list[tuple[int, int, float]] = []   # (step, tokens, seconds)
 
-    def on_train_start(self, trainer: Any) -> None:
-        import jax
-
-        try:
-            from olmax.model.flops import flops_per_token, peak_flops
-        except ImportError:  # the FLOPs module is optional for training
-            flops_per_token = peak_flops = None  # type: ignore[assignment]
-        if flops_per_token is not None:
-            self.flops_per_token = flops_per_token(trainer.model_cfg, trainer.cfg.train.seq_len)
-            self.peak = peak_flops(jax.devices()[0])
+    def on_train_start(self, run: Run) -> None:
+        self.peak = peak_flops(jax.devices()[0])
         self._last = time.perf_counter()
 
-    def on_step_end(self, trainer: Any, step: int, metrics: dict) -> dict:
-        import jax
-
+    def on_step_end(self, run: Run, step: int, metrics: Mapping[str, Any]) -> dict:
         now = time.perf_counter()
         dt = now - (self._last if self._last is not None else now)
         self._last = now
-        tokens = trainer.cfg.train.global_batch_size * trainer.cfg.train.seq_len
+        t = run.cfg.train
+        tokens = t.global_batch_size * t.seq_len
         tps = tokens / dt if dt > 0 else float("nan")
         self.history.append((step, tokens, dt))
-        mfu = None
-        if self.flops_per_token and self.peak:
-            mfu = tps * self.flops_per_token / (self.peak * jax.device_count())
-        return {"tokens_per_sec": tps, "mfu": mfu}
+        return {"tokens_per_sec": tps,
+                "mfu": mfu(tps, run.cfg.model, t.seq_len, self.peak, devices=jax.device_count())}
+
+    def summary(self) -> dict[str, Any]:
+        return {"tokens_per_sec": self.steady_tokens_per_sec()}
 
     def steady_tokens_per_sec(self, skip: int = 2) -> float | None:
         """Tokens/s over the steps after the first ``skip`` (compilation, warm-up)."""
