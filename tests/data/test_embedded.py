@@ -43,7 +43,7 @@ def test_heldout_split_is_not_a_copy_of_training():
     heldout = embedded_documents("heldout")
     assert not set(heldout) & set(train)
     # Independent check with token 13-grams (the contamination guard's unit, not the split's words).
-    from olmax.eval.contamination.overlap import DEFAULT_THRESHOLD, ngram_hashes
+    from olmax.eval.contamination import DEFAULT_THRESHOLD, ngram_hashes
 
     tok = get_tokenizer("dolma2")
     seen = set()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from olmax.config import OlmaxError
-from olmax.eval.contamination.overlap import check_heldout_disjoint, ngram_hashes, overlap
+from olmax.eval.contamination import check_heldout_disjoint, ngram_hashes, overlap
 
 EOS = 100257
 
@@ -50,7 +50,7 @@ def leak(tmp_path):
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
 def test_injected_leak_is_found(leak, chunk):
     train_file, held_file, clean_file, heldout = leak
-    from olmax.eval.contamination.overlap import documents_from_token_files as docs_of
+    from olmax.eval.contamination import documents_from_token_files as docs_of
 
     rep = overlap([train_file], {"held": docs_of([held_file], eos_token_id=EOS),
                                  "clean": docs_of([clean_file], eos_token_id=EOS)},

@@ -83,7 +83,7 @@ def test_parse_heldout_labels(tmp_path):
 
 def test_heldout_file_without_documents(tmp_path):
     from olmax.config import OlmaxError
-    from olmax.eval.perplexity import load_heldout_sets
+    from olmax.data.heldout import load_heldout_sets
 
     f = tmp_path / "noeos.bin"
     np.array([1, 2, 3], "<u4").tofile(f)

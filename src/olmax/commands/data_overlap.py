@@ -59,32 +59,12 @@ def train_files(entries: list[str], root: str | None) -> list[str]:
     return paths
 
 
-def downstream_documents(names: list[str], tokenizer, limit: int | None):
-    """{task: [token arrays]}: each document's context followed by its gold continuation."""
-    import numpy as np
-
-    from olmax.eval.downstream import prepare_task
-
-    out = {}
-    for name in names:
-        task = prepare_task(name, tokenizer, 1 << 30, limit=limit)
-        docs = {}
-        for inst in task.instances:
-            if inst.choices is not None:
-                gold = inst.choices[inst.label_id] if isinstance(inst.label_id, int) else inst.choices[0]
-                docs.setdefault(inst.doc_id, inst.query + [gold])
-            elif inst.cont_id == inst.label_id or task.metric_type in ("bpb", "ce_loss"):
-                docs.setdefault(inst.doc_id, inst.query + inst.continuation[-1:])
-        out[name] = [np.asarray(d, np.int64) for d in docs.values()]
-    return out
-
-
 def run_overlap(args: argparse.Namespace) -> int:
     import numpy as np
 
     from olmax.config import OlmaxError
     from olmax.data.tokenizer import get_tokenizer
-    from olmax.eval.contamination.overlap import documents_from_token_files, overlap
+    from olmax.eval.contamination import documents_from_token_files, downstream_documents, overlap
     from olmax.eval.perplexity import parse_heldout
     from olmax.eval.tasks import expand_tasks, get_task
 

@@ -9,8 +9,11 @@ the document's tokens and False on padding. Files are taken in order, documents 
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
+from olmax.config import ConfigError, OlmaxError
 from olmax.data.token_files import check_ids, open_tokens
 
 SCAN_TOKENS = 1 << 24
@@ -54,3 +57,29 @@ def padded_instances(paths: list[str] | tuple[str, ...], seq_len: int, *, eos_to
         out[i, : doc.size] = doc
         mask[i, : doc.size] = True
     return out, mask
+
+
+def require_documents(files: Sequence[str], *, eos_token_id: int, dtype=np.uint32) -> None:
+    """Every held-out token file must hold at least one EOS-terminated document."""
+    dt = np.dtype(dtype).newbyteorder("<")
+    for f in files:
+        if len(document_spans(f, eos_token_id=eos_token_id, dtype=dt)) == 0:
+            raise OlmaxError(f"held-out token file {f} holds no EOS-terminated document "
+                             f"(EOS id {eos_token_id}, {dt.name} tokens)")
+
+
+def load_heldout_sets(sets: dict[str, list[str]], seq_len: int, *, eos_token_id: int, pad_token_id: int,
+                      vocab_size: int | None = None, max_docs: int | None = None,
+                      dtype=np.uint32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{label: (tokens, label_mask)} in the padded form; an empty set is an error."""
+    out = {}
+    for label, files in sets.items():
+        require_documents(files, eos_token_id=eos_token_id, dtype=dtype)
+        tokens, mask = padded_instances(files, seq_len, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                                        max_docs=max_docs, dtype=dtype, vocab_size=vocab_size)
+        if len(tokens) == 0:
+            raise OlmaxError(f"held-out set '{label}' has no EOS-terminated document ({', '.join(files)})")
+        out[label] = (tokens, mask)
+    if not out:
+        raise ConfigError("no held-out sets given")
+    return out

@@ -7,17 +7,25 @@ follow OLMo-core's evaluator callbacks so curves can be compared with AI2's runs
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from olmax.config import ModelConfig, OlmaxError
+from olmax.data.heldout import load_heldout_sets
+from olmax.data.tokenizer import get_tokenizer
+from olmax.eval.contamination import OverlapGuard
 from olmax.eval.downstream import DownstreamTask, prepare_task
-from olmax.eval.perplexity import load_heldout_sets, parse_heldout, perplexity
+from olmax.eval.perplexity import parse_heldout, perplexity
 from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
+
+log = logging.getLogger(__name__)
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
@@ -60,26 +68,39 @@ class EvalSuite:
 
     heldout: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     tasks: list[DownstreamTask] = field(default_factory=list)
+    overlap_report: Any = None    # the contamination check's report, when one ran
 
     @classmethod
     def prepare(cls, *, tasks: Sequence[str] = (), heldout: Sequence[str] = (), tokenizer: Any = None,
                 model_ctx_len: int, heldout_seq_len: int | None = None, vocab_size: int | None = None,
                 limit: int | None = None, heldout_max_docs: int | None = None,
-                cache: str | None = None) -> "EvalSuite":
+                cache: str | None = None, data_cache_dir: str | None = None,
+                exclude_overlap_with: OverlapGuard | None = None) -> "EvalSuite":
+        """Tokenized tasks and padded held-out sets. ``cache``: the OLMES data cache;
+        ``data_cache_dir``: where the embedded corpus is cached; ``exclude_overlap_with``: check
+        the held-out sets against training files first (see :class:`OverlapGuard`)."""
         names = expand_tasks(list(tasks))
         for name in names:  # fail on a bad name before any slow work
             get_task(name, cache)
         if (names or heldout) and tokenizer is None:
-            from olmax.data.tokenizer import get_tokenizer
-
             tokenizer = get_tokenizer("dolma2")
+        files = parse_heldout(heldout, cache_dir=data_cache_dir) if heldout else {}
+        report, flagged = None, {}
+        if files and exclude_overlap_with is not None:
+            report, flagged = exclude_overlap_with.check(files, tokenizer.eos_token_id)
         sets = {}
-        if heldout:
-            sets = load_heldout_sets(parse_heldout(heldout), heldout_seq_len or model_ctx_len,
+        if files:
+            sets = load_heldout_sets(files, heldout_seq_len or model_ctx_len,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                      vocab_size=vocab_size, max_docs=heldout_max_docs)
+        for label, drop in flagged.items():
+            tokens, mask = sets[label]
+            keep = np.setdiff1d(np.arange(len(tokens)), np.asarray(drop, dtype=np.int64))
+            sets[label] = (tokens[keep], mask[keep])
+            log.warning("held-out set '%s': evaluating without %d overlapping documents",
+                        label, len(tokens) - len(keep))
         prepared = [prepare_task(n, tokenizer, model_ctx_len, limit=limit, cache=cache) for n in names]
-        return cls(sets, prepared)
+        return cls(sets, prepared, report)
 
     def __bool__(self) -> bool:
         return bool(self.heldout or self.tasks)

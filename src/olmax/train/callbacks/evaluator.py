@@ -8,7 +8,7 @@ Log keys are OLMo-core's: ``eval/lm/<label>/CE loss``, ``eval/lm/<label>/PPL``,
 ``eval/downstream/<task> (<metric>)``, plus ``eval/seconds``.
 
 Contamination guard (before the first step): every held-out set is checked against the run's
-training files (exact documents and 13-grams, :mod:`olmax.eval.contamination.overlap`). An
+training files (exact documents and 13-grams, :class:`olmax.eval.contamination.OverlapGuard`). An
 overlapping set stops the run with one line naming it, unless ``eval.allow_overlap=true`` (warn and
 evaluate as is) or ``eval.drop_overlapping=true`` (evaluate without the flagged documents).
 ``eval.overlap_max_train_tokens`` bounds the scan for very large mixes (the log says when the scan
@@ -20,7 +20,6 @@ sharded); evaluation data is prepared identically everywhere.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 import numpy as np
@@ -28,13 +27,10 @@ import numpy as np
 from olmax.config import EvalConfig, RunConfig
 from olmax.data.loader import resolve_paths
 from olmax.data.tokenizer import get_tokenizer
-from olmax.eval.contamination.overlap import check_heldout_disjoint
-from olmax.eval.perplexity import parse_heldout
+from olmax.eval.contamination import OverlapGuard
 from olmax.eval.runner import EvalSuite, log_metrics
 from olmax.eval.scoring import Scorer
 from olmax.train.callbacks.base import Callback, Run
-
-log = logging.getLogger(__name__)
 
 
 class EvaluatorCallback(Callback):
@@ -65,45 +61,25 @@ class EvaluatorCallback(Callback):
 
     # -- setup ---------------------------------------------------------------------------------
 
-    def on_train_start(self, run_view: Run) -> None:
-        run = run_view.cfg
-        seq_len = self.cfg.seq_len or run.train.seq_len
-        tok = get_tokenizer(run.data.tokenizer)
-        heldout_sets = parse_heldout(self.cfg.heldout, cache_dir=run.data.cache_dir)
-        flagged = self._guard(run, heldout_sets, tok.eos_token_id) if heldout_sets else {}
-        self.suite = EvalSuite.prepare(tasks=self.cfg.tasks, heldout=self.cfg.heldout, tokenizer=tok,
-                                       model_ctx_len=seq_len, vocab_size=run.model.vocab_size,
-                                       limit=self.cfg.limit, heldout_max_docs=self.cfg.heldout_max_docs)
-        for label, drop in flagged.items():
-            tokens, mask = self.suite.heldout[label]
-            keep = np.setdiff1d(np.arange(len(tokens)), np.asarray(drop, dtype=np.int64))
-            self.suite.heldout[label] = (tokens[keep], mask[keep])
-            log.warning("held-out set '%s': evaluating without %d overlapping documents",
-                        label, len(tokens) - len(keep))
-        self.scorer = Scorer(run.model, compute_dtype=run.train.compute_dtype,
-                             attn_impl=run.train.attn_impl)
+    def on_train_start(self, run: Run) -> None:
+        cfg = run.cfg
+        guard = None
+        if self.cfg.overlap_check:
+            train_paths, _ = resolve_paths(cfg.data)
+            mode = "drop" if self.cfg.drop_overlapping else "warn" if self.cfg.allow_overlap else "refuse"
+            guard = OverlapGuard(tuple(train_paths), mode, np.dtype(cfg.data.dtype),
+                                 self.cfg.overlap_max_train_tokens,
+                                 override_hint="eval.drop_overlapping=true (or eval.allow_overlap=true)")
+        self.suite = EvalSuite.prepare(
+            tasks=self.cfg.tasks, heldout=self.cfg.heldout, tokenizer=get_tokenizer(cfg.data.tokenizer),
+            model_ctx_len=self.cfg.seq_len or cfg.train.seq_len, vocab_size=cfg.model.vocab_size,
+            limit=self.cfg.limit, heldout_max_docs=self.cfg.heldout_max_docs,
+            data_cache_dir=cfg.data.cache_dir, exclude_overlap_with=guard)
+        self.overlap_report = self.suite.overlap_report
+        self.scorer = Scorer(cfg.model, compute_dtype=cfg.train.compute_dtype,
+                             attn_impl=cfg.train.attn_impl)
         if self.cfg.on_start:
-            run_view.log(run_view.step, self.evaluate(run_view))
-
-    def _guard(self, run: RunConfig, heldout_sets: dict[str, list[str]], eos: int) -> dict[str, list[int]]:
-        """Run the contamination check; returns {label: document indices to drop}."""
-        if not self.cfg.overlap_check:
-            return {}
-        train_paths, _ = resolve_paths(run.data)
-        lenient = self.cfg.allow_overlap or self.cfg.drop_overlapping
-        report = check_heldout_disjoint(
-            train_paths, heldout_sets, eos_token_id=eos, allow=lenient, dtype=np.dtype(run.data.dtype),
-            max_train_tokens=self.cfg.overlap_max_train_tokens,
-            override_hint="eval.drop_overlapping=true (or eval.allow_overlap=true)")
-        self.overlap_report = report
-        if report.partial:
-            log.warning("contamination check scanned %d of the training tokens (eval.overlap_max_train_tokens)",
-                        report.train_tokens_scanned)
-        for s in report.contaminated:
-            log.warning("held-out set overlaps training data: %s", s.describe())
-        if not self.cfg.drop_overlapping:
-            return {}
-        return {s.name: s.flagged for s in report.contaminated}
+            run.log(run.step, self.evaluate(run))
 
     # -- evaluation ----------------------------------------------------------------------------
 

@@ -1,5 +1,10 @@
 """Contamination guard: does evaluation data occur in the training token files?
 
+Used by ``olmax data overlap`` (a report on held-out sets and OLMES tasks) and, through
+:class:`OverlapGuard`, by every evaluation suite that names the training files it must not overlap
+(the trainer's in-loop evaluation): an overlapping held-out set is refused, or with
+``warn``/``drop`` evaluated as is or without its flagged documents.
+
 Two measures, between every evaluation document and the training stream:
 
 - **exact documents**: the training files are cut into documents at EOS (as the data pipeline and
@@ -22,13 +27,18 @@ report then says the scan was partial.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from olmax.config import OlmaxError
+from olmax.data.heldout import document_spans, require_documents
 from olmax.data.token_files import open_tokens
+from olmax.eval.downstream import prepare_task
+
+log = logging.getLogger(__name__)
 
 NGRAM = 13
 DEFAULT_THRESHOLD = 0.5
@@ -216,9 +226,6 @@ def overlap(train_paths: Sequence[str], eval_sets: Mapping[str, Sequence[np.ndar
 
 def documents_from_token_files(paths: Sequence[str], *, eos_token_id: int, dtype=np.uint32) -> list[np.ndarray]:
     """EOS-terminated documents of token files, EOS removed (held-out sets)."""
-    from olmax.data.heldout import document_spans
-    from olmax.eval.perplexity import require_documents
-
     require_documents(paths, eos_token_id=eos_token_id, dtype=dtype)
     dt = np.dtype(dtype).newbyteorder("<")
     docs = []
@@ -255,3 +262,48 @@ def check_heldout_disjoint(train_paths: Sequence[str], heldout: Mapping[str, Seq
             + (f" (also: {', '.join(s.name for s in bad[1:])})" if len(bad) > 1 else "")
             + f"; use a disjoint held-out set or set {override_hint}")
     return report
+
+
+def downstream_documents(names: Sequence[str], tokenizer: Any, limit: int | None
+                         ) -> dict[str, list[np.ndarray]]:
+    """{task: [token arrays]}: each document's context followed by its gold continuation."""
+    out = {}
+    for name in names:
+        task = prepare_task(name, tokenizer, 1 << 30, limit=limit)
+        docs = {}
+        for inst in task.instances:
+            if inst.choices is not None:
+                gold = inst.choices[inst.label_id] if isinstance(inst.label_id, int) else inst.choices[0]
+                docs.setdefault(inst.doc_id, inst.query + [gold])
+            elif inst.cont_id == inst.label_id or task.metric_type in ("bpb", "ce_loss"):
+                docs.setdefault(inst.doc_id, inst.query + inst.continuation[-1:])
+        out[name] = [np.asarray(d, np.int64) for d in docs.values()]
+    return out
+
+
+@dataclass(frozen=True)
+class OverlapGuard:
+    """What an evaluation suite does about held-out sets that overlap ``train_paths``: ``refuse``
+    (an OlmaxError naming the set and ``override_hint``), ``warn`` (evaluate as is) or ``drop``
+    (evaluate without the flagged documents). ``max_train_tokens`` bounds the scan."""
+
+    train_paths: tuple[str, ...]
+    mode: Literal["refuse", "warn", "drop"] = "refuse"
+    dtype: Any = np.uint32
+    max_train_tokens: int | None = None
+    override_hint: str = "eval.allow_overlap=true"
+
+    def check(self, heldout: Mapping[str, Sequence[str]], eos_token_id: int
+              ) -> tuple[OverlapReport, dict[str, list[int]]]:
+        """The report, and {label: document indices to drop} (empty unless ``drop``)."""
+        report = check_heldout_disjoint(
+            list(self.train_paths), heldout, eos_token_id=eos_token_id, allow=self.mode != "refuse",
+            dtype=np.dtype(self.dtype), max_train_tokens=self.max_train_tokens,
+            override_hint=self.override_hint)
+        if report.partial:
+            log.warning("contamination check scanned %d of the training tokens "
+                        "(eval.overlap_max_train_tokens)", report.train_tokens_scanned)
+        for s in report.contaminated:
+            log.warning("held-out set overlaps training data: %s", s.describe())
+        flagged = {s.name: s.flagged for s in report.contaminated} if self.mode == "drop" else {}
+        return report, flagged
