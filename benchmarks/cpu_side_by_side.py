@@ -83,7 +83,8 @@ class OlmaxStep:
         import jax
 
         from olmax.analysis.bench import TrainStepRunner
-        from olmax.config import RunConfig, TrainConfig, resolve_model
+        from olmax.config import RunConfig, TrainConfig
+        from olmax.model.presets import resolve_model
 
         model = resolve_model({"preset": "olmo3-190m", "n_layers": N_LAYERS,
                                "window_pattern": [a.window, a.window, a.window, None]})
@@ -113,7 +114,7 @@ class OlmaxPlainStep:
         import numpy as np
         import optax
 
-        from olmax.config import resolve_model
+        from olmax.model.presets import resolve_model
         from olmax.model import forward, init_params
 
         model = resolve_model({"preset": "olmo3-190m", "n_layers": N_LAYERS,

@@ -54,7 +54,8 @@ def main() -> int:
     import jax
 
     from olmax.analysis.bench import bench_train, matmul_ceiling
-    from olmax.config import RunConfig, TrainConfig, resolve_model
+    from olmax.config import RunConfig, TrainConfig
+    from olmax.model.presets import resolve_model
 
     gpu = jax.default_backend() == "gpu"
     tiny = a.tiny or not gpu

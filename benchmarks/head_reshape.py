@@ -35,8 +35,9 @@ def main() -> int:
     a = p.parse_args()
 
     from olmax.analysis.bench import TrainStepRunner
-    from olmax.config import RunConfig, TrainConfig, resolve_model
+    from olmax.config import RunConfig, TrainConfig
     from olmax.model.flops import flops_per_token
+    from olmax.model.presets import resolve_model
 
     variants = {}
     for preset in ("olmo3-7b", "olmo3-7b-16x256"):

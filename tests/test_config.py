@@ -1,7 +1,9 @@
+import typing
+
 import pytest
 
-from olmax.config import (ConfigError, ModelConfig, apply_overrides, from_dict,
-                          run_config_from_dict, to_dict)
+from olmax.config import ConfigError, ModelConfig, apply_overrides, from_dict, to_dict
+from olmax.train.recipes import run_config_from_dict
 
 
 def test_unknown_key_is_named():
@@ -41,3 +43,30 @@ def test_model_validation():
     with pytest.raises(ConfigError, match="multiple of len"):
         from_dict(ModelConfig, dict(d_model=64, n_layers=3, n_heads=4, n_kv_heads=4, head_dim=16,
                                     mlp_hidden=64))
+
+
+@pytest.mark.parametrize("section,message", [
+    ({"train": {"compute_dtype": "fp8"}}, r"train\.compute_dtype: expected one of float32, bfloat16"),
+    ({"train": {"attn_impl": "flash"}}, r"train\.attn_impl: expected one of"),
+    ({"scheduler": {"name": "cosine"}}, r"scheduler\.name: expected one of"),
+    ({"optim": {"name": "sgd"}}, r"optim\.name: expected one of"),
+    ({"train": {"max_steps": 0}}, r"train\.max_steps must be positive"),
+    ({"checkpoint": {"interval": 0}}, r"checkpoint\.interval must be positive"),
+    ({"mesh": {"data": -1, "fsdp": -1}}, r"at most one of data/fsdp/tensor"),
+    ({"data": {"paths": ["a.npy"], "embedded": True}}, r"exactly one of .*\(got data\.paths, data\.embedded\)"),
+    ({"data": {"mixture": {"sources": [{"name": "a", "target_ratio": 0.5, "paths": ["a"]}],
+                           "requested_tokens": 10}}}, r"target ratios must sum to 1\.0"),
+])
+def test_bad_values_fail_at_load_time(section, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        run_config_from_dict({"model": {"preset": "olmo3-tiny"}, **section})
+    assert "\n" not in str(e.value)
+
+
+def test_runtime_choices_are_the_models():
+    from olmax.config import AttnImpl, Remat
+    from olmax.model.attention import IMPLEMENTATIONS
+    from olmax.model.olmo3 import REMAT_POLICIES
+
+    assert set(typing.get_args(AttnImpl)) == set(IMPLEMENTATIONS)
+    assert set(typing.get_args(Remat)) == set(REMAT_POLICIES)

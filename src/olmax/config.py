@@ -2,21 +2,28 @@
 
 Every configuration object in olmax is a frozen dataclass. ``from_dict`` turns plain data (parsed
 YAML, JSON) into those dataclasses and rejects unknown keys and wrong types with a
-:class:`ConfigError` whose message is one line naming the offending key.
+:class:`ConfigError` whose message is one line naming the offending key. Every section checks its
+own values when it is built (``__post_init__``; choices are ``Literal`` types), so a bad recipe or
+override fails at load time, before any JAX work. What depends on several sections or on the
+machine (a sequence longer than the model's, a mesh that does not divide the devices) is checked
+where those meet: the trainer, the mesh.
 
+Recipes (a model *preset* name plus overrides) are resolved by :mod:`olmax.train.recipes`.
 This module sits at the bottom of the import graph: it imports nothing else from olmax.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
@@ -27,6 +34,33 @@ class ConfigError(ValueError):
 
 class OlmaxError(RuntimeError):
     """A user-facing failure (bad input file, mismatched checkpoint, ...): one line, no traceback."""
+
+
+@functools.lru_cache(maxsize=None)
+def _choices_of(cls: type) -> tuple[tuple[str, tuple], ...]:
+    """(field, allowed values) of every field of ``cls`` annotated with a ``Literal``."""
+    out = []
+    for name, tp in typing.get_type_hints(cls).items():
+        if typing.get_origin(tp) is Literal:
+            out.append((name, typing.get_args(tp)))
+    return tuple(out)
+
+
+def check_choices(obj: Any, section: str) -> None:
+    """Every ``Literal`` field of the dataclass ``obj`` holds one of its values (ConfigError)."""
+    for name, allowed in _choices_of(type(obj)):
+        value = getattr(obj, name)
+        if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
+            raise ConfigError(f"{section}.{name} must be one of {', '.join(map(str, allowed))} "
+                              f"(got {value!r})")
+
+
+def _positive(obj: Any, section: str, *names: str, optional: bool = False) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if (v is not None or not optional) and not v > 0:
+            raise ConfigError(f"{section}.{name} must be positive{' or null' if optional else ''} "
+                              f"(got {v})")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -47,8 +81,10 @@ class YarnConfig:
     full_attention_only: bool = True
 
 
-QK_NORM_SCOPES = ("full", "head", "none")
-BLOCK_TYPES = ("reordered_norm", "prenorm")
+QkNorm = Literal["full", "head", "none"]
+BlockType = Literal["reordered_norm", "prenorm"]
+QK_NORM_SCOPES = typing.get_args(QkNorm)
+BLOCK_TYPES = typing.get_args(BlockType)
 
 
 @dataclass(frozen=True)
@@ -70,8 +106,8 @@ class ModelConfig:
     rope_theta: float = 500_000.0
     rope_scaling: YarnConfig | None = None
     norm_eps: float = 1e-6
-    qk_norm: str = "full"
-    block_type: str = "reordered_norm"
+    qk_norm: QkNorm = "full"
+    block_type: BlockType = "reordered_norm"
     window_pattern: tuple[int | None, ...] = (4096, 4096, 4096, None)
     tie_embeddings: bool = False
     init_std: float = 0.02
@@ -89,10 +125,7 @@ class ModelConfig:
             bad(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.padded_vocab_size < self.vocab_size:
             bad(f"padded_vocab_size ({self.padded_vocab_size}) < vocab_size ({self.vocab_size})")
-        if self.qk_norm not in QK_NORM_SCOPES:
-            bad(f"qk_norm must be one of {QK_NORM_SCOPES} (got {self.qk_norm!r})")
-        if self.block_type not in BLOCK_TYPES:
-            bad(f"block_type must be one of {BLOCK_TYPES} (got {self.block_type!r})")
+        check_choices(self, "model")
         if not self.window_pattern:
             bad("window_pattern must not be empty")
         if self.n_layers % len(self.window_pattern):
@@ -147,17 +180,21 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     args = typing.get_args(tp)
     if tp is Any:
         return value
+    if origin is Literal:
+        if value in args and not (isinstance(value, bool) and not isinstance(args[0], bool)):
+            return value
+        raise ConfigError(f"{path}: expected one of {', '.join(map(str, args))}, got {value!r}")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:   # X | None: X's own error says more than "expected X or None"
+            return _convert(value, options[0], path)
+        for a in options:
             try:
                 return _convert(value, a, path)
-            except ConfigError as e:
-                errors.append(str(e))
+            except ConfigError:
+                continue
         names = " or ".join(_type_name(a) for a in args)
         raise ConfigError(f"{path}: expected {names}, got {type(value).__name__} {value!r}")
     if dataclasses.is_dataclass(tp):
@@ -273,8 +310,6 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     """Apply ``key.sub=value`` overrides to a nested plain-data mapping (a deep copy is returned)."""
-    import copy
-
     data = copy.deepcopy(data)
     for text in overrides:
         keys, value = parse_override(text)
@@ -321,6 +356,17 @@ class MixtureSourceConfig:
     max_repetition_ratio: float = 1.0
     max_source_fraction: float = 1.0
 
+    def __post_init__(self) -> None:
+        where = f"data.mixture source {self.name!r}"
+        if not 0 < self.target_ratio <= 1:
+            raise ConfigError(f"{where}: target_ratio must be in (0, 1]")
+        if not 0 < self.max_source_fraction <= 1:
+            raise ConfigError(f"{where}: max_source_fraction must be in (0, 1]")
+        if self.max_repetition_ratio < 1:
+            raise ConfigError(f"{where}: max_repetition_ratio must be >= 1")
+        if not self.paths:
+            raise ConfigError(f"{where}: paths must not be empty")
+
 
 @dataclass(frozen=True)
 class SourceMixtureConfig:
@@ -331,16 +377,31 @@ class SourceMixtureConfig:
     requested_tokens: int = 0
     seed: int = 42
 
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ConfigError("data.mixture.sources must not be empty")
+        if self.requested_tokens <= 0:
+            raise ConfigError("data.mixture.requested_tokens must be > 0")
+        total = sum(s.target_ratio for s in self.sources)
+        if abs(total - 1.0) > 1e-8 + 1e-5:   # numpy.allclose(total, 1.0), as OLMo-core checks
+            raise ConfigError(f"data.mixture target ratios must sum to 1.0, got {total}")
+
+
+TokenDtype = Literal["uint8", "uint16", "uint32", "uint64"]
+DATA_SOURCES = ("paths", "mix", "embedded", "mixture")   # the exclusive ways to name training data
+
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Training data: a realised file list (OLMo-core mix file or explicit paths)."""
+    """Training data: one source (explicit ``paths``, an OLMo-core ``mix`` file, the ``embedded``
+    corpus or a run-time ``mixture``) and how to read it. More than one source is an error here;
+    none is an error when the data is resolved (:mod:`olmax.data.sources`)."""
 
     paths: tuple[str, ...] = ()          # raw uint32 token files, in mix order (paths or s3/gs/http(s) URLs)
     mix: str | None = None               # OLMo-core mix file (label,path lines with {TOKENIZER})
     root: str | None = None              # where the mix's relative paths live (a folder or a URL)
     tokenizer: str = "dolma2"
-    dtype: str = "uint32"
+    dtype: TokenDtype = "uint32"
     epoch: int = 1                       # OLMo-core's trainer starts at epoch 1
     repetition_filter: bool = False      # OLMo 3 7B ran without it
     num_workers: int = 0
@@ -357,6 +418,29 @@ class DataConfig:
     mixture: SourceMixtureConfig | None = None  # run-time source mixture instead of paths/mix
     max_target_seq_len: int | None = None  # OLMo-core max_target_sequence_length (OLMo 3 scripts: 8192)
 
+    def __post_init__(self) -> None:
+        check_choices(self, "data")
+        if len(self.sources_set()) > 1:
+            raise ConfigError("set exactly one of data.paths, data.mix, data.embedded, data.mixture "
+                              f"(got {', '.join(self.sources_set())})")
+        for item in self.remap:
+            if "=" not in item:
+                raise ConfigError(f"data.remap: expected OLD=NEW, got {item!r}")
+        _positive(self, "data", "max_target_seq_len", optional=True)
+        if self.num_workers < 0 or self.prefetch < 0:
+            raise ConfigError("data.num_workers and data.prefetch must be >= 0")
+
+    def sources_set(self) -> list[str]:
+        """The data sources this section names (``data.paths``, ...): exactly one for training."""
+        on = {"paths": bool(self.paths), "mix": bool(self.mix), "embedded": self.embedded,
+              "mixture": self.mixture is not None}
+        return [f"data.{name}" for name in DATA_SOURCES if on[name]]
+
+
+ComputeDtype = Literal["float32", "bfloat16"]
+AttnImpl = Literal["xla", "chunked", "dot_product", "cudnn"]   # olmax.model.attention.IMPLEMENTATIONS
+Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs"]   # olmax.model.olmo3.REMAT_POLICIES
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -364,16 +448,23 @@ class TrainConfig:
     global_batch_size: int = 512         # sequences
     micro_batch_size: int | None = None  # sequences per device per micro-step (None: no accumulation)
     max_steps: int = 100
-    compute_dtype: str = "float32"       # float32 | bfloat16 (params and Adam state stay fp32)
-    attn_impl: str = "xla"
-    remat: str = "none"
+    compute_dtype: ComputeDtype = "float32"   # params and Adam state stay fp32
+    attn_impl: AttnImpl = "xla"
+    remat: Remat = "none"
     z_loss_multiplier: float = 1e-5
     log_interval: int = 1
+
+    def __post_init__(self) -> None:
+        check_choices(self, "train")
+        _positive(self, "train", "max_steps", "global_batch_size")
+        _positive(self, "train", "micro_batch_size", optional=True)
+        if self.seq_len <= 1:
+            raise ConfigError(f"train.seq_len must be at least 2 (got {self.seq_len})")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = "skip_step_adamw"
+    name: Literal["skip_step_adamw", "adamw"] = "skip_step_adamw"
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
@@ -384,14 +475,24 @@ class OptimConfig:
     rolling_interval_length: int = 128
     sigma_factor: float = 6.0
 
+    def __post_init__(self) -> None:
+        check_choices(self, "optim")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    name: str = "cos_with_warmup"   # cos_with_warmup | half_cos_with_warmup | linear_with_warmup | constant
+    name: Literal["constant", "cos_with_warmup", "half_cos_with_warmup",
+                  "linear_with_warmup"] = "cos_with_warmup"
     warmup_steps: int = 2000
     alpha_f: float = 0.1
     t_max: int | None = None        # None: train.max_steps
     warmup_min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_choices(self, "scheduler")
+        if self.name != "constant" and self.warmup_steps < 0:
+            raise ConfigError(f"scheduler.warmup_steps must be >= 0 (got {self.warmup_steps})")
+        _positive(self, "scheduler", "t_max", optional=True)
 
 
 @dataclass(frozen=True)
@@ -400,6 +501,9 @@ class CheckpointConfig:
     keep: int = 3
     permanent_interval: int | None = None
     async_save: bool = True
+
+    def __post_init__(self) -> None:
+        _positive(self, "checkpoint", "interval", "keep")
 
 
 SEED_LIMIT = 2**63     # seeds are int64 for jax.random.key and non-negative for numpy's PCG64
@@ -437,6 +541,14 @@ class MeshConfig:
     fsdp: int = -1                  # -1: all remaining devices
     tensor: int = 1
 
+    def __post_init__(self) -> None:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        if sum(s == -1 for s in sizes.values()) > 1:
+            raise ConfigError("mesh: at most one of data/fsdp/tensor may be -1")
+        for name, s in sizes.items():
+            if s == 0 or s < -1:
+                raise ConfigError(f"mesh.{name} must be a positive size or -1 (got {s})")
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -457,12 +569,9 @@ class EvalConfig:
     overlap_max_train_tokens: int | None = 1_000_000_000   # scan budget (None: every token)
 
     def __post_init__(self) -> None:
-        for name in ("interval", "limit", "heldout_max_docs", "seq_len", "overlap_max_train_tokens"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ConfigError(f"eval.{name} must be positive or null (got {v})")
-        if self.batch_size <= 0:
-            raise ConfigError(f"eval.batch_size must be positive (got {self.batch_size})")
+        _positive(self, "eval", "interval", "limit", "heldout_max_docs", "seq_len",
+                  "overlap_max_train_tokens", optional=True)
+        _positive(self, "eval", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -492,40 +601,11 @@ class RunConfig:
         check_seed(self.seed, "seed")
 
 
-def run_config_from_dict(data: Mapping[str, Any]) -> RunConfig:
-    """A recipe (plain data, overrides applied) -> RunConfig; the model section may name a preset."""
-    data = dict(data)
-    model = resolve_model(data.pop("model", None))
-    return from_dict(RunConfig, {"model": model, **data})
-
-
-# ----------------------------------------------------------------------------------------------
-# Model section of a recipe: a preset name plus field overrides
-
-
-def resolve_model(section: Mapping[str, Any] | None, path: str = "model") -> ModelConfig:
-    """``{"preset": "olmo3-7b", "n_layers": 4, ...}`` -> ModelConfig (preset fields overridden)."""
-    from olmax.model.presets import get_preset  # presets are data built on ModelConfig
-
-    if section is not None and not isinstance(section, Mapping):
-        raise ConfigError(f"{path}: expected a mapping (a preset and fields), got "
-                          f"{type(section).__name__} {section!r}")
-    section = dict(section or {})
-    preset = section.pop("preset", None)
-    if preset is None:
-        return from_dict(ModelConfig, section, path)
-    if not isinstance(preset, str):
-        raise ConfigError(f"{path}.preset: expected str, got {preset!r}")
-    base = to_dict(get_preset(preset))
-    base.update(section)
-    return from_dict(ModelConfig, base, path)
-
-
 __all__ = [
     "ConfigError", "OlmaxError", "ModelConfig", "YarnConfig", "RunConfig", "DataConfig",
     "SourceMixtureConfig", "MixtureSourceConfig",
     "TrainConfig", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig",
-    "DistributedConfig", "MeshConfig", "EvalConfig", "LoggingConfig", "run_config_from_dict",
-    "from_dict", "to_dict",
-    "apply_overrides", "parse_override", "load_yaml", "resolve_model", "field", "dataclass",
+    "DistributedConfig", "MeshConfig", "EvalConfig", "LoggingConfig",
+    "from_dict", "to_dict", "check_choices", "apply_overrides", "parse_override", "load_yaml",
+    "field", "dataclass",
 ]

@@ -111,16 +111,17 @@ def test_upsampled_mixture_instances_and_order_match(make_files, tmp_path, monke
 
 def test_mixture_validation(make_files):
     paths = tuple(make_files([100], seed=0))
+    # ratios and counts are checked when the config is built, token counts when it is allocated
     bad = [
-        SourceMixtureConfig(requested_tokens=50, sources=(MixtureSourceConfig("x", 0.5, paths),)),
-        SourceMixtureConfig(requested_tokens=0, sources=(MixtureSourceConfig("x", 1.0, paths),)),
-        SourceMixtureConfig(requested_tokens=500, sources=(MixtureSourceConfig("x", 1.0, paths),)),
-        SourceMixtureConfig(requested_tokens=50, sources=(MixtureSourceConfig("x", 1.0, paths, 0.5),)),
+        lambda: SourceMixtureConfig(requested_tokens=50, sources=(MixtureSourceConfig("x", 0.5, paths),)),
+        lambda: SourceMixtureConfig(requested_tokens=0, sources=(MixtureSourceConfig("x", 1.0, paths),)),
+        lambda: SourceMixtureConfig(requested_tokens=500, sources=(MixtureSourceConfig("x", 1.0, paths),)),
+        lambda: SourceMixtureConfig(requested_tokens=50, sources=(MixtureSourceConfig("x", 1.0, paths, 0.5),)),
     ]
-    for cfg in bad:
+    for make in bad:
         with pytest.raises(ConfigError):
-            allocate(cfg, seq_len=8, global_batch_size=1, dtype=np.dtype("<u4"))
-    ok = allocate(bad[2].__class__(requested_tokens=64, sources=bad[2].sources), seq_len=8,
+            allocate(make(), seq_len=8, global_batch_size=1, dtype=np.dtype("<u4"))
+    ok = allocate(SourceMixtureConfig(requested_tokens=64, sources=bad[2]().sources), seq_len=8,
                   global_batch_size=2, dtype=np.dtype("<u4"))
     assert sum(e.tokens for e in ok) == 64
     assert DOLMA2["vocab_size"] == VOCAB

@@ -7,10 +7,11 @@ import jax
 import numpy as np
 import pytest
 
-from olmax.config import OlmaxError, run_config_from_dict, to_dict
+from olmax.config import OlmaxError, to_dict
 from olmax.model import olmo3
 from olmax.train.callbacks import Run
 from olmax.train.callbacks.evaluator import EvaluatorCallback
+from olmax.train.recipes import run_config_from_dict
 
 from conftest import tiny_cfg
 

@@ -130,10 +130,6 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, ckpt_cfg: CheckpointConfig | None = None, *,
                  read_only: bool = False, report: Report | None = None) -> None:
         self.cfg = ckpt_cfg or CheckpointConfig()
-        if self.cfg.interval <= 0:
-            raise OlmaxError(f"checkpoint.interval must be positive (got {self.cfg.interval})")
-        if self.cfg.keep is not None and self.cfg.keep <= 0:
-            raise OlmaxError(f"checkpoint.keep must be positive (got {self.cfg.keep})")
         self.directory = Path(directory).absolute()
         self.report = report or _report
         self.read_only = read_only

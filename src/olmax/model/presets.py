@@ -8,7 +8,9 @@ checks shapes and parameter counts against OLMo-core itself.
 
 from __future__ import annotations
 
-from olmax.config import ConfigError, ModelConfig
+from typing import Any, Mapping
+
+from olmax.config import ConfigError, ModelConfig, from_dict, to_dict
 
 _OLMO3 = dict(vocab_size=100278, padded_vocab_size=100352, rope_theta=500_000.0, norm_eps=1e-6,
               qk_norm="full", block_type="reordered_norm", window_pattern=(4096, 4096, 4096, None),
@@ -53,3 +55,20 @@ def get_preset(name: str) -> ModelConfig:
     if key not in PRESETS:
         raise ConfigError(f"unknown model preset '{name}' (known: {', '.join(PRESETS)})")
     return PRESETS[key]
+
+
+def resolve_model(section: Mapping[str, Any] | None, path: str = "model") -> ModelConfig:
+    """A recipe's model section, ``{"preset": "olmo3-7b", "n_layers": 4, ...}`` -> ModelConfig (the
+    preset's fields overridden by the others); without ``preset``, every field is given."""
+    if section is not None and not isinstance(section, Mapping):
+        raise ConfigError(f"{path}: expected a mapping (a preset and fields), got "
+                          f"{type(section).__name__} {section!r}")
+    section = dict(section or {})
+    preset = section.pop("preset", None)
+    if preset is None:
+        return from_dict(ModelConfig, section, path)
+    if not isinstance(preset, str):
+        raise ConfigError(f"{path}.preset: expected str, got {preset!r}")
+    base = to_dict(get_preset(preset))
+    base.update(section)
+    return from_dict(ModelConfig, base, path)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-from olmax.config import ConfigError, RunConfig, apply_overrides, load_yaml, run_config_from_dict
+from olmax.config import (DATA_SOURCES, ConfigError, RunConfig, apply_overrides, from_dict, load_yaml,
+                          parse_override)
+from olmax.interop.architecture import model_from_init
+from olmax.model.presets import resolve_model
 
 
 def packaged_recipes() -> list[str]:
@@ -29,16 +33,11 @@ def recipe_path(name_or_path: str) -> Path:
                       f"(packaged: {', '.join(packaged_recipes())})")
 
 
-DATA_SOURCES = ("paths", "mix", "embedded", "mixture")
-
-
 def recipe_dict(name_or_path: str, overrides: Sequence[str] = (), *, find_mix: bool = True) -> dict:
     """The recipe's plain data with overrides applied. An override that names a data source
     (``data.paths``, ``data.mix``, ``data.embedded``, ``data.mixture``) replaces the recipe's source:
     the recipe's other sources are dropped, so ``olmo3_tiny data.paths=[...]`` trains on those files.
     ``find_mix=False`` leaves a ``data.mix`` name as written (for a config that runs elsewhere)."""
-    from olmax.config import parse_override
-
     base = load_yaml(recipe_path(name_or_path))
     named = {keys[1] for keys, _ in map(parse_override, overrides)
              if len(keys) == 2 and keys[0] == "data" and keys[1] in DATA_SOURCES}
@@ -55,8 +54,6 @@ def resolve_mix(mix: str) -> str:
     """A mix file path as given, or an OLMo-core mix *name* (``OLMo-mix-0625-official``) resolved
     to the mix file shipped with ai2-olmo-core (``olmo_core/data/mixes/<name>.txt``) when that
     package is installed (located without importing it)."""
-    import importlib.util
-
     if Path(mix).exists() or "/" in mix or mix.endswith(".txt"):
         return mix
     spec = importlib.util.find_spec("olmo_core")
@@ -68,10 +65,15 @@ def resolve_mix(mix: str) -> str:
                       "installed ai2-olmo-core; pass data.mix=PATH to the mix file")
 
 
-def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *, find_mix: bool = True) -> RunConfig:
-    """Recipe + ``key.sub=value`` overrides -> validated RunConfig (ConfigError on bad keys/types).
-    With ``init.hf_dir`` / ``init.checkpoint`` the model is the checkpoint's
-    (:func:`olmax.interop.architecture.model_from_init`)."""
-    from olmax.interop.architecture import model_from_init
+def run_config_from_dict(data: Mapping[str, Any]) -> RunConfig:
+    """A recipe (plain data, overrides applied) -> RunConfig; the model section may name a preset."""
+    data = dict(data)
+    model = resolve_model(data.pop("model", None))
+    return from_dict(RunConfig, {"model": model, **data})
 
+
+def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *, find_mix: bool = True) -> RunConfig:
+    """Recipe + ``key.sub=value`` overrides -> validated RunConfig (ConfigError on bad keys/types
+    or values, before any JAX work). With ``init.hf_dir`` / ``init.checkpoint`` the model is the
+    checkpoint's (:func:`olmax.interop.architecture.model_from_init`)."""
     return run_config_from_dict(model_from_init(recipe_dict(name_or_path, overrides, find_mix=find_mix)))

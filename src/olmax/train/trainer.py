@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 import olmax
 from olmax.checkpoint.checkpointer import Checkpointer
-from olmax.config import OlmaxError, RunConfig, to_dict
+from olmax.config import ConfigError, OlmaxError, RunConfig, to_dict
 from olmax.data.loader import batch_hash, build_train_data
 from olmax.io import write_json_atomic, write_text_atomic
 from olmax.parallel.distributed import maybe_initialize
@@ -58,7 +58,7 @@ from olmax.train.metrics import MetricsLogger
 from olmax.train.optim import build_optimizer
 from olmax.train.run_lock import lock_run_dir
 from olmax.train.schedules import build_schedule
-from olmax.train.step import COMPUTE_DTYPES, build_sharded_training
+from olmax.train.step import build_sharded_training
 
 log = logging.getLogger(__name__)
 
@@ -123,18 +123,13 @@ class Trainer:
     # -- setup -------------------------------------------------------------------------------
 
     def _validate(self) -> None:
+        """What the sections cannot check alone (each checked its own values when it was built)."""
         t, model = self.cfg.train, self.cfg.model
-        if t.max_steps <= 0:
-            raise OlmaxError(f"train.max_steps must be positive (got {t.max_steps})")
-        if t.seq_len <= 1:
-            raise OlmaxError(f"train.seq_len must be at least 2 (got {t.seq_len})")
         if t.seq_len > model.max_seq_len and model.rope_scaling is None:
             raise OlmaxError(f"train.seq_len {t.seq_len} exceeds model.max_seq_len {model.max_seq_len}")
-        if t.global_batch_size <= 0:
-            raise OlmaxError(f"train.global_batch_size must be positive (got {t.global_batch_size})")
-        if t.compute_dtype not in COMPUTE_DTYPES:
-            raise OlmaxError(f"train.compute_dtype must be one of {list(COMPUTE_DTYPES)} "
-                             f"(got {t.compute_dtype!r})")
+        if not self.cfg.data.sources_set():
+            raise ConfigError("set exactly one of data.paths, data.mix, data.embedded, data.mixture "
+                              "(got none)")
         self.tx = build_optimizer(self.cfg.optim)
         self.schedule = build_schedule(self.cfg.scheduler, self.cfg.optim.lr, t.max_steps)
 
