@@ -388,7 +388,8 @@ class SourceMixtureConfig:
 
 
 TokenDtype = Literal["uint8", "uint16", "uint32", "uint64"]
-DATA_SOURCES = ("paths", "mix", "embedded", "mixture")   # the exclusive ways to name training data
+DataSource = Literal["paths", "mix", "embedded", "mixture"]   # the exclusive ways to name training data
+DATA_SOURCES: tuple[DataSource, ...] = typing.get_args(DataSource)
 
 
 @dataclass(frozen=True)
@@ -435,6 +436,15 @@ class DataConfig:
         on = {"paths": bool(self.paths), "mix": bool(self.mix), "embedded": self.embedded,
               "mixture": self.mixture is not None}
         return [f"data.{name}" for name in DATA_SOURCES if on[name]]
+
+    def source(self) -> DataSource:
+        """The one source this section names (a tagged view of the four fields); ConfigError
+        when it names none."""
+        named = self.sources_set()
+        if not named:
+            raise ConfigError("set exactly one of data.paths, data.mix, data.embedded, data.mixture "
+                              "(got none)")
+        return named[0].removeprefix("data.")  # type: ignore[return-value]
 
 
 ComputeDtype = Literal["float32", "bfloat16"]

@@ -128,7 +128,7 @@ def test_mixture_validation(make_files):
 
 
 def test_resolve_paths_lists_mixture_files(make_files):
-    from olmax.data.loader import resolve_paths
+    from olmax.data.sources import resolve_paths
 
     a, b = make_files([100], prefix="a"), make_files([100, 50], prefix="b")
     cfg = DataConfig(mixture=SourceMixtureConfig(requested_tokens=64, sources=(

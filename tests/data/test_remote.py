@@ -188,11 +188,11 @@ def test_read_through_cache_serves_only_verified_copies(tmp_path, corpus, s3):
 
 def test_heldout_and_overlap_read_remote_files(corpus, http, s3):
     from olmax.data.heldout import padded_instances
-    from olmax.eval.contamination.overlap import documents_from_token_files, overlap
-    from olmax.eval.perplexity import parse_heldout
+    from olmax.data.sources import heldout_sets
+    from olmax.eval.contamination import documents_from_token_files, overlap
 
     local, names, _ = corpus
-    sets = parse_heldout([f"remote=s3://{BUCKET}/mix/{names[0]},{http.url}/data/{names[1]}",
+    sets = heldout_sets([f"remote=s3://{BUCKET}/mix/{names[0]},{http.url}/data/{names[1]}",
                           f"s3://{BUCKET}/mix/src*/part-2.npy"])
     assert sets == {"remote": [f"s3://{BUCKET}/mix/{names[0]}", f"{http.url}/data/{names[1]}"],
                     "src0": [f"s3://{BUCKET}/mix/{names[2]}"]}

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from olmax.eval.perplexity import parse_heldout, perplexity, position_labels
+from olmax.eval.perplexity import perplexity, position_labels
 from olmax.eval.scoring import Scorer
 from olmax.model import olmo3
 
@@ -65,30 +65,3 @@ def test_equals_olmo_core_lm_evaluator(tiny):
     res = perplexity(Scorer(cfg), params, tokens, mask, batch_size=2).metrics("set")
     np.testing.assert_allclose(res["set/CE loss"], ref["set/CE loss"], rtol=2e-6)
     np.testing.assert_allclose(res["set/PPL"], ref["set/PPL"], rtol=2e-6)
-
-
-def test_parse_heldout_labels(tmp_path):
-    d = tmp_path / "c4_en" / "val"
-    d.mkdir(parents=True)
-    f = d / "part-0-00000.npy"
-    f.write_bytes(np.array([1, 2, 100257], np.uint32).tobytes())
-    g = tmp_path / "wiki.bin"
-    g.write_bytes(b"")
-    sets = parse_heldout([str(f), f"mine={g}", str(g)])
-    assert sets == {"c4_en": [str(f)], "mine": [str(g)], "wiki": [str(g)]}
-    from olmax.config import OlmaxError
-    with pytest.raises(OlmaxError, match="not found"):
-        parse_heldout([str(tmp_path / "missing.bin")])
-
-
-def test_heldout_file_without_documents(tmp_path):
-    from olmax.config import OlmaxError
-    from olmax.data.heldout import load_heldout_sets
-
-    f = tmp_path / "noeos.bin"
-    np.array([1, 2, 3], "<u4").tofile(f)
-    with pytest.raises(OlmaxError, match="holds no EOS-terminated document"):
-        load_heldout_sets({"x": [str(f)]}, 16, eos_token_id=100257, pad_token_id=100277)
-    f.write_bytes(b"\x01\x02\x03")
-    with pytest.raises(OlmaxError, match="not a multiple of 4"):
-        load_heldout_sets({"x": [str(f)]}, 16, eos_token_id=100257, pad_token_id=100277)

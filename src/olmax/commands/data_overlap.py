@@ -12,7 +12,8 @@ import argparse
 import os
 
 from olmax.config import ConfigError
-from olmax.data.remote import is_remote, remote_files
+from olmax.data.sources import (data_config_for, heldout_sets, is_heldout_entry, resolve_paths,
+                                token_file_exists)
 from olmax.io import write_json_atomic
 
 
@@ -35,50 +36,28 @@ def add_overlap_parser(data_subparsers) -> None:
     q.set_defaults(func=run_overlap)
 
 
-def _is_heldout_entry(entry: str) -> bool:
-    return (entry == "embedded" or "=" in entry or entry.endswith(".txt") or is_remote(entry)
-            or os.path.exists(entry) or any(c in entry for c in "*?[/"))
-
-
-def train_files(entries: list[str], root: str | None) -> list[str]:
-    """``embedded``, one mix (a file or a packaged mix name), or token files -> token files."""
-    from olmax.config import DataConfig
-    from olmax.data.loader import resolve_paths
-
-    if entries == ["embedded"]:
-        cfg = DataConfig(embedded=True)
-    elif len(entries) == 1 and not is_remote(entries[0]) and (
-            entries[0].endswith(".txt") or "/" not in entries[0] and not os.path.exists(entries[0])):
-        cfg = DataConfig(mix=entries[0], root=root)
-    else:
-        cfg = DataConfig(paths=tuple(entries), root=root)
-    paths, _ = resolve_paths(cfg)
-    for p in paths:
-        if not (remote_files().exists(p) if is_remote(p) else os.path.isfile(p)):
-            raise ConfigError(f"--train: token file not found: {p}")
-    return paths
-
-
 def run_overlap(args: argparse.Namespace) -> int:
     import numpy as np
 
     from olmax.config import OlmaxError
     from olmax.data.tokenizer import get_tokenizer
     from olmax.eval.contamination import documents_from_token_files, downstream_documents, overlap
-    from olmax.eval.perplexity import parse_heldout
     from olmax.eval.tasks import expand_tasks, get_task
 
     if args.json_out and os.path.exists(args.json_out) and not args.force:
         raise OlmaxError(f"{args.json_out} already exists (remove it or pass --force)")
-    held = [e for e in args.eval if _is_heldout_entry(e)]
-    tasks = expand_tasks([e for e in args.eval if not _is_heldout_entry(e)])
+    held = [e for e in args.eval if is_heldout_entry(e)]
+    tasks = expand_tasks([e for e in args.eval if not is_heldout_entry(e)])
     for t in tasks:
         get_task(t)
     tok = get_tokenizer("dolma2")
     dtype = np.dtype(args.dtype)
-    train = train_files(args.train, args.root)
+    train, _ = resolve_paths(data_config_for(args.train, args.root))
+    for p in train:
+        if not token_file_exists(p):
+            raise ConfigError(f"--train: token file not found: {p}")
     sets = {label: documents_from_token_files(files, eos_token_id=tok.eos_token_id, dtype=dtype)
-            for label, files in parse_heldout(held).items()}
+            for label, files in heldout_sets(held).items()}
     sets.update(downstream_documents(tasks, tok, args.limit))
     report = overlap(train, sets, eos_token_id=tok.eos_token_id,
                      ngram=args.ngram, threshold=args.threshold, dtype=dtype,

@@ -24,8 +24,10 @@ from olmax.config import ConfigError, DataConfig
 from olmax.data.filters import RepetitionFilter, instance_mask
 from olmax.data.fingerprint import check_fingerprint, make_fingerprint
 from olmax.data.instances import BatchPlan, InstanceIndex
-from olmax.data.remote import join
+from olmax.data.mixture import allocate
+from olmax.data.sources import resolve_paths
 from olmax.data.token_files import TokenReader, check_ids, parse_dtype
+from olmax.data.tokenizer import get_tokenizer
 
 _ITER_END = 1 << 62
 
@@ -156,45 +158,12 @@ def _ensure_absl_flags() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-def resolve_paths(data_cfg: DataConfig) -> tuple[list[str], list[str] | None]:
-    """The config's data files in order, with labels for a mix file or a mixture (else None).
-
-    For ``data.mixture`` these are all of its sources' files (what the mixture may draw from)."""
-    chosen = [name for name, on in (("data.paths", bool(data_cfg.paths)), ("data.mix", bool(data_cfg.mix)),
-                                    ("data.embedded", data_cfg.embedded),
-                                    ("data.mixture", data_cfg.mixture is not None)) if on]
-    if len(chosen) != 1:
-        raise ConfigError("set exactly one of data.paths, data.mix, data.embedded, data.mixture "
-                          f"(got {', '.join(chosen) or 'none'})")
-    if data_cfg.mixture is not None:  # every file a source may draw from (the allocation needs seq_len)
-        from olmax.data.mixture import resolve_source_paths
-
-        pairs = [(p, s.name) for s in data_cfg.mixture.sources
-                 for p in resolve_source_paths(s.paths, s.name)]
-        return [p for p, _ in pairs], [name for _, name in pairs]
-    if data_cfg.embedded:
-        from olmax.data.embedded import embedded_token_files
-
-        return embedded_token_files("train", data_cfg.cache_dir), None
-    if data_cfg.mix:
-        from olmax.data.mixfile import read_mix_file
-
-        entries = read_mix_file(data_cfg.mix, root=data_cfg.root, tokenizer=data_cfg.mix_tokenizer,
-                                remap=data_cfg.remap)
-        return [e.path for e in entries], [e.label for e in entries]
-    return [join(data_cfg.root, p) for p in data_cfg.paths], None
-
-
 def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: int,
                      seed: int) -> TrainData:
     """TrainData for a run's data section (``seed`` is the run seed, as OLMo-core's loader uses it)."""
-    from olmax.data.tokenizer import get_tokenizer
-
     tok = get_tokenizer(data_cfg.tokenizer)
     limits = None
-    if data_cfg.mixture is not None and not (data_cfg.paths or data_cfg.mix or data_cfg.embedded):
-        from olmax.data.mixture import allocate
-
+    if data_cfg.source() == "mixture":
         entries = allocate(data_cfg.mixture, seq_len=seq_len, global_batch_size=global_batch_size,
                            dtype=parse_dtype(data_cfg.dtype))
         paths, labels = [e.path for e in entries], [e.source for e in entries]
@@ -214,4 +183,4 @@ def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: i
                      max_target_seq_len=data_cfg.max_target_seq_len)
 
 
-__all__ = ["TrainData", "batch_hash", "build_train_data", "resolve_paths"]
+__all__ = ["TrainData", "batch_hash", "build_train_data"]

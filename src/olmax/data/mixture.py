@@ -25,14 +25,13 @@ does not change the data; it is kept for configuration compatibility.
 
 from __future__ import annotations
 
-import glob
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from olmax.config import ConfigError, SourceMixtureConfig
-from olmax.data.remote import is_pattern, is_remote, remote_files
+from olmax.data.sources import expand_globs
 from olmax.data.token_files import file_num_tokens, prefetch_sizes
 
 
@@ -42,19 +41,6 @@ class MixtureEntry:
     path: str
     tokens: int        # allocated tokens, a multiple of seq_len
     file_tokens: int
-
-
-def resolve_source_paths(patterns: tuple[str, ...], source: str) -> list[str]:
-    out: list[str] = []
-    for pattern in patterns:
-        if is_pattern(pattern):
-            matches = remote_files().glob(pattern) if is_remote(pattern) else sorted(glob.glob(pattern))
-            if not matches:
-                raise ConfigError(f"data.mixture source {source!r}: {pattern!r} matches no file")
-            out.extend(matches)
-        else:
-            out.append(pattern)
-    return out
 
 
 def allocate(cfg: SourceMixtureConfig, *, seq_len: int, global_batch_size: int,
@@ -67,7 +53,7 @@ def allocate(cfg: SourceMixtureConfig, *, seq_len: int, global_batch_size: int,
     # (source, path, asked tokens, file tokens) in OLMo-core's order.
     asked: list[tuple[str, str, int, int]] = []
     for src in cfg.sources:
-        paths = resolve_source_paths(src.paths, src.name)
+        paths = expand_globs(src.paths, f"data.mixture source {src.name!r}")
         prefetch_sizes(paths)
         counts = [file_num_tokens(p, dtype) for p in paths]
         population = sum(counts)

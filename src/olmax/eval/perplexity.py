@@ -24,16 +24,11 @@ Normalisation -- two values per labelled set, both token-weighted over every doc
 
 from __future__ import annotations
 
-import glob
-import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
-from olmax.config import OlmaxError
-from olmax.data.remote import is_pattern, is_remote, remote_files
 from olmax.eval.scoring import Scorer, bucket_length
 
 
@@ -90,70 +85,3 @@ def perplexity(scorer: Scorer, params: Any, tokens: np.ndarray, label_mask: np.n
         if progress is not None:
             progress(len(idx))
     return PerplexityResult(loss_sum, int(label_mask.sum()), int(has_label.sum()))
-
-
-# ----------------------------------------------------------------------------------------------
-# Held-out set specifications
-
-
-def parse_heldout(entries: Sequence[str], *, cache_dir: str | None = None) -> dict[str, list[str]]:
-    """``eval.heldout`` / ``--heldout`` entries -> {label: [token files]}.
-
-    An entry is ``embedded`` (the embedded corpus's held-out split), ``LABEL=PATH[,PATH...]``,
-    an OLMo-core mix file (``*.txt``: its ``label,path`` lines, labels kept), or a path/glob
-    (label: the file's stem, or its parent folder's name when the stem is generic, e.g.
-    ``c4_en/val/part-0-00000.npy`` -> ``c4_en``). Paths and globs may be ``s3://``, ``gs://`` or
-    ``http(s)://`` URLs (read in place, :mod:`olmax.data.remote`).
-    """
-    sets: dict[str, list[str]] = {}
-    for entry in entries:
-        entry = entry.strip()
-        if not entry:
-            continue
-        if entry == "embedded":
-            from olmax.data.embedded import embedded_token_files
-
-            sets.setdefault("embedded-heldout", []).extend(embedded_token_files("heldout", cache_dir))
-            continue
-        if "=" in entry:
-            label, paths = entry.split("=", 1)
-            files = [f for p in paths.split(",") if p for f in _expand(p)]
-            sets.setdefault(label.strip(), []).extend(files)
-            continue
-        if entry.endswith(".txt"):
-            from olmax.data.mixfile import read_mix_file
-
-            for e in read_mix_file(entry):
-                sets.setdefault(e.label, []).append(e.path)
-            continue
-        for f in _expand(entry):
-            sets.setdefault(_label_of(f), []).append(f)
-    for label, files in sets.items():
-        for f in files:
-            if not is_remote(f) and os.path.isdir(f):
-                from olmax.data.manifests import directory_hint
-
-                raise OlmaxError(f"held-out set '{label}': {f} is a directory, not a token file"
-                                 f"{directory_hint(f)}")
-            if not (remote_files().exists(f) if is_remote(f) else os.path.isfile(f)):
-                raise OlmaxError(f"held-out set '{label}': token file not found: {f}")
-    return sets
-
-
-def _expand(pattern: str) -> list[str]:
-    if is_pattern(pattern):
-        files = remote_files().glob(pattern) if is_remote(pattern) else sorted(glob.glob(pattern))
-        if not files:
-            raise OlmaxError(f"held-out pattern matches no file: {pattern}")
-        return files
-    return [pattern]
-
-
-def _label_of(path: str) -> str:
-    p = Path(path)
-    generic = p.stem.startswith("part-") or p.stem in ("val", "validation", "test", "data")
-    if generic:
-        parents = [q.name for q in p.parents if q.name and q.name not in ("val", "validation", "test")]
-        if parents:
-            return parents[0]
-    return p.stem

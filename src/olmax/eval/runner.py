@@ -18,10 +18,11 @@ import numpy as np
 
 from olmax.config import ModelConfig, OlmaxError
 from olmax.data.heldout import load_heldout_sets
+from olmax.data.sources import heldout_sets
 from olmax.data.tokenizer import get_tokenizer
 from olmax.eval.contamination import OverlapGuard
 from olmax.eval.downstream import DownstreamTask, prepare_task
-from olmax.eval.perplexity import parse_heldout, perplexity
+from olmax.eval.perplexity import perplexity
 from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
 
@@ -84,7 +85,7 @@ class EvalSuite:
             get_task(name, cache)
         if (names or heldout) and tokenizer is None:
             tokenizer = get_tokenizer("dolma2")
-        files = parse_heldout(heldout, cache_dir=data_cache_dir) if heldout else {}
+        files = heldout_sets(heldout, cache_dir=data_cache_dir) if heldout else {}
         report, flagged = None, {}
         if files and exclude_overlap_with is not None:
             report, flagged = exclude_overlap_with.check(files, tokenizer.eos_token_id)

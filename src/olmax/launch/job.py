@@ -13,7 +13,8 @@ import olmax
 from olmax.config import ConfigError, RunConfig
 from olmax.io import write_bytes_atomic
 from olmax.parallel.mesh import resolve_mesh_shape
-from olmax.train.recipes import load_recipe, resolve_mix
+from olmax.data.sources import resolve_mix
+from olmax.train.recipes import load_recipe
 from olmax.train.step import num_micro_batches
 
 # XLA's latency-hiding scheduler overlaps the FSDP all-gathers / reduce-scatters with compute on

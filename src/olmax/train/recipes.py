@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from olmax.config import (DATA_SOURCES, ConfigError, RunConfig, apply_overrides, from_dict, load_yaml,
                           parse_override)
+from olmax.data.sources import resolve_mix
 from olmax.interop.architecture import model_from_init
 from olmax.model.presets import resolve_model
 
@@ -48,21 +48,6 @@ def recipe_dict(name_or_path: str, overrides: Sequence[str] = (), *, find_mix: b
     if find_mix and isinstance(data.get("data"), dict) and isinstance(data["data"].get("mix"), str):
         data["data"]["mix"] = resolve_mix(data["data"]["mix"])
     return data
-
-
-def resolve_mix(mix: str) -> str:
-    """A mix file path as given, or an OLMo-core mix *name* (``OLMo-mix-0625-official``) resolved
-    to the mix file shipped with ai2-olmo-core (``olmo_core/data/mixes/<name>.txt``) when that
-    package is installed (located without importing it)."""
-    if Path(mix).exists() or "/" in mix or mix.endswith(".txt"):
-        return mix
-    spec = importlib.util.find_spec("olmo_core")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(root) / "data" / "mixes" / f"{mix}.txt"
-        if candidate.is_file():
-            return str(candidate)
-    raise ConfigError(f"data.mix '{mix}' is neither a file nor an OLMo-core mix name found in an "
-                      "installed ai2-olmo-core; pass data.mix=PATH to the mix file")
 
 
 def run_config_from_dict(data: Mapping[str, Any]) -> RunConfig:

@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 import olmax
 from olmax.checkpoint.checkpointer import Checkpointer
-from olmax.config import ConfigError, OlmaxError, RunConfig, to_dict
+from olmax.config import OlmaxError, RunConfig, to_dict
 from olmax.data.loader import batch_hash, build_train_data
 from olmax.io import write_json_atomic, write_text_atomic
 from olmax.parallel.distributed import maybe_initialize
@@ -127,9 +127,7 @@ class Trainer:
         t, model = self.cfg.train, self.cfg.model
         if t.seq_len > model.max_seq_len and model.rope_scaling is None:
             raise OlmaxError(f"train.seq_len {t.seq_len} exceeds model.max_seq_len {model.max_seq_len}")
-        if not self.cfg.data.sources_set():
-            raise ConfigError("set exactly one of data.paths, data.mix, data.embedded, data.mixture "
-                              "(got none)")
+        self.cfg.data.source()   # exactly one training data source (ConfigError otherwise)
         self.tx = build_optimizer(self.cfg.optim)
         self.schedule = build_schedule(self.cfg.scheduler, self.cfg.optim.lr, t.max_steps)
 

@@ -25,11 +25,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from olmax.config import EvalConfig, RunConfig
-from olmax.data.loader import resolve_paths
+from olmax.data.sources import heldout_sets, resolve_paths
 from olmax.data.tokenizer import get_tokenizer
 from olmax.eval.contamination import OverlapGuard
 from olmax.eval.runner import EvalSuite, log_metrics
 from olmax.eval.scoring import Scorer
+from olmax.eval.tasks import expand_tasks, get_task
 from olmax.train.callbacks.base import Callback, Run
 
 
@@ -51,12 +52,9 @@ class EvaluatorCallback(Callback):
         e = run_cfg.eval
         if not (e.heldout or e.tasks) or not (e.interval or e.on_start or e.on_end):
             return None
-        from olmax.eval.perplexity import parse_heldout
-        from olmax.eval.tasks import expand_tasks, get_task
-
         for name in expand_tasks(list(e.tasks)):   # a bad task or file fails before training
             get_task(name)
-        parse_heldout(e.heldout, cache_dir=run_cfg.data.cache_dir)
+        heldout_sets(e.heldout, cache_dir=run_cfg.data.cache_dir)
         return cls(e)
 
     # -- setup ---------------------------------------------------------------------------------
