@@ -77,12 +77,12 @@ class OlmoCoreStep:
 
 
 class OlmaxStep:
-    """The olmax trainer's compiled step (``olmax.analysis.bench.TrainStepRunner``)."""
+    """The olmax trainer's compiled step (``olmax.perf.bench.TrainStepRunner``)."""
 
     def __init__(self, a, attn: str):
         import jax
 
-        from olmax.analysis.bench import TrainStepRunner
+        from olmax.perf.bench import TrainStepRunner
         from olmax.config import RunConfig, TrainConfig
         from olmax.model.presets import resolve_model
 

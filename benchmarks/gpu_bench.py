@@ -53,7 +53,7 @@ def main() -> int:
 
     import jax
 
-    from olmax.analysis.bench import bench_train, matmul_ceiling
+    from olmax.perf.bench import bench_train, matmul_ceiling
     from olmax.config import RunConfig, TrainConfig
     from olmax.model.presets import resolve_model
 

@@ -34,7 +34,7 @@ def main() -> int:
     p.add_argument("--json", dest="json_out")
     a = p.parse_args()
 
-    from olmax.analysis.bench import TrainStepRunner
+    from olmax.perf.bench import TrainStepRunner
     from olmax.config import RunConfig, TrainConfig
     from olmax.model.flops import flops_per_token
     from olmax.model.presets import resolve_model

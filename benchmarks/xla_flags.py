@@ -55,7 +55,7 @@ def worker(recipe: str, overrides: list[str]) -> int:
     per ``step`` line read from stdin."""
     import jax
 
-    from olmax.analysis.bench import TrainStepRunner
+    from olmax.perf.bench import TrainStepRunner
     from olmax.train.recipes import load_recipe
 
     runner = TrainStepRunner(load_recipe(recipe, overrides))

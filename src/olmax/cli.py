@@ -1,9 +1,12 @@
 """The ``olmax`` command line: subcommands only; each is a thin layer over a library function.
 
-A subcommand lives in ``olmax/commands/<name>.py`` with ``add_parser(subparsers)`` (which registers
-itself and sets ``func``) and is listed in ``COMMANDS``. Every failure, a usage mistake included,
-prints one line and exits non-zero, with a traceback only under ``--debug`` or ``OLMAX_DEBUG=1``
-(:mod:`olmax.reporting`). ``key=value`` overrides may stand anywhere among a command's options.
+A subcommand lives in ``olmax/commands/<name>.py`` (``add_parser(subparsers)`` registers it and sets
+``func``) and is listed in :data:`olmax.commands.HELP`. Only the command being run is imported (the
+others are listed with their one-line help), so ``olmax COMMAND`` pays for its own libraries only:
+this is where olmax defers imports for start-up time (see the README's layout section).
+Every failure, a usage mistake included, prints one line and exits non-zero, with a traceback only
+under ``--debug`` or ``OLMAX_DEBUG=1`` (:mod:`olmax.reporting`). ``key=value`` overrides may stand
+anywhere among a command's options. Status lines and warnings of the ``olmax`` loggers go to stderr.
 """
 
 from __future__ import annotations
@@ -13,20 +16,10 @@ import importlib
 import logging
 import os
 import sys
+from typing import Sequence
 
-COMMANDS = [
-    "quickstart",
-    "convert",
-    "parity",
-    "tokenize",
-    "data",
-    "train",
-    "eval",
-    "curves",
-    "bench",
-    "launch",
-    "plan",
-]
+from olmax.commands import HELP
+from olmax.reporting import DEBUG_FLAG, debug_requested, quiet_libraries, run_reporting
 
 
 class Parser(argparse.ArgumentParser):
@@ -37,21 +30,20 @@ class Parser(argparse.ArgumentParser):
         self.exit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser, with the command ``argv`` names (its first word) fully built."""
     parser = Parser(prog="olmax", description="OLMo 3 pre-training in JAX.")
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an error (also: OLMAX_DEBUG=1; the flag may "
                              "stand anywhere on the command line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"olmax.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"olmax.commands.{name}":
-                continue  # not built yet
-            raise
-        mod.add_parser(sub)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, text in HELP.items():
+        if name == chosen:
+            importlib.import_module(f"olmax.commands.{name}").add_parser(sub)
+        else:
+            sub.add_parser(name, help=text)
     return parser
 
 
@@ -83,13 +75,11 @@ def log_to_stderr() -> None:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     log_to_stderr()
-    from olmax.reporting import DEBUG_FLAG, debug_requested, quiet_libraries, run_reporting
-
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
     argv = [a for a in argv if a != DEBUG_FLAG]
     quiet_libraries()
-    parser = build_parser()
+    parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if extra:   # ``key=value`` overrides after options (``bench train R --steps 4 a.b=1``)
         takes = isinstance(getattr(args, "overrides", None), list)

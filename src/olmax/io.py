@@ -53,11 +53,12 @@ def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
         raise
 
 
-def refuse_existing(path: str | os.PathLike, overwrite: bool = False) -> Path:
-    """``path`` as a Path; an existing file there is an OlmaxError unless ``overwrite``."""
+def refuse_existing(path: str | os.PathLike, overwrite: bool = False, *, flag: str = "") -> Path:
+    """``path`` as a Path; an existing file there is an OlmaxError (naming the command-line
+    ``flag`` that gave it, if any) unless ``overwrite``."""
     p = Path(path)
     if p.exists() and not overwrite:
-        raise OlmaxError(f"{p} already exists (remove it or pass --force)")
+        raise OlmaxError(f"{flag + ' ' if flag else ''}{p} already exists (remove it or pass --force)")
     return p
 
 

@@ -187,7 +187,7 @@ def make_workspace(root: Path) -> dict[str, str]:
     (root / "odd.npy").write_bytes(tokens.tobytes()[:-2])
     (root / "docs").mkdir()
     (root / "docs" / "a.txt").write_text("The quick brown fox jumps over the lazy dog. " * 200)
-    from olmax.data.tokenize import TokenizeSettings, tokenize_files
+    from olmax.data.tokenize_files import TokenizeSettings, tokenize_files
 
     tokenize_files([str(root / "docs")], str(root / "tokenized"), TokenizeSettings(),
                    progress=False, log=lambda m: None)

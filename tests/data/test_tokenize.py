@@ -12,7 +12,7 @@ import pytest
 
 from olmax.cli import main
 from olmax.config import OlmaxError
-from olmax.data import tokenize as tk
+from olmax.data import tokenize_files as tk
 from olmax.data.tokenizer import get_tokenizer
 
 EOS = 100257

@@ -112,3 +112,10 @@ def test_corrupt_request_file(tmp_path):
         read_requests(p)
     with pytest.raises(OlmaxError, match="not found"):
         read_requests(tmp_path / "nope.jsonl.gz")
+
+
+def test_every_supported_task_class_has_a_builder():
+    from olmax.eval.downstream import TASK_BUILDERS
+    from olmax.eval.tasks import SUPPORTED_CLASSES
+
+    assert set(TASK_BUILDERS) == set(SUPPORTED_CLASSES)

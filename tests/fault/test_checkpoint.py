@@ -24,8 +24,8 @@ import pytest
 from olmax.config import CheckpointConfig, OlmaxError
 from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree, open_step_dir
 from olmax.checkpoint.params import load_params
-from olmax.train.callbacks.checkpointing import StopSignal
-from olmax.train.metrics import rewind_jsonl
+from olmax.train.callbacks.saver import StopSignal
+from olmax.train.run_log import rewind_jsonl
 from olmax.train.state import TrainState
 
 

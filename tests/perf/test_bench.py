@@ -16,7 +16,7 @@ TINY = ["model.vocab_size=120", "model.padded_vocab_size=128", "train.global_bat
 
 
 def test_bench_train_figures(tmp_path):
-    from olmax.analysis.bench import bench_train
+    from olmax.perf.bench import bench_train
 
     cfg = load_recipe("olmo3_tiny", TINY)
     r = bench_train(cfg, steps=2, warmup=1, ceiling_flops=1e12)

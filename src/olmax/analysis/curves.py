@@ -18,6 +18,7 @@ the reference's value unless ``relative=False``).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -176,8 +177,6 @@ def compare_runs(curves: Sequence[Curve], **kw: Any) -> dict[str, Any]:
 
 
 def _figure_bytes(fig) -> bytes:
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     return buf.getvalue()

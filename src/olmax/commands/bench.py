@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 
-from olmax.config import ConfigError
-from olmax.io import write_json_atomic
+from olmax.commands import HELP
+from olmax.io import refuse_existing, write_json_atomic
+from olmax.perf.bench import bench_train, format_train, matmul_ceiling
+from olmax.train.recipes import load_recipe
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="benchmark training throughput / the matmul ceiling",
+    p = subparsers.add_parser("bench", help=HELP["bench"],
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="bench_command", metavar="WHAT")
     sub.required = True
@@ -42,24 +44,9 @@ def add_parser(subparsers) -> None:
     m.set_defaults(func=run_matmul)
 
 
-def _write(path: str | None, data: dict, force: bool) -> None:
-    if path:
-        write_json_atomic(path, data, overwrite=force)
-
-
-def _check_output(path: str | None, force: bool) -> None:
-    """Refuse an existing output before spending minutes on the benchmark."""
-    import os
-
-    if path and os.path.exists(path) and not force:
-        raise ConfigError(f"--json {path} already exists (remove it or pass --force)")
-
-
 def run_train(args: argparse.Namespace) -> int:
-    from olmax.analysis.bench import bench_train, format_train, matmul_ceiling
-    from olmax.train.recipes import load_recipe
-
-    _check_output(args.json_out, args.force)
+    if args.json_out:   # refused before spending minutes on the benchmark
+        refuse_existing(args.json_out, args.force, flag="--json")
     cfg = load_recipe(args.recipe, args.overrides)
     ceiling = None
     if not args.no_ceiling:
@@ -70,19 +57,21 @@ def run_train(args: argparse.Namespace) -> int:
     result = bench_train(cfg, steps=args.steps, warmup=args.warmup,
                          ceiling_flops=ceiling["flops_per_s"] if ceiling else None)
     print(format_train(result))
-    _write(args.json_out, {"train": result.to_dict(), "matmul": ceiling,
-                           "recipe": args.recipe, "overrides": list(args.overrides)}, args.force)
+    if args.json_out:
+        write_json_atomic(args.json_out, {"train": result.to_dict(), "matmul": ceiling,
+                                          "recipe": args.recipe, "overrides": list(args.overrides)},
+                          overwrite=args.force)
     return 0
 
 
 def run_matmul(args: argparse.Namespace) -> int:
-    from olmax.analysis.bench import matmul_ceiling
-
-    _check_output(args.json_out, args.force)
+    if args.json_out:   # refused before spending minutes on the benchmark
+        refuse_existing(args.json_out, args.force, flag="--json")
     r = matmul_ceiling(size=args.size, dtype=args.dtype, iters=args.iters)
     peak = r["peak_flops"]
     print(f"{r['device']}: {r['flops_per_s'] / 1e12:.3f} TFLOP/s ({r['size']}^3 {r['dtype']}, best of "
           f"{args.iters})" + (f", {100 * r['flops_per_s'] / peak:.1f}% of the {peak / 1e12:.0f} TFLOP/s "
                               f"peak" if peak else ""))
-    _write(args.json_out, r, args.force)
+    if args.json_out:
+        write_json_atomic(args.json_out, r, overwrite=args.force)
     return 0

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import argparse
 
+from olmax.checkpoint.params import load_model_config
+from olmax.commands import HELP
+from olmax.interop.hf import convert_hf_to_olmax, convert_olmax_to_hf
+
 DTYPE_CHOICES = ("float32", "bfloat16")
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("convert", help="convert between Hugging Face and olmax checkpoints",
+    p = subparsers.add_parser("convert", help=HELP["convert"],
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="direction", metavar="DIRECTION")
@@ -37,9 +41,6 @@ def add_parser(subparsers) -> None:
 
 
 def _hf_to_olmax(args) -> int:
-    from olmax.interop.hf import convert_hf_to_olmax
-    from olmax.checkpoint.params import load_model_config
-
     out = convert_hf_to_olmax(args.hf_dir, args.out_dir, dtype=args.dtype)
     cfg = load_model_config(out)
     print(f"wrote {out} ({args.dtype}; {cfg.n_layers} layers, d_model {cfg.d_model}, "
@@ -49,8 +50,6 @@ def _hf_to_olmax(args) -> int:
 
 
 def _olmax_to_hf(args) -> int:
-    from olmax.interop.hf import convert_olmax_to_hf
-
     out = convert_olmax_to_hf(args.ckpt_dir, args.out_dir, dtype=args.dtype)
     print(f"wrote {out}")
     return 0

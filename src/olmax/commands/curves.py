@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 
+from olmax.analysis.curves import compare_runs, load_curve, plot_comparison
+from olmax.commands import HELP
 from olmax.config import ConfigError
 from olmax.io import write_json_atomic
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("curves", help="compare loss curves of runs (plot + summary)",
+    p = subparsers.add_parser("curves", help=HELP["curves"],
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sources", nargs="+", metavar="RUN_OR_FILE",
                    help="run directories, metrics .jsonl or .csv files; the first is the reference")
@@ -46,8 +48,6 @@ def parse_map(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from olmax.analysis.curves import compare_runs, load_curve, plot_comparison
-
     if args.smooth is not None and not 0 <= args.smooth < 1:
         raise ConfigError(f"--smooth must be in [0, 1) (got {args.smooth})")
     if args.windows < 1:

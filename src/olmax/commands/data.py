@@ -1,4 +1,5 @@
-"""``olmax data``: inspect the training stream (and, when installed, ``data overlap``).
+"""``olmax data``: inspect the training stream, fetch remote token files; ``data overlap``
+(:mod:`olmax.commands.data_overlap`).
 
 ``olmax data inspect (--mix MIXFILE --root DIR | --paths FILE...) --seq-len L --global-batch-size B
 --seed S [--epoch E] --batches START:END [--repetition-filter] --json`` prints a JSON list with one
@@ -16,16 +17,18 @@ file verified against the store's size and checksum; prints a summary of bytes a
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 
-from olmax.config import ConfigError
+from olmax.commands import HELP
+from olmax.commands.data_overlap import add_overlap_parser
+from olmax.config import ConfigError, DataConfig
+from olmax.data.fetch import fetch, plan
 from olmax.data.loader import batch_hash, build_train_data
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("data", help="inspect training data")
+    p = subparsers.add_parser("data", help=HELP["data"])
     sub = p.add_subparsers(dest="data_command", metavar="DATA_COMMAND")
     sub.required = True
 
@@ -66,13 +69,7 @@ def add_parser(subparsers) -> None:
     f.add_argument("--json", action="store_true", help="print the summary as JSON")
     f.set_defaults(func=run_fetch)
 
-    try:
-        overlap = importlib.import_module("olmax.commands.data_overlap")
-    except ModuleNotFoundError as e:
-        if e.name != "olmax.commands.data_overlap":
-            raise
-    else:
-        overlap.add_overlap_parser(sub)
+    add_overlap_parser(sub)
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -98,8 +95,6 @@ def inspect_batches(data, start: int, end: int) -> list[dict]:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from olmax.config import DataConfig
-
     start, end = parse_range(args.batches)
     cfg = DataConfig(paths=tuple(args.paths or ()), mix=args.mix, root=args.root, remap=tuple(args.remap),
                      mix_tokenizer=args.mix_tokenizer, tokenizer=args.tokenizer, dtype=args.dtype,
@@ -123,8 +118,6 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
-    from olmax.data.fetch import fetch, plan
-
     items = plan(args.sources, root=args.root, to=args.to, mix_tokenizer=args.mix_tokenizer)
     summary = fetch(items, workers=args.workers, dtype=args.dtype,
                     progress=not args.no_progress and sys.stderr.isatty())

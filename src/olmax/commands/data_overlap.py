@@ -9,12 +9,16 @@ any evaluation set overlaps the training data (verbatim documents or near duplic
 from __future__ import annotations
 
 import argparse
-import os
+
+import numpy as np
 
 from olmax.config import ConfigError
 from olmax.data.sources import (data_config_for, heldout_sets, is_heldout_entry, resolve_paths,
                                 token_file_exists)
-from olmax.io import write_json_atomic
+from olmax.data.tokenizer import get_tokenizer
+from olmax.eval.contamination import documents_from_token_files, downstream_documents, overlap
+from olmax.eval.tasks import expand_tasks, get_task
+from olmax.io import refuse_existing, write_json_atomic
 
 
 def add_overlap_parser(data_subparsers) -> None:
@@ -37,15 +41,8 @@ def add_overlap_parser(data_subparsers) -> None:
 
 
 def run_overlap(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from olmax.config import OlmaxError
-    from olmax.data.tokenizer import get_tokenizer
-    from olmax.eval.contamination import documents_from_token_files, downstream_documents, overlap
-    from olmax.eval.tasks import expand_tasks, get_task
-
-    if args.json_out and os.path.exists(args.json_out) and not args.force:
-        raise OlmaxError(f"{args.json_out} already exists (remove it or pass --force)")
+    if args.json_out:
+        refuse_existing(args.json_out, args.force)
     held = [e for e in args.eval if is_heldout_entry(e)]
     tasks = expand_tasks([e for e in args.eval if not is_heldout_entry(e)])
     for t in tasks:

@@ -9,14 +9,20 @@ CKPT_DIR is an olmax checkpoint (a step dir, a run dir or its ``checkpoints/``) 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
-from olmax.config import ConfigError
-from olmax.io import write_json_atomic
+from olmax.commands import HELP
+from olmax.config import ConfigError, OlmaxError, to_dict
+from olmax.data.tokenizer import get_tokenizer
+from olmax.eval.runner import EvalSuite, load_model, log_metrics
+from olmax.eval.scoring import Scorer
+from olmax.eval.tasks import expand_tasks, get_task
+from olmax.io import refuse_existing, write_json_atomic
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("eval", help="held-out perplexity and OLMES downstream tasks",
+    p = subparsers.add_parser("eval", help=HELP["eval"],
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", metavar="CKPT_DIR", help="olmax checkpoint or HF Olmo3 directory")
     p.add_argument("--tasks", action="append", default=[], metavar="SUITE_OR_TASKS",
@@ -37,27 +43,15 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from olmax.config import OlmaxError, to_dict
-
     if not args.tasks and not args.heldout:
         raise ConfigError("give --tasks and/or --heldout")
     for flag, value in (("--limit", args.limit), ("--heldout-max-docs", args.heldout_max_docs),
                         ("--max-length", args.max_length), ("--batch-size", args.batch_size)):
         if value is not None and value <= 0:
             raise ConfigError(f"{flag} must be positive (got {value})")
-    if Path(args.json_out).exists() and not args.force:
-        raise OlmaxError(f"{args.json_out} already exists (remove it or pass --force)")
-    from olmax.eval.tasks import expand_tasks, get_task
-
+    refuse_existing(args.json_out, args.force)
     for name in expand_tasks(args.tasks):  # unknown names fail before the model is loaded
         get_task(name)
-
-    from olmax.data.tokenizer import get_tokenizer
-    from olmax.eval.runner import EvalSuite, load_model, log_metrics
-    from olmax.eval.scoring import Scorer
-
     model = load_model(args.checkpoint)
     ctx = args.max_length or model.cfg.max_seq_len
     tok = get_tokenizer(args.tokenizer)
@@ -90,8 +84,6 @@ def run(args: argparse.Namespace) -> int:
 def _strict_json(obj):
     """``obj`` with every non-finite float replaced by None (strict JSON has no NaN), and how
     many there were."""
-    import math
-
     if isinstance(obj, float) and not math.isfinite(obj):
         return None, 1
     if isinstance(obj, dict):

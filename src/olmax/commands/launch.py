@@ -17,7 +17,12 @@ import os
 import sys
 from pathlib import Path
 
+from olmax.commands import HELP
+from olmax.commands.train import default_run_dir
 from olmax.config import ConfigError
+from olmax.launch import job as launch_job
+from olmax.launch import k8s, slurm, tpu
+from olmax.launch.job import shell_join
 
 SLURM_HELP = """\
 an sbatch script: one `olmax train` process per node via srun; JAX's SLURM detection connects
@@ -118,7 +123,7 @@ TARGETS = {"slurm": (SLURM_HELP, _slurm_options), "k8s": (K8S_HELP, _k8s_options
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("launch", help="write a SLURM, Kubernetes or TPU VM job for a recipe",
+    p = subparsers.add_parser("launch", help=HELP["launch"],
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="target", metavar="TARGET")
     sub.required = True
@@ -155,8 +160,6 @@ def split_options(args: argparse.Namespace) -> argparse.ArgumentParser:
 
 def command_line(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
     """The command, normalised (options after the overrides), for the generated file's header."""
-    from olmax.launch.job import shell_join
-
     argv = ["olmax", "launch", args.target, args.recipe, *args.overrides]
     for action in parser._actions:
         value = getattr(args, action.dest, None)
@@ -168,10 +171,6 @@ def command_line(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
 
 
 def run(args: argparse.Namespace) -> int:
-    from olmax.commands.train import default_run_dir
-    from olmax.launch import job as launch_job
-    from olmax.launch import k8s, slurm, tpu
-
     parser = split_options(args)
     if not args.out:
         raise ConfigError("--out FILE is required")

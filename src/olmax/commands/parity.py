@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from olmax.commands import HELP
+from olmax.config import OlmaxError
+from olmax.interop.parity import format_report, run_parity
 from olmax.io import write_json_atomic
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("parity", help="logit parity of HF transformers vs olmax",
+    p = subparsers.add_parser("parity", help=HELP["parity"],
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("hf_dir", metavar="HF_DIR", help="HF Olmo3ForCausalLM directory")
@@ -40,9 +43,6 @@ def add_parser(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from olmax.config import OlmaxError
-    from olmax.interop.parity import format_report, run_parity
-
     text = None
     if args.text is not None:
         path = Path(args.text)

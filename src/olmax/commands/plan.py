@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import argparse
 
+from olmax.commands import HELP
+from olmax.io import refuse_existing, write_json_atomic
+from olmax.perf.plan import DoesNotFit, format_plan, plan
+from olmax.train.recipes import load_recipe
+
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("plan", help="compile a recipe's step ahead of time: memory, FLOPs, "
-                                           "estimated speed, collectives",
+    p = subparsers.add_parser("plan", help=HELP["plan"],
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", help="recipe name or YAML path")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
@@ -34,24 +38,23 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from olmax.commands.bench import _check_output, _write
-    from olmax.perf.plan import DoesNotFit, format_plan, plan
-    from olmax.train.recipes import load_recipe
-
-    _check_output(args.json_out, args.force)
+    if args.json_out:
+        refuse_existing(args.json_out, args.force, flag="--json")
     cfg = load_recipe(args.recipe, args.overrides, find_mix=False)   # the plan reads no data
     try:
         result = plan(cfg, args.topology, parts=not args.no_parts, hlo_out=args.hlo_out)
     except DoesNotFit as e:
         print(f"olmax plan: {e}")
         if args.json_out:
-            _write(args.json_out, {"recipe": args.recipe, "overrides": list(args.overrides),
-                                   "topology": args.topology,
-                                   "memory": {"peak_bytes": e.needed, "hbm_bytes": e.available,
-                                              "fits": False}, "error": str(e)}, args.force)
+            write_json_atomic(args.json_out, {"recipe": args.recipe, "overrides": list(args.overrides),
+                                              "topology": args.topology,
+                                              "memory": {"peak_bytes": e.needed, "hbm_bytes": e.available,
+                                                         "fits": False}, "error": str(e)},
+                              overwrite=args.force)
         return 1
     print(format_plan(result))
-    _write(args.json_out, {**result.to_dict(), "recipe": args.recipe,
-                           "overrides": list(args.overrides)}, args.force)
+    if args.json_out:
+        write_json_atomic(args.json_out, {**result.to_dict(), "recipe": args.recipe,
+                                          "overrides": list(args.overrides)}, overwrite=args.force)
     return 0
 

@@ -10,14 +10,19 @@ checkpoints) is. No torch needed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
+from olmax.analysis.curves import read_rows
+from olmax.commands import HELP
+from olmax.commands.train import format_summary, split_options
+from olmax.train.recipes import load_recipe
+from olmax.train.trainer import Trainer
+
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("quickstart", help="train the tiny OLMo 3 recipe on the embedded corpus",
+    p = subparsers.add_parser("quickstart", help=HELP["quickstart"],
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value",
                    help="overrides of the olmo3_tiny recipe (e.g. train.max_steps=20)")
@@ -38,12 +43,7 @@ def _sparkline(values: list[float], width: int = 30) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from olmax.commands.train import format_summary, split_options
-
     split_options(args)
-    from olmax.train.recipes import load_recipe
-    from olmax.train.trainer import Trainer
-
     cfg = load_recipe("olmo3_tiny", args.overrides)
     run_dir = Path(args.run_dir or Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     t0 = time.time()
@@ -52,14 +52,12 @@ def run(args: argparse.Namespace) -> int:
     if not trainer.is_main:
         return 0
     losses, evals = [], {}
-    with open(run_dir / "metrics.jsonl") as f:
-        for line in f:
-            rec = json.loads(line)
-            if "loss" in rec:
-                losses.append(float(rec["loss"]))
-            for k, v in rec.items():
-                if k.startswith("eval/") and isinstance(v, (int, float)):
-                    evals[k] = (rec.get("step"), v)   # the latest value of each eval metric
+    for rec in read_rows(run_dir):
+        if "loss" in rec:
+            losses.append(float(rec["loss"]))
+        for k, v in rec.items():
+            if k.startswith("eval/") and isinstance(v, (int, float)):
+                evals[k] = (rec.get("step"), v)   # the latest value of each eval metric
     m = cfg.model
     print("olmax quickstart: trained OLMo 3 tiny "
           f"({m.num_params() / 1e6:.1f}M params, {m.n_layers} layers, windows "

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from olmax.commands import HELP
 from olmax.config import ConfigError
+from olmax.data.tokenize_files import TokenizeSettings, tokenize_files
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "tokenize", help="tokenize text into OLMo token files (doc + EOS, raw uint32 LE)",
+        "tokenize", help=HELP["tokenize"],
         description="Tokenize plain text files (one document each), JSONL (.jsonl, .jsonl.gz, "
                     ".jsonl.zst) or Parquet into raw little-endian token files, each document "
                     "followed by one EOS, plus manifest.json. Interrupted runs resume.")
@@ -29,8 +31,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from olmax.data.tokenize import TokenizeSettings, tokenize_files
-
     if args.workers < 1:
         raise ConfigError("--workers must be >= 1")
     settings = TokenizeSettings(tokenizer=args.tokenizer, text_field=args.text_field,

@@ -16,10 +16,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
+
+from olmax.commands import HELP
+from olmax.config import ConfigError
+from olmax.train.recipes import load_recipe
+from olmax.train.trainer import Trainer
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a model from a recipe", description=__doc__,
+    p = subparsers.add_parser("train", help=HELP["train"], description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", metavar="RECIPE", help="recipe YAML path or packaged recipe name")
     p.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value", help="config overrides")
@@ -34,8 +40,6 @@ def add_parser(subparsers) -> None:
 
 def split_options(args: argparse.Namespace) -> None:
     """Options may follow the overrides (``RECIPE key=value --run-dir DIR``): pull them out."""
-    from olmax.config import ConfigError
-
     rest, i = [], 0
     items = list(args.overrides)
     valued = {"--run-dir": ("run_dir", str, "a directory")}
@@ -68,8 +72,6 @@ def split_options(args: argparse.Namespace) -> None:
 
 
 def default_run_dir(recipe: str) -> str:
-    from pathlib import Path
-
     name = Path(recipe).name
     for suffix in (".yaml", ".yml"):
         name = name[: -len(suffix)] if name.endswith(suffix) else name
@@ -91,12 +93,7 @@ def format_summary(summary: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     split_options(args)
     if not 0 <= args.exit_code_on_stop <= 255:
-        from olmax.config import ConfigError
-
         raise ConfigError(f"--exit-code-on-stop must be 0..255 (got {args.exit_code_on_stop})")
-    from olmax.train.recipes import load_recipe
-    from olmax.train.trainer import Trainer
-
     cfg = load_recipe(args.recipe, args.overrides)
     run_dir = args.run_dir or default_run_dir(args.recipe)
     trainer = Trainer(cfg, run_dir, quiet=args.quiet)

@@ -35,7 +35,13 @@ import numpy as np
 
 from olmax.config import ConfigError
 from olmax.data.token_files import DocumentWriter
+from olmax.data.tokenizer import get_tokenizer
 from olmax.io import cache_root, write_bytes_atomic
+
+try:
+    from pydoc_data.topics import topics as PYDOC_TOPICS
+except ImportError:  # pragma: no cover - part of every CPython, but some distributions strip it
+    PYDOC_TOPICS = {}
 
 FILE_TOKENS = 1 << 21
 HELDOUT_MODULUS = 20
@@ -104,13 +110,9 @@ def _all_documents() -> tuple[tuple[str, str], ...]:
             continue
         if text:
             docs.append((f"stdlib/{path.relative_to(stdlib).as_posix()}", text))
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:  # pragma: no cover - part of every CPython
-        topics = {}
-    for key in sorted(topics):
-        if topics[key]:
-            docs.append((f"pydoc/{key}", topics[key]))
+    for key in sorted(PYDOC_TOPICS):
+        if PYDOC_TOPICS[key]:
+            docs.append((f"pydoc/{key}", PYDOC_TOPICS[key]))
     return tuple(docs)
 
 
@@ -142,8 +144,6 @@ def _split_key(split: str, tokenizer_identity: dict) -> str:
 
 def embedded_token_files(split: str = "train", cache_dir: str | os.PathLike | None = None) -> list[str]:
     """The split tokenized with dolma2 (doc + EOS, raw uint32), cached; returns the file paths in order."""
-    from olmax.data.tokenizer import get_tokenizer
-
     tok = get_tokenizer("dolma2")
     key = _split_key(split, tok.identity)
     root = cache_root(cache_dir) / "embedded"

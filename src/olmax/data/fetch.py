@@ -19,10 +19,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
+from tqdm import tqdm
 
 from olmax.config import ConfigError, OlmaxError
 from olmax.data.mixfile import DEFAULT_MIX_TOKENIZER, read_mix_file
 from olmax.data.remote import download, is_remote, join, remote_files
+from olmax.data.token_files import parse_dtype
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,6 @@ def fetch(items: list[FetchItem], *, workers: int = 4, dtype: str = "uint32",
           progress: bool = True) -> dict:
     """Copy every item (``workers`` at a time); returns the summary. The first failure (after the
     other copies finish) is an OlmaxError naming the file and how many failed."""
-    from tqdm import tqdm
-
-    from olmax.data.token_files import parse_dtype
-
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     itemsize = parse_dtype(dtype).itemsize

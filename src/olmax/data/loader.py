@@ -18,7 +18,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Iterator
 
+import grain
 import numpy as np
+from absl import flags
 
 from olmax.config import ConfigError, DataConfig
 from olmax.data.filters import RepetitionFilter, instance_mask
@@ -122,8 +124,6 @@ class TrainData:
     def iterate(self, start_b: int = 0, process_index: int = 0,
                 process_count: int = 1) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """Yields ``(b, host_batch(b, ...))`` for b = start_b, start_b + 1, ... (grain-backed, endless)."""
-        import grain
-
         ds = grain.MapDataset.range(start_b, _ITER_END).map(
             _HostBatch(self, process_index, process_count))
         threads = max(1, self.prefetch)
@@ -150,10 +150,6 @@ class _HostBatch:
 
 def _ensure_absl_flags() -> None:
     """grain worker processes read absl flags; mark them parsed when the host program has not."""
-    try:
-        from absl import flags
-    except ImportError:  # pragma: no cover - grain depends on absl
-        return
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
 

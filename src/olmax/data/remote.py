@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 from urllib.parse import urlsplit
 
+import fsspec
+
 from olmax.config import OlmaxError
 from olmax.io import publish_file
 
@@ -135,10 +137,8 @@ class RemoteFiles:
             fs = self._fs.get(key)
             if fs is None:
                 try:
-                    import fsspec
-
                     fs = fsspec.filesystem(proto, skip_instance_cache=True)
-                except ImportError as e:
+                except ImportError as e:   # the protocol's implementation (s3fs, gcsfs, aiohttp)
                     raise OlmaxError(f"{url}: reading {proto}:// needs {e.name} "
                                      f"(pip install 'olmax' brings it)") from None
                 self._fs[key] = fs

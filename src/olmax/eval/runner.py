@@ -14,17 +14,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import jax
 import numpy as np
+from tqdm.auto import tqdm
 
+from olmax.checkpoint.params import load_meta, load_params
 from olmax.config import ModelConfig, OlmaxError
 from olmax.data.heldout import load_heldout_sets
 from olmax.data.sources import heldout_sets
 from olmax.data.tokenizer import get_tokenizer
 from olmax.eval.contamination import OverlapGuard
 from olmax.eval.downstream import DownstreamTask, prepare_task
+from olmax.eval.metrics import labelled
 from olmax.eval.perplexity import perplexity
 from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
+from olmax.interop.hf import load_hf
+from olmax.interop.vocab_padding import softmax_vocab
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +55,8 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     if not p.exists():
         raise OlmaxError(f"checkpoint not found: {p}")
     if is_hf_dir(p):
-        import jax
-
-        from olmax.interop.hf import load_hf
-
         params, cfg, _ = load_hf(p)
         return LoadedModel(jax.tree.map(jax.numpy.asarray, params), cfg, "hf", cfg.vocab_size)
-    from olmax.checkpoint.params import load_meta, load_params
-    from olmax.interop.vocab_padding import softmax_vocab
-
     params, cfg = load_params(p)
     # padding rows the source never had stay out of the softmax (olmax.interop.vocab_padding)
     return LoadedModel(params, cfg, "olmax", softmax_vocab(load_meta(p), cfg))
@@ -115,8 +114,6 @@ class EvalSuite:
         """{"heldout": {label: {...}}, "downstream": {task: {...}}, "seconds": s}."""
         bar = None
         if progress:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=self.total_items, desc=desc, unit="seq", leave=False)
         tick = bar.update if bar is not None else None
         t0 = time.time()
@@ -143,8 +140,6 @@ class EvalSuite:
 
 def log_metrics(results: dict[str, Any]) -> dict[str, float]:
     """Flat OLMo-core-style log keys of :meth:`EvalSuite.run` results."""
-    from olmax.eval.metrics import labelled
-
     flat: dict[str, float] = {}
     for label, r in results.get("heldout", {}).items():
         for k in ("CE loss", "PPL"):

@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from olmax.config import ConfigError, OlmaxError
+from olmax.eval.olmes_data import OlmesData
 
 # OLMo-core eval/task_groups.py: FAST_TASKS (the OLMo 3 stage-1 in-loop downstream set).
 FAST_TASKS: tuple[str, ...] = (
@@ -59,8 +60,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "quick": ("arc_easy_test_bpb_5shot", "basic_skills_arithmetic_rc_5shot", "copycolors_10way_fast"),
 }
 
-SUPPORTED_CLASSES = ("OEEvalTask", "MMLU")
-METRIC_TYPES = ("acc", "len_norm", "bpb", "ce_loss", "f1", "pmi_dc")
+SUPPORTED_CLASSES = ("OEEvalTask", "MMLU")   # each with a builder in olmax.eval.downstream.TASK_BUILDERS
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,6 @@ def _parse_task_table(source: str) -> tuple[dict[str, TaskSpec], dict[str, Any]]
 
 @lru_cache(maxsize=2)
 def _table(cache: str | None) -> tuple[dict[str, TaskSpec], dict[str, Any]]:
-    from olmax.eval.olmes_data import OlmesData
-
     return _parse_task_table(OlmesData(cache).read_text("tasks.py"))
 
 

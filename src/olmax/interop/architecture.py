@@ -22,7 +22,11 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from olmax.checkpoint.format import resolve_step_dir
+from olmax.checkpoint.params import load_model_config
 from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dict
+from olmax.interop.hf import check_safetensors_dir, model_config_from_hf, read_hf_config
+from olmax.model.presets import get_preset
 
 ARCH_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
                "vocab_size", "rope_theta", "rope_scaling", "norm_eps", "qk_norm", "block_type",
@@ -68,14 +72,9 @@ def source_config(hf_dir: str | None, checkpoint: str | None, *,
     """``(ModelConfig, which key, where it was read)`` of ``init.checkpoint`` or ``init.hf_dir``
     (the trainer's order), or None when neither is set."""
     if checkpoint:
-        from olmax.checkpoint.format import resolve_step_dir
-        from olmax.checkpoint.params import load_model_config
-
         step = resolve_step_dir(checkpoint)
         return load_model_config(step), "init.checkpoint", f"{step}/meta"
     if hf_dir:
-        from olmax.interop.hf import check_safetensors_dir, model_config_from_hf, read_hf_config
-
         where = os.path.join(str(hf_dir), "config.json")
         cfg = model_config_from_hf(read_hf_config(hf_dir), where=where,
                                    padded_vocab_size=padded_vocab_size)
@@ -120,8 +119,6 @@ def _given_fields(section: Any) -> dict:
     preset = section.pop("preset", None)
     if preset is None:
         return section
-    from olmax.model.presets import get_preset
-
     if not isinstance(preset, str):
         raise ConfigError(f"model.preset: expected str, got {preset!r}")
     return {**to_dict(get_preset(preset)), **section}

@@ -58,6 +58,7 @@ from olmax.interop import vocab_padding
 from olmax.interop.vocab_padding import padding_rows
 from olmax.io import atomic_output_dir, check_output_dir
 from olmax.model.finite import raise_non_finite, tensor_problem
+from olmax.model.olmo3 import param_shapes
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
 HF_MODEL_TYPE = "olmo3"
@@ -341,8 +342,6 @@ def hf_config_from_model(cfg: ModelConfig, *, dtype: str = "float32",
 
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF state dict (name -> [out, in] shape) of ``cfg``, in HF's module order."""
-    from olmax.model.olmo3 import param_shapes
-
     layer_shapes = param_shapes(cfg)["layers"]
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.d_model)}
     for i in range(cfg.n_layers):
@@ -491,8 +490,6 @@ def load_hf(hf_dir: str | os.PathLike, *, dtype: str = "float32",
     The source info holds the original ``hf_config`` and the file's ``hf_dtype`` (so an export
     can reproduce the directory). Every tensor is checked against the config's shapes.
     """
-    from olmax.model.olmo3 import param_shapes
-
     target = dtype_of(dtype)
     weights, cfg, info = open_hf(hf_dir, padded_vocab_size=padded_vocab_size)
     expected = hf_tensor_shapes(cfg)
@@ -573,8 +570,6 @@ def streamed_params(weights: SafetensorsDir, cfg: ModelConfig, dtype: str) -> di
     the checkpoint writer asks for is read from the safetensors files when asked (vocabulary
     rows, one layer's tensor), transposed and cast to ``dtype``; the padding rows are made as
     OLMo-core's HF loader makes them (computed once, from two passes over the rows)."""
-    from olmax.model.olmo3 import param_shapes
-
     target = dtype_of(dtype)
     v = cfg.vocab_size
     last: dict[str, np.ndarray] = {}      # the most recent layer tensor (a chunk may be part of one)

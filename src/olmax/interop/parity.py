@@ -19,18 +19,22 @@ dependencies imported only here.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from olmax.checkpoint.params import load_model_config, load_params
 from olmax.config import ConfigError, ModelConfig, OlmaxError
+from olmax.data.tokenizer import get_tokenizer
 from olmax.interop.architecture import describe, differences
 from olmax.interop.hf import check_safetensors_dir, load_hf, model_config_from_hf, read_hf_config
+from olmax.model.olmo3 import forward
 
 DTYPES = ("float32", "bfloat16")
 
@@ -90,8 +94,6 @@ def tokens_from_file(path: str | os.PathLike, batch: int, seq_len: int) -> np.nd
 
 
 def tokens_from_text(text: str, hf_dir: str | os.PathLike, batch: int, seq_len: int) -> np.ndarray:
-    from olmax.data.tokenizer import get_tokenizer
-
     tok_json = Path(hf_dir) / "tokenizer.json"
     tok = get_tokenizer(str(tok_json) if tok_json.is_file() else "dolma2")
     ids = np.asarray(tok.encode(text), dtype=np.int32)
@@ -187,12 +189,6 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
                tokens: np.ndarray | None = None, token_file: str | None = None,
                text: str | None = None) -> dict[str, Any]:
     """Run both models on the same batch and return the parity report (a JSON-able dict)."""
-    import jax
-    import jax.numpy as jnp
-
-    from olmax.model.olmo3 import forward
-    from olmax.checkpoint.params import load_params
-
     if dtype not in DTYPES:
         raise ConfigError(f"unsupported dtype '{dtype}' (choose from {', '.join(DTYPES)})")
     if batch < 1 or (seq_len is not None and seq_len < 1):
@@ -201,8 +197,6 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     hf_cfg = model_config_from_hf(read_hf_config(hf_dir), where=str(Path(hf_dir) / "config.json"))
     check_safetensors_dir(hf_dir)      # before transformers reads anything (no pickles)
     if checkpoint is not None:
-        from olmax.checkpoint.params import load_model_config
-
         _check_same_architecture(load_model_config(checkpoint), hf_cfg, checkpoint, hf_dir)
         params, cfg = load_params(checkpoint)
         source = str(checkpoint)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from olmax.config import OlmaxError
@@ -29,15 +31,11 @@ def _numpy_counts(x: Any, axes) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _count(xs: list, axes: tuple) -> list:
-    import jax.numpy as jnp
-
     return [(jnp.isnan(x).sum(axis=ax), jnp.isinf(x).sum(axis=ax)) for x, ax in zip(xs, axes)]
 
 
 def _jax_counts(leaves: list, axes: list) -> list[tuple[np.ndarray, np.ndarray]]:
     """NaN/Inf counts of device arrays, in one compiled program computed where the data lives."""
-    import jax
-
     axes = tuple(axes)
     out_shardings = None
     if not all(getattr(x, "is_fully_addressable", True) for x in leaves):
@@ -71,8 +69,6 @@ def tensor_problem(name: str, x: Any) -> str | None:
 def params_problems(params: Any) -> list[str]:
     """One entry per non-finite tensor of an olmax parameter tree; stacked layer parameters
     are reported per layer (``layers.up_proj[2]``)."""
-    import jax
-
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     names = [".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in kp) for kp, _ in flat]
     leaves = [leaf for _, leaf in flat]

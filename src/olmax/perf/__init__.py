@@ -1,0 +1,1 @@
+"""olmax.perf: throughput benchmarks of the trainer's own step (``olmax bench``)."""

@@ -39,6 +39,7 @@ import time
 from typing import Any
 
 from olmax.config import ConfigError, OlmaxError, RunConfig
+from olmax.io import write_bytes_atomic
 
 GiB = 2 ** 30
 
@@ -420,9 +421,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
 
     text = compiled.as_text()
     if hlo_out:
-        from olmax.analysis.curves import atomic_write
-
-        atomic_write(hlo_out, text.encode(), overwrite=True)
+        write_bytes_atomic(hlo_out, text.encode())
     prog = hlo.analyse(text)
     kernel, kernel_calls = _kernel_flops(prog)
     whole = _cost(compiled)

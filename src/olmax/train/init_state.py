@@ -38,7 +38,7 @@ from olmax.config import ModelConfig, OlmaxError, RunConfig, to_dict
 from olmax.interop.architecture import check_model, describe
 from olmax.interop.hf import load_hf
 from olmax.model.finite import check_params
-from olmax.train.metrics import rewind_jsonl
+from olmax.train.run_log import rewind_jsonl
 
 
 class Start(NamedTuple):

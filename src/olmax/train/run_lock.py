@@ -44,6 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 from olmax.config import OlmaxError
 from olmax.train.callbacks.base import Callback
 
@@ -392,8 +396,6 @@ class _Follower(Callback):
 def lock_run_dir(run_dir: str | os.PathLike, *, is_main: bool = True) -> RunDirLock | _Follower:
     """Process 0 takes the run directory's lock; in a multi-process job every process learns the
     outcome and raises the same kind of error when the directory is taken."""
-    import jax
-
     error: OlmaxError | None = None
     lock: RunDirLock | _Follower = _Follower()
     if is_main:
@@ -402,9 +404,6 @@ def lock_run_dir(run_dir: str | os.PathLike, *, is_main: bool = True) -> RunDirL
         except OlmaxError as e:
             error = e
     if jax.process_count() > 1:
-        import numpy as np
-        from jax.experimental import multihost_utils
-
         failed = bool(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
         if failed and error is None:
             error = RunDirInUse(f"run directory {run_dir}: process 0 could not lock it (see its "

@@ -54,7 +54,7 @@ from olmax.parallel.distributed import maybe_initialize
 from olmax.parallel.mesh import make_mesh
 from olmax.train.callbacks import Callback, Run, build_callbacks
 from olmax.train.init_state import initial_state
-from olmax.train.metrics import MetricsLogger
+from olmax.train.run_log import MetricsLogger
 from olmax.train.optim import build_optimizer
 from olmax.train.run_lock import lock_run_dir
 from olmax.train.schedules import build_schedule

@@ -29,7 +29,11 @@ import numpy as np
 
 from olmax.config import ConfigError, RunConfig
 from olmax.model.attention import resolve_attn_impl
-from olmax.model.flops import flops_per_token, peak_flops
+from olmax.model.flops import flops_per_token, mfu, peak_flops
+from olmax.model.olmo3 import count_params, init_params
+from olmax.train.optim import build_optimizer
+from olmax.train.state import init_train_state
+from olmax.train.step import jit_train_step, make_train_step, num_micro_batches
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -122,11 +126,6 @@ class TrainStepRunner:
     waits for it. ``compile_s`` is the ahead-of-time lowering + compilation time."""
 
     def __init__(self, cfg: RunConfig, seed: int = 0):
-        from olmax.model.olmo3 import init_params
-        from olmax.train.optim import build_optimizer
-        from olmax.train.state import init_train_state
-        from olmax.train.step import jit_train_step, make_train_step, num_micro_batches
-
         model_cfg, train_cfg = cfg.model, cfg.train
         b, t = train_cfg.global_batch_size, train_cfg.seq_len
         tx = build_optimizer(cfg.optim)
@@ -152,8 +151,6 @@ class TrainStepRunner:
 def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
                 ceiling_flops: float | None = None, seed: int = 0) -> TrainBench:
     """Time ``steps`` training steps of ``cfg`` (model, train, optim sections) on one device."""
-    from olmax.model.olmo3 import count_params
-
     if steps < 1 or warmup < 0:
         raise ConfigError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
     model_cfg, train_cfg = cfg.model, cfg.train
@@ -181,8 +178,8 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
         step_s_mean=statistics.fmean(times), step_s_min=min(times), tokens_per_s=tps,
         flops_per_token_olmo_core=f_oc, flops_per_token_causal=f_c,
         tflops_per_s_causal=tps * f_c / 1e12,
-        mfu_olmo_core=tps * f_oc / peak if peak else None,
-        mfu_causal=tps * f_c / peak if peak else None,
+        mfu_olmo_core=mfu(tps, model_cfg, t, peak, "olmo_core"),
+        mfu_causal=mfu(tps, model_cfg, t, peak, "causal"),
         ceiling_flops_per_s=ceiling_flops,
         pct_of_ceiling_olmo_core=ratio(f_oc), pct_of_ceiling_causal=ratio(f_c),
         peak_memory_bytes=mem, peak_memory_kind=mem_kind, final_loss=float(metrics["loss"]))

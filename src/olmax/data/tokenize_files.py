@@ -26,6 +26,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import multiprocessing as mp
 import os
 import shutil
@@ -36,9 +37,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 
+import zstandard
+from tqdm import tqdm
+
 from olmax.config import ConfigError, OlmaxError
 from olmax.data.token_files import DocumentWriter
+from olmax.data.tokenizer import get_tokenizer, token_dtype
 from olmax.io import write_bytes_atomic
+
+_log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 PROGRESS_DIR = ".progress"
@@ -103,8 +110,6 @@ def _open_lines(path: Path) -> io.BufferedIOBase:
     if name.endswith(".gz"):
         return gzip.open(path, "rb")
     if name.endswith(".zst"):
-        import zstandard
-
         return io.BufferedReader(zstandard.open(path, "rb"))  # the raw reader cannot iterate lines
     return open(path, "rb")
 
@@ -240,16 +245,12 @@ _WORKER_TOKENIZER: Any = None
 
 def _worker_init(tokenizer: str) -> None:
     global _WORKER_TOKENIZER
-    from olmax.data.tokenizer import get_tokenizer
-
     _WORKER_TOKENIZER = get_tokenizer(tokenizer)
 
 
 def _tokenize_group(task: tuple[int, list[tuple[str, int, int | None]], str, TokenizeSettings]) -> GroupResult:
     """Tokenize one group of input segments into ``out/part-GGGGG-JJJJ.npy``; returns what it wrote."""
     group, segments, out_dir, settings = task
-    from olmax.data.tokenizer import token_dtype
-
     tok = _WORKER_TOKENIZER
     if tok is None:
         _worker_init(settings.tokenizer)
@@ -309,10 +310,10 @@ def _input_record(p: Path) -> dict[str, Any]:
 
 def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettings = TokenizeSettings(),
                    *, workers: int = 1, progress: bool = True,
-                   log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Tokenize ``inputs`` into ``out_dir``; returns the manifest. Resumes an interrupted run."""
-    from olmax.data.tokenizer import get_tokenizer, token_dtype
-
+                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Tokenize ``inputs`` into ``out_dir``; returns the manifest. Resumes an interrupted run.
+    Status lines go to ``log`` (default: this module's logger)."""
+    log = log or _log.info
     if settings.max_file_tokens <= 0:
         raise ConfigError("tokenize: the file size limit must be positive")
     out = Path(out_dir)
@@ -352,8 +353,6 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
     total_bytes = sum(r["bytes"] for r in records)
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize",
                    initial=sum(r.input_bytes for r in done.values()))
     t0 = time.perf_counter()
