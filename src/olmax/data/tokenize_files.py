@@ -323,7 +323,32 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
     tok = get_tokenizer(settings.tokenizer)
     records = [_input_record(p) for p in paths]
     groups = plan_groups(paths, settings.group_bytes)
-    plan = {"settings": asdict(settings), "tokenizer": tok.identity, "inputs": records, "groups": groups}
+    _start_or_resume(out, {"settings": asdict(settings), "tokenizer": tok.identity, "inputs": records,
+                           "groups": groups})
+    done: dict[int, GroupResult] = {}
+    for g in range(len(groups)):
+        marker = out / PROGRESS_DIR / f"{g:05d}.json"
+        if marker.is_file():
+            done[g] = GroupResult(**json.loads(marker.read_text()))
+    todo = [(g, [(str(paths[i]), start, end) for i, start, end in groups[g]], str(out), settings)
+            for g in range(len(groups)) if g not in done]
+    if done:
+        log(f"resuming: {len(done)} of {len(groups)} groups already done")
+    t0 = time.perf_counter()
+    new_tokens = _run_groups(todo, done, settings, workers,
+                             total_bytes=sum(r["bytes"] for r in records) if progress else None)
+    seconds = time.perf_counter() - t0
+    manifest = _manifest([done[g] for g in range(len(groups))], tok, settings, records)
+    write_bytes_atomic(out / MANIFEST, json.dumps(manifest, indent=1).encode())
+    shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
+    manifest["_seconds"] = seconds
+    manifest["_new_tokens"] = new_tokens
+    return manifest
+
+
+def _start_or_resume(out: Path, plan: dict[str, Any]) -> None:
+    """Write the plan into a new (or empty) ``out``; a run of the same plan resumes, one of another
+    plan with groups done (or a finished tokenization) is refused."""
     plan_path = out / PROGRESS_DIR / "plan.json"
     if (out / MANIFEST).exists():
         raise OlmaxError(f"{out / MANIFEST} exists: {out} already holds a finished tokenization "
@@ -340,22 +365,15 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
             raise OlmaxError(f"{out} is not empty; refusing to write into it")
         write_bytes_atomic(plan_path, json.dumps(plan, indent=1).encode())
 
-    done: dict[int, GroupResult] = {}
-    for g in range(len(groups)):
-        marker = out / PROGRESS_DIR / f"{g:05d}.json"
-        if marker.is_file():
-            done[g] = GroupResult(**json.loads(marker.read_text()))
-    todo = [(g, [(str(paths[i]), start, end) for i, start, end in groups[g]], str(out), settings)
-            for g in range(len(groups)) if g not in done]
-    if done:
-        log(f"resuming: {len(done)} of {len(groups)} groups already done")
 
-    total_bytes = sum(r["bytes"] for r in records)
+def _run_groups(todo: list, done: dict[int, GroupResult], settings: TokenizeSettings, workers: int,
+                total_bytes: int | None) -> int:
+    """Tokenize the groups of ``todo`` (in worker processes when ``workers > 1``), recording each
+    in ``done``; a progress bar over ``total_bytes`` when given. Returns the tokens written."""
     bar = None
-    if progress:
+    if total_bytes is not None:
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize",
                    initial=sum(r.input_bytes for r in done.values()))
-    t0 = time.perf_counter()
     new_tokens = 0
 
     def record(res: GroupResult) -> None:
@@ -382,32 +400,31 @@ def tokenize_files(inputs: Sequence[str], out_dir: str, settings: TokenizeSettin
         if bar is not None:
             bar.leave = ok    # a failed run's bar is cleared: its error line stands alone
             bar.close()
-    seconds = time.perf_counter() - t0
+    return new_tokens
 
+
+def _manifest(results: list[GroupResult], tok: Any, settings: TokenizeSettings,
+              records: list[dict]) -> dict[str, Any]:
+    """The manifest of a finished tokenization (groups in order); an empty input is an error."""
     split_docs: dict[str, int] = {}
-    for r in done.values():
+    for r in results:
         for path, n in r.range_documents.items():
             split_docs[path] = split_docs.get(path, 0) + n
     for path, n in split_docs.items():
         if n == 0:
             raise OlmaxError(f"{path}: empty input (no non-empty document)")
-    files = [f for g in range(len(groups)) for f in done[g].files]
     manifest = {
         "format": "olmo raw token files: headerless little-endian, each document + one EOS",
         "dtype": token_dtype(tok.vocab_size).name,
         "tokenizer": tok.identity,
         "text_field": settings.text_field,
         "max_file_tokens": settings.max_file_tokens,
-        "documents": sum(r.documents for r in done.values()),
-        "tokens": sum(r.tokens for r in done.values()),
-        "skipped_empty": sum(r.skipped_empty for r in done.values()),
+        "documents": sum(r.documents for r in results),
+        "tokens": sum(r.tokens for r in results),
+        "skipped_empty": sum(r.skipped_empty for r in results),
         "inputs": records,
-        "files": files,
+        "files": [f for r in results for f in r.files],
     }
     if manifest["documents"] == 0:
         raise OlmaxError("tokenize: the inputs hold no non-empty document")
-    write_bytes_atomic(out / MANIFEST, json.dumps(manifest, indent=1).encode())
-    shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
-    manifest["_seconds"] = seconds
-    manifest["_new_tokens"] = new_tokens
     return manifest
