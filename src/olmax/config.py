@@ -150,15 +150,6 @@ class ModelConfig:
         p = self.window_pattern
         return tuple(p[i % len(p)] for i in range(self.n_layers))
 
-    def num_params(self) -> int:
-        """Parameter count, embeddings and LM head at the padded vocabulary size."""
-        d, f = self.d_model, self.mlp_hidden
-        qk = {"full": self.q_dim + self.kv_dim, "head": 2 * self.head_dim, "none": 0}[self.qk_norm]
-        attn = d * self.q_dim + 2 * d * self.kv_dim + self.q_dim * d + qk
-        block = attn + 3 * d * f + 2 * d
-        head = 0 if self.tie_embeddings else self.padded_vocab_size * d
-        return self.n_layers * block + self.padded_vocab_size * d + head + d
-
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 

@@ -99,7 +99,7 @@ def _tiny_cfg(**changes):
 def _params(cfg, seed=0):
     import jax
 
-    from olmax.model.olmo3 import init_params
+    from olmax.model.params import init_params
 
     return jax.tree.map(np.asarray, init_params(cfg, jax.random.key(seed)))
 

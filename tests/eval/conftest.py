@@ -4,7 +4,7 @@ import jax
 import pytest
 
 from olmax.config import ModelConfig
-from olmax.model import olmo3
+from olmax.model.params import init_params
 
 
 def tiny_cfg(**kw) -> ModelConfig:
@@ -17,4 +17,4 @@ def tiny_cfg(**kw) -> ModelConfig:
 @pytest.fixture(scope="session")
 def tiny():
     cfg = tiny_cfg()
-    return cfg, olmo3.init_params(cfg, jax.random.key(7))
+    return cfg, init_params(cfg, jax.random.key(7))

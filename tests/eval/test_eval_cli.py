@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from olmax.cli import main
-from olmax.model import olmo3
+from olmax.model.params import init_params
 
 from conftest import tiny_cfg
 
@@ -31,7 +31,7 @@ def ckpt(files):
 
     tmp, _, _ = files
     cfg = tiny_cfg(vocab_size=100278, padded_vocab_size=100352, d_model=16, head_dim=4, mlp_hidden=32)
-    return str(save_params(tmp / "ckpt", olmo3.init_params(cfg, jax.random.key(3)), cfg)), cfg
+    return str(save_params(tmp / "ckpt", init_params(cfg, jax.random.key(3)), cfg)), cfg
 
 
 def test_eval_olmax_checkpoint(files, ckpt, capsys):
@@ -85,7 +85,7 @@ def test_bad_input(files, ckpt, capsys):
     from olmax.checkpoint.params import save_params
 
     other = tiny_cfg(vocab_size=100278, padded_vocab_size=100352, d_model=24, head_dim=6, mlp_hidden=32)
-    wrong = save_params(tmp / "wrong", olmo3.init_params(ckpt[1], jax.random.key(0)), other)
+    wrong = save_params(tmp / "wrong", init_params(ckpt[1], jax.random.key(0)), other)
     cases.append((["eval", str(wrong), "--heldout", held], "has shape"))
     for argv, msg in cases:
         capsys.readouterr()

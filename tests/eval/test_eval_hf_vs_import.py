@@ -12,7 +12,7 @@ import numpy as np
 from olmax.cli import main
 from olmax.config import ModelConfig
 from olmax.interop import hf as hfio
-from olmax.model.olmo3 import init_params
+from olmax.model.params import init_params
 
 
 def test_eval_of_an_hf_directory_equals_eval_of_its_import(tmp_path):

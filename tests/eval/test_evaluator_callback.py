@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from olmax.config import OlmaxError, to_dict
-from olmax.model import olmo3
+from olmax.model.params import init_params
 from olmax.train.callbacks import Run
 from olmax.train.callbacks.evaluator import EvaluatorCallback
 from olmax.train.recipes import run_config_from_dict
@@ -33,7 +33,7 @@ def setup(tmp_path_factory):
     files = dict(train=_write(tmp / "train.bin", train), held=_write(tmp / "held.bin", held),
                  clean=_write(tmp / "clean.bin", docs(5)))
     cfg = tiny_cfg(vocab_size=100278, padded_vocab_size=100352, d_model=16, head_dim=4, mlp_hidden=32)
-    return files, cfg, olmo3.init_params(cfg, jax.random.key(0))
+    return files, cfg, init_params(cfg, jax.random.key(0))
 
 
 def _trainer(files, cfg, params, **eval_cfg):

@@ -251,7 +251,7 @@ def test_stop_signal_turns_sigterm_into_a_flag():
 
 def test_load_params_reads_a_training_step_dir(tmp_path):
     from olmax.config import to_dict
-    from olmax.model.olmo3 import init_params
+    from olmax.model.params import init_params
     from olmax.model.presets import get_preset
 
     cfg = get_preset("olmo3-tiny").replace(vocab_size=96, padded_vocab_size=128)

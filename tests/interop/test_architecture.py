@@ -17,7 +17,7 @@ import yaml
 
 from olmax.config import ModelConfig, OlmaxError, RunConfig
 from olmax.interop import hf as hfio
-from olmax.model.olmo3 import init_params
+from olmax.model.params import init_params
 from olmax.train.recipes import load_recipe
 
 SOURCE = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,

@@ -12,7 +12,7 @@ from olmax.cli import main
 from olmax.config import CheckpointConfig, ModelConfig, OlmaxError, OptimConfig, to_dict
 from olmax.interop import hf as hfio
 from olmax.model.finite import check_params, params_problems
-from olmax.model.olmo3 import init_params
+from olmax.model.params import init_params
 from olmax.checkpoint.params import save_params
 from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.train.optim import build_optimizer

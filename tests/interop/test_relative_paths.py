@@ -13,7 +13,7 @@ import pytest
 from olmax.cli import main
 from olmax.config import CheckpointConfig, ModelConfig, OptimConfig, to_dict
 from olmax.interop import hf as hfio
-from olmax.model.olmo3 import init_params
+from olmax.model.params import init_params
 from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state

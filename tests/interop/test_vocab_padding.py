@@ -18,7 +18,7 @@ import pytest
 from olmax.config import ModelConfig
 from olmax.interop import hf as hfio
 from olmax.interop.vocab_padding import mean_resized_rows, softmax_vocab
-from olmax.model.olmo3 import init_params
+from olmax.model.params import init_params
 from olmax.checkpoint.params import load_meta, load_params
 
 from hf_models import make_hf_model

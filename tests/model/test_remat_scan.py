@@ -10,6 +10,7 @@ import pytest
 
 from olmax.config import ModelConfig
 from olmax.model import olmo3
+from olmax.model.params import param_shapes
 from olmax.model.rope import rope_tables
 
 # Two scan groups of a period-2 pattern: a wrong group/position pairing changes the numbers.
@@ -25,7 +26,7 @@ def _params_and_tokens():
     params = jax.tree_util.tree_map_with_path(
         lambda kp, s: jnp.asarray((1.0 if "norm" in jax.tree_util.keystr(kp) else 0.0)
                                   + 0.2 * rng.standard_normal(s), jnp.float32),
-        olmo3.param_shapes(CFG), is_leaf=lambda x: isinstance(x, tuple))
+        param_shapes(CFG), is_leaf=lambda x: isinstance(x, tuple))
     tokens = jnp.asarray(rng.integers(0, CFG.vocab_size, (2, T)))
     return params, tokens
 

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from olmax.config import ConfigError, MeshConfig, OptimConfig
-from olmax.model.olmo3 import abstract_params, param_axes, param_shapes
+from olmax.model.params import abstract_params, param_axes, param_shapes
 from olmax.model.presets import get_preset
 from olmax.parallel.mesh import resolve_mesh_shape
 from olmax.parallel.sharding import logical_to_spec

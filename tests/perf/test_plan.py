@@ -10,6 +10,7 @@ import pytest
 
 from olmax.cli import main
 from olmax.model.flops import flops_per_token
+from olmax.model.params import count_params
 from olmax.perf import hlo
 from olmax.perf.plan import parse_hbm_oom
 from olmax.train.recipes import load_recipe
@@ -29,7 +30,7 @@ def test_plan_on_local_cpu(tmp_path, capsys):
     m = p["memory"]
     assert m["fits"] is True and 0 < m["peak_bytes"] < m["hbm_bytes"]
     cfg = load_recipe("olmo3_tiny", overrides)
-    assert m["argument_bytes"] >= 12 * cfg.model.num_params()   # fp32 params + Adam mu, nu
+    assert m["argument_bytes"] >= 12 * count_params(cfg.model)   # fp32 params + Adam mu, nu
     f = p["flops_per_step"]
     assert f["causal"] == pytest.approx(flops_per_token(cfg.model, 128, "causal") * 4 * 128)
     # Full remat recomputes the forward (8N instead of 6N on the layers) and xla attention is

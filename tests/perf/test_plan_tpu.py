@@ -9,6 +9,7 @@ import pytest
 
 from olmax.cli import main
 from olmax.model.flops import flops_per_token
+from olmax.model.params import count_params
 from olmax.train.recipes import load_recipe
 
 pytestmark = pytest.mark.tpu
@@ -47,7 +48,7 @@ def test_plan_memory_is_consistent(tiny_plan):
     assert m["peak_bytes"] < m["hbm_bytes"]
     # fp32 parameters + Adam mu/nu, FSDP over 4 devices: arguments hold about 12 bytes/param / 4.
     cfg = load_recipe("olmo3_tiny", OVERRIDES)
-    n = cfg.model.num_params()
+    n = count_params(cfg.model)
     assert 12 * n / 4 <= m["argument_bytes"] <= 1.2 * 12 * n / 4 + 2 ** 20
 
 

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from olmax.config import ModelConfig, OptimConfig, TrainConfig
-from olmax.model.olmo3 import forward, init_params
+from olmax.model.olmo3 import forward
+from olmax.model.params import init_params
 from olmax.train.loss import IGNORE_INDEX, lm_loss_sums, loss_denominator, make_labels
 from olmax.train.optim import skip_step_adamw
 from olmax.train.state import init_train_state

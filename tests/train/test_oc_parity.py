@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from olmax.config import ModelConfig, OptimConfig, SchedulerConfig, TrainConfig
-from olmax.model.olmo3 import init_params
+from olmax.model.params import init_params
 from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.state import init_train_state

@@ -38,7 +38,7 @@ from olmax.checkpoint.format import (META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, che
 from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dict
 from olmax.io import atomic_output_dir
 from olmax.model.finite import check_params, raise_non_finite, tensor_problem
-from olmax.model.olmo3 import param_shapes
+from olmax.model.params import param_shapes
 
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from olmax.analysis.curves import read_rows
 from olmax.commands import HELP
 from olmax.commands.train import format_summary, split_options
+from olmax.model.params import count_params
 from olmax.train.recipes import load_recipe
 from olmax.train.trainer import Trainer
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                 evals[k] = (rec.get("step"), v)   # the latest value of each eval metric
     m = cfg.model
     print("olmax quickstart: trained OLMo 3 tiny "
-          f"({m.num_params() / 1e6:.1f}M params, {m.n_layers} layers, windows "
+          f"({count_params(m) / 1e6:.1f}M params, {m.n_layers} layers, windows "
           f"{list(m.window_pattern)}) on the embedded corpus")
     print(f"  loss curve  {_sparkline(losses)}  ({len(losses)} steps)")
     print(f"  {format_summary(summary)}")

@@ -13,16 +13,10 @@ Config (``config.json``, transformers ``configuration_olmo3.py``) -> :class:`Mod
 - QK-norm is full-width and blocks are reordered post-norm (the only Olmo3 form).
 
 Weights (``model.safetensors`` or a sharded ``model.safetensors.index.json``; F32/BF16/F16) map
-per layer into the stacked olmax pytree (HF linear weights are [out, in], olmax [in, out])::
-
-    model.embed_tokens.weight                     embed          [Vp, D] (rows >= V: padding)
-    model.layers.{i}.self_attn.{q,k,v,o}_proj     layers.{q,k,v,o}_proj[i]     (transposed)
-    model.layers.{i}.self_attn.{q,k}_norm         layers.{q,k}_norm[i]
-    model.layers.{i}.post_attention_layernorm     layers.attn_norm[i]   (on the attention output)
-    model.layers.{i}.post_feedforward_layernorm   layers.mlp_norm[i]    (on the MLP output)
-    model.layers.{i}.mlp.{gate,up,down}_proj      layers.{gate,up,down}_proj[i] (transposed)
-    model.norm.weight                             final_norm
-    lm_head.weight                                lm_head        [D, Vp] (transposed; padding)
+tensor by tensor into the stacked olmax pytree as :data:`olmax.model.params.PARAMS` declares: e.g.
+``model.layers.{i}.self_attn.q_proj.weight`` is ``layers.q_proj[i]`` transposed (HF linear weights
+are [out, in], olmax [in, out]); ``post_attention_layernorm``/``post_feedforward_layernorm`` are
+``attn_norm``/``mlp_norm`` (on the sub-layer outputs); ``lm_head.weight`` is ``lm_head`` transposed.
 
 The HF vocabulary (``vocab_size`` rows, e.g. dolma2's 100278) is padded to a multiple of 128
 (OLMo-core's ``padded_vocab_size``, 100352) on import and cut back on export; the padding rows start
@@ -58,7 +52,7 @@ from olmax.interop import vocab_padding
 from olmax.interop.vocab_padding import padding_rows
 from olmax.io import atomic_output_dir, check_output_dir
 from olmax.model.finite import raise_non_finite, tensor_problem
-from olmax.model.olmo3 import param_shapes
+from olmax.model.params import HFTensor, Param, hf_tensors, param_shapes, params_of
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
 HF_MODEL_TYPE = "olmo3"
@@ -72,20 +66,6 @@ DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat
 _SAFETENSORS_DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16),
                        "F16": np.dtype(np.float16)}
 
-# HF per-layer tensor suffix -> (olmax ``layers`` key, stored transposed)
-LAYER_TENSORS: dict[str, tuple[str, bool]] = {
-    "self_attn.q_proj.weight": ("q_proj", True),
-    "self_attn.k_proj.weight": ("k_proj", True),
-    "self_attn.v_proj.weight": ("v_proj", True),
-    "self_attn.o_proj.weight": ("o_proj", True),
-    "self_attn.q_norm.weight": ("q_norm", False),
-    "self_attn.k_norm.weight": ("k_norm", False),
-    "post_attention_layernorm.weight": ("attn_norm", False),
-    "mlp.gate_proj.weight": ("gate_proj", True),
-    "mlp.up_proj.weight": ("up_proj", True),
-    "mlp.down_proj.weight": ("down_proj", True),
-    "post_feedforward_layernorm.weight": ("mlp_norm", False),
-}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some old exports contain
 
 
@@ -342,16 +322,7 @@ def hf_config_from_model(cfg: ModelConfig, *, dtype: str = "float32",
 
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF state dict (name -> [out, in] shape) of ``cfg``, in HF's module order."""
-    layer_shapes = param_shapes(cfg)["layers"]
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.d_model)}
-    for i in range(cfg.n_layers):
-        for suffix, (key, transposed) in LAYER_TENSORS.items():
-            s = tuple(layer_shapes[key][1:])
-            shapes[f"model.layers.{i}.{suffix}"] = s[::-1] if transposed else s
-    shapes["model.norm.weight"] = (cfg.d_model,)
-    if not cfg.tie_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, cfg.d_model)
-    return shapes
+    return {t.name: t.shape for t in hf_tensors(cfg)}
 
 
 _MAX_HEADER_BYTES = 100 << 20
@@ -495,20 +466,11 @@ def load_hf(hf_dir: str | os.PathLike, *, dtype: str = "float32",
     expected = hf_tensor_shapes(cfg)
     # Preallocated (lazily zeroed) stacked arrays, filled one HF tensor at a time.
     params = _tree_map_shapes(lambda s: np.zeros(s, target), param_shapes(cfg))
-    layers, v = params["layers"], cfg.vocab_size
-    for name in expected:
-        t = weights.read(name)
-        if name == "model.embed_tokens.weight":
-            params["embed"][:v] = t
-        elif name == "lm_head.weight":
-            params["lm_head"][:, :v] = t.T
-        elif name == "model.norm.weight":
-            params["final_norm"][...] = t
-        else:
-            i, suffix = _layer_index(name)
-            key, transposed = LAYER_TENSORS[suffix]
-            layers[key][i] = t.T if transposed else t
+    for tensor in hf_tensors(cfg):
+        t = weights.read(tensor.name)
+        _stored(params, tensor)[tensor.index] = t.T if tensor.transposed else t
         del t
+    v = cfg.vocab_size
     exact = target == np.float32     # float32 holds the file's values: no second read needed
     params["embed"][v:] = _padding(weights, "model.embed_tokens.weight", cfg, "embed",
                                    params["embed"] if exact else None)
@@ -516,6 +478,14 @@ def load_hf(hf_dir: str | os.PathLike, *, dtype: str = "float32",
         params["lm_head"][:, v:] = _padding(weights, "lm_head.weight", cfg, "lm_head",
                                             params["lm_head"].T if exact else None).T
     return params, cfg, info
+
+
+def _stored(params: Mapping[str, Any], tensor: HFTensor) -> Any:
+    """The olmax array an HF tensor lives in (one layer's slice of a stacked one)."""
+    x = params
+    for key in tensor.path:
+        x = x[key]
+    return x if tensor.layer is None else x[tensor.layer]
 
 
 def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None,
@@ -588,52 +558,50 @@ def streamed_params(weights: SafetensorsDir, cfg: ModelConfig, dtype: str) -> di
             last[name] = t.T if transposed else t
         return last[name]
 
-    def vocab_rows(name: str, rows: slice) -> tuple[np.ndarray, int]:
-        a, b, _ = rows.indices(cfg.padded_vocab_size)
-        hi = min(b, v)
-        return (weights.read_rows(name, a, hi) if a < hi else None), b - a
-
-    def embed(index):
-        rows, cols = index
-        t, n = vocab_rows("model.embed_tokens.weight", rows)
-        out = np.zeros((n, len(range(*cols.indices(cfg.d_model)))), target)
-        got = 0 if t is None else len(t)
-        if t is not None:
-            out[:got] = t[:, cols]
-        if got < n:
-            a, b, _ = rows.indices(cfg.padded_vocab_size)
-            out[got:] = pad("model.embed_tokens.weight", "embed", a + got, b)[:, cols]
-        return out
-
-    def lm_head(index):
-        rows, cols = index
-        t, n = vocab_rows("lm_head.weight", cols)
-        out = np.zeros((len(range(*rows.indices(cfg.d_model))), n), target)
-        got = 0 if t is None else len(t)
-        if t is not None:
-            out[:, :got] = t[:, rows].T
-        if got < n:
-            a, b, _ = cols.indices(cfg.padded_vocab_size)
-            out[:, got:] = pad("lm_head.weight", "lm_head", a + got, b)[:, rows].T
-        return out
-
-    def final_norm(index):
-        return weights.read("model.norm.weight")[index].astype(target)
-
-    def layer(key: str, suffix: str, transposed: bool):
+    def layer(p: Param):
         def read(index):
             layers, rest = index[0], index[1:]
-            return np.stack([layer_tensor(f"model.layers.{i}.{suffix}", transposed)[rest]
+            return np.stack([layer_tensor(p.hf.format(i=i), p.hf_transposed)[rest]
                              for i in range(*layers.indices(cfg.n_layers))]).astype(target)
         return read
 
-    shapes = param_shapes(cfg)
-    readers = {"embed": embed, "lm_head": lm_head, "final_norm": final_norm}
-    tree: dict[str, Any] = {k: StreamedArray(shapes[k], target, readers[k])
-                            for k in shapes if k != "layers"}
-    tree["layers"] = {key: StreamedArray(shapes["layers"][key], target, layer(key, suffix, t),
-                                         stacked=True)
-                      for suffix, (key, t) in LAYER_TENSORS.items()}
+    def vocab_rows(p: Param, k: int):
+        """A weight with a (padded) vocabulary axis ``k``: the HF tensor's rows are the vocabulary,
+        then the padding rows."""
+        shape = p.shape(cfg)
+
+        def read(index):
+            a, b, _ = index[k].indices(cfg.padded_vocab_size)
+            out = np.empty(tuple(len(range(*s.indices(n))) for s, n in zip(index, shape)), target)
+
+            def put(lo: int, hi: int, rows: np.ndarray) -> None:   # vocabulary rows [lo, hi)
+                t = rows.T if p.hf_transposed else rows
+                block = t[tuple(slice(None) if j == k else s for j, s in enumerate(index))]
+                out[tuple(slice(lo - a, hi - a) if j == k else slice(None)
+                          for j in range(len(shape)))] = block
+
+            if a < min(b, v):
+                put(a, min(b, v), weights.read_rows(p.hf, a, min(b, v)))
+            if max(a, v) < b:
+                put(max(a, v), b, pad(p.hf, p.name, max(a, v), b))
+            return out
+        return read
+
+    def whole(p: Param):
+        def read(index):
+            t = weights.read(p.hf)
+            return (t.T if p.hf_transposed else t)[index].astype(target)
+        return read
+
+    tree: dict[str, Any] = {}
+    for p in params_of(cfg):
+        axes = p.axes(cfg)
+        if p.layer:
+            reader = layer(p)
+        else:
+            reader = vocab_rows(p, axes.index("vocab")) if "vocab" in axes else whole(p)
+        node = tree.setdefault("layers", {}) if p.layer else tree
+        node[p.name] = StreamedArray(p.full_shape(cfg), target, reader, stacked=p.layer)
     return tree
 
 
@@ -659,28 +627,18 @@ def iter_hf_tensors(params: Mapping[str, Any], cfg: ModelConfig, dtype: str
                     ) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, contiguous [out, in] numpy array in ``dtype``) for every tensor, one at a time."""
     target = dtype_of(dtype)
-    v = cfg.vocab_size
-
-    def host(x, index) -> np.ndarray:
+    for tensor in hf_tensors(cfg):
+        x = params
+        for key in tensor.path:
+            x = x[key]
         # Slice before converting: np.asarray on a whole jax array would keep a cached host
-        # copy of the full stacked parameter alive.
-        return x[index] if isinstance(x, np.ndarray) else np.asarray(x[index])
-
-    def out(x: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(x.astype(target, copy=False))
-
-    for name in hf_tensor_shapes(cfg):
-        if name == "model.embed_tokens.weight":
-            yield name, out(host(params["embed"], np.s_[:v]))
-        elif name == "lm_head.weight":
-            yield name, out(host(params["lm_head"], np.s_[:, :v]).T)
-        elif name == "model.norm.weight":
-            yield name, out(host(params["final_norm"], np.s_[:]))
-        else:
-            i, suffix = _layer_index(name)
-            key, transposed = LAYER_TENSORS[suffix]
-            w = host(params["layers"][key], i)
-            yield name, out(w.T if transposed else w)
+        # copy of the full stacked parameter alive. A layer is read as x[i] (a stored array
+        # names the layer when it finds NaN/Inf there).
+        index = tensor.index if tensor.layer is None else tensor.layer
+        w = x[index] if isinstance(x, np.ndarray) else np.asarray(x[index])
+        w = w if tensor.layer is None else w[tensor.index]
+        w = w.T if tensor.transposed else w
+        yield tensor.name, np.ascontiguousarray(w.astype(target, copy=False))
 
 
 _SAFETENSORS_NAMES = {dt.name: code for code, dt in _SAFETENSORS_DTYPES.items()}

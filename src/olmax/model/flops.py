@@ -20,10 +20,10 @@ This is exactly OLMo-core 3.0's ``Transformer.num_flops_per_token`` (``_causal_a
 in ``olmo_core/nn/attention/__init__.py``), including its per-layer integer division; 46.56
 GFLOP/token for OLMo 3 7B at T = 8192.
 
-In both, N is what OLMo-core sums: every parameter of the attention and feed-forward modules
-(q/k/v/o projections, QK-norm weights, gate/up/down) plus the LM head with its final norm. The
-input embedding (a lookup) and the per-block output norms (not part of either sub-module in
-OLMo-core) are not counted. The 12 = 2 matmuls (QK^T, PV) x 2 FLOPs per MAC x 3 (forward +
+In both, N is what OLMo-core sums (:func:`olmax.model.params.matmul_params`, from the parameter
+table): every parameter of the attention and feed-forward modules (q/k/v/o projections, QK-norm
+weights, gate/up/down) plus the LM head with its final norm. The input embedding (a lookup) and
+the per-block output norms (not part of either sub-module in OLMo-core) are not counted. The 12 = 2 matmuls (QK^T, PV) x 2 FLOPs per MAC x 3 (forward +
 backward). Recomputation (remat) and padding are never counted: this is *model* FLOPs.
 """
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from olmax.config import ConfigError, ModelConfig
+from olmax.model.params import matmul_params
 
 CONVENTIONS = ("olmo_core", "causal")
 
@@ -42,16 +43,6 @@ def causal_attention_pairs(seq_len: int, window: int | None) -> int:
     if window is None or window >= seq_len:
         return seq_len * (seq_len + 1) // 2
     return window * (window + 1) // 2 + (seq_len - window) * window
-
-
-def matmul_params(cfg: ModelConfig) -> int:
-    """N of "6N": the parameters OLMo-core charges 6 FLOPs per token (see module docstring)."""
-    d = cfg.d_model
-    qk_norm = {"full": cfg.q_dim + cfg.kv_dim, "head": 2 * cfg.head_dim, "none": 0}[cfg.qk_norm]
-    attn = d * cfg.q_dim + 2 * d * cfg.kv_dim + cfg.q_dim * d + qk_norm
-    mlp = 3 * d * cfg.mlp_hidden
-    lm_head = cfg.padded_vocab_size * d + d  # output projection (tied or not) + final norm
-    return cfg.n_layers * (attn + mlp) + lm_head
 
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int, convention: str = "olmo_core") -> int:

@@ -16,7 +16,8 @@ Numerics follow OLMo-core under bf16 mixed precision: parameters are cast to the
 every matmul accumulates in fp32 and rounds to the compute dtype, RMSNorm runs in fp32 including
 the weight multiply, RoPE and softmax run in fp32, logits are fp32.
 
-Layers are stacked along a leading ``layers`` axis. The window pattern (period P) is scanned as
+The parameters (shapes, logical axes, initialisation, HF names) are declared in
+:mod:`olmax.model.params`. Layers are stacked along a leading ``layers`` axis. The window pattern (period P) is scanned as
 groups of P layers with ``jax.lax.scan``, so compile time does not grow with depth and every layer
 inside a group has a static window (what block-sparse attention kernels need).
 """
@@ -50,99 +51,6 @@ LOGITS = ("batch", "seq", "act_vocab")
 # token ids of the whole global batch instead (or replicate the activations under tensor parallelism).
 EMBED_TABLE = ("vocab", "act_embed")
 HEAD_WEIGHT = ("act_embed", "act_vocab")
-
-# ----------------------------------------------------------------------------------------------
-# Parameters: shapes, logical axes, initialisation
-
-
-def param_shapes(cfg: ModelConfig) -> Params:
-    """The parameter pytree as shapes (tuples), with the layer stack as leading axis."""
-    L, D, F, V = cfg.n_layers, cfg.d_model, cfg.mlp_hidden, cfg.padded_vocab_size
-    layers = {
-        "q_proj": (L, D, cfg.q_dim),
-        "k_proj": (L, D, cfg.kv_dim),
-        "v_proj": (L, D, cfg.kv_dim),
-        "o_proj": (L, cfg.q_dim, D),
-        "attn_norm": (L, D),
-        "gate_proj": (L, D, F),
-        "up_proj": (L, D, F),
-        "down_proj": (L, F, D),
-        "mlp_norm": (L, D),
-    }
-    if cfg.qk_norm == "full":
-        layers["q_norm"] = (L, cfg.q_dim)
-        layers["k_norm"] = (L, cfg.kv_dim)
-    elif cfg.qk_norm == "head":
-        layers["q_norm"] = (L, cfg.head_dim)
-        layers["k_norm"] = (L, cfg.head_dim)
-    shapes: Params = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
-    if not cfg.tie_embeddings:
-        shapes["lm_head"] = (D, V)
-    return shapes
-
-
-def param_axes(cfg: ModelConfig) -> Params:
-    """Logical axis names of every parameter (mapped to mesh axes by ``olmax.parallel``)."""
-    qk_norm_axis = "heads" if cfg.qk_norm == "full" else "head_dim"
-    axes = {
-        "embed": ("vocab", "embed"),
-        "layers": {
-            "q_proj": ("layers", "embed", "heads"),
-            "k_proj": ("layers", "embed", "kv_heads"),
-            "v_proj": ("layers", "embed", "kv_heads"),
-            "o_proj": ("layers", "heads", "embed"),
-            "attn_norm": ("layers", "norm"),
-            "gate_proj": ("layers", "embed", "mlp"),
-            "up_proj": ("layers", "embed", "mlp"),
-            "down_proj": ("layers", "mlp", "embed"),
-            "mlp_norm": ("layers", "norm"),
-            "q_norm": ("layers", qk_norm_axis),
-            "k_norm": ("layers", "kv_heads" if cfg.qk_norm == "full" else "head_dim"),
-        },
-        "final_norm": ("norm",),
-        "lm_head": ("embed", "vocab"),
-    }
-    shapes = param_shapes(cfg)
-    return jax.tree.map(lambda _s, a: a, shapes, _prune_like(axes, shapes),
-                        is_leaf=lambda x: isinstance(x, tuple))
-
-
-def _prune_like(tree: dict, like: dict) -> dict:
-    return {k: (_prune_like(tree[k], v) if isinstance(v, dict) else tree[k]) for k, v in like.items()}
-
-
-def _is_norm(path: str) -> bool:
-    return path.endswith("norm")
-
-
-def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
-    """OLMo-core ``InitMethod.normal``: every weight matrix (embedding and LM head included) from a
-    normal with std ``init_std`` truncated at +-3 std; norm weights 1; no depth scaling."""
-    shapes = param_shapes(cfg)
-    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
-    leaves = []
-    for i, (path, shape) in enumerate(flat):
-        name = jax.tree_util.keystr(path)
-        if _is_norm(name.strip("[]'\"")):
-            leaves.append(jnp.ones(shape, dtype))
-        else:
-            k = jax.random.fold_in(key, i)
-            w = jax.random.truncated_normal(k, -3.0, 3.0, shape, jnp.float32) * cfg.init_std
-            leaves.append(w.astype(dtype))
-    return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
-def abstract_params(cfg: ModelConfig, dtype=jnp.float32) -> Params:
-    """ShapeDtypeStructs of the parameters (no allocation)."""
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(cfg),
-                        is_leaf=lambda x: isinstance(x, tuple))
-
-
-def count_params(params_or_cfg: Params | ModelConfig) -> int:
-    if isinstance(params_or_cfg, ModelConfig):
-        params_or_cfg = abstract_params(params_or_cfg)
-    return int(sum(x.size for x in jax.tree.leaves(params_or_cfg)))
-
 
 # ----------------------------------------------------------------------------------------------
 # Building blocks

@@ -1,6 +1,6 @@
 """Logical axis names -> mesh axes, through one rules table.
 
-The model names every parameter dimension (``olmax.model.olmo3.param_axes``: ``vocab``, ``embed``,
+The model names every parameter dimension (``olmax.model.params.param_axes``: ``vocab``, ``embed``,
 ``heads``, ``kv_heads``, ``mlp``, ``layers``, ``norm``, ``head_dim``); :data:`RULES` maps each to
 mesh axes. FSDP is the default: the ``embed`` dimension of every matrix is sharded over ``fsdp``;
 ``tensor`` shards heads, MLP and vocabulary. A mesh axis is dropped from a dimension it does not
@@ -60,7 +60,7 @@ def logical_to_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RULES) -> Any:
     """NamedShardings for the parameter pytree."""
-    from olmax.model.olmo3 import param_axes, param_shapes
+    from olmax.model.params import param_axes, param_shapes
 
     is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
     return jax.tree.map(lambda shape, axes: NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules)),

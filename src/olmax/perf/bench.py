@@ -30,7 +30,7 @@ import numpy as np
 from olmax.config import ConfigError, RunConfig
 from olmax.model.attention import resolve_attn_impl
 from olmax.model.flops import flops_per_token, mfu, peak_flops
-from olmax.model.olmo3 import count_params, init_params
+from olmax.model.params import count_params, init_params
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state
 from olmax.train.step import jit_train_step, make_train_step, num_micro_batches

@@ -283,7 +283,7 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from olmax.model.olmo3 import abstract_params
+    from olmax.model.params import abstract_params
     from olmax.parallel.mesh import MESH_AXES
     from olmax.train.loss import lm_loss_sums, loss_and_sums
     from olmax.train.optim import build_optimizer

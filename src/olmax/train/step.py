@@ -156,7 +156,7 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
     import dataclasses
 
     from olmax.model.attention import resolve_attn_impl
-    from olmax.model.olmo3 import abstract_params, init_params
+    from olmax.model.params import abstract_params, init_params
     from olmax.parallel.mesh import data_parallel_size
     from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings,
                                          replicated)

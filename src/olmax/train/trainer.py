@@ -50,6 +50,7 @@ from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.config import OlmaxError, RunConfig, to_dict
 from olmax.data.loader import batch_hash, build_train_data
 from olmax.io import write_json_atomic, write_text_atomic
+from olmax.model.params import count_params
 from olmax.parallel.distributed import maybe_initialize
 from olmax.parallel.mesh import make_mesh
 from olmax.train.callbacks import Callback, Run, build_callbacks
@@ -240,7 +241,7 @@ class Trainer:
         t = self.cfg.train
         if not self.is_main or self.quiet:
             return None
-        log.info(f"olmax train: {self.cfg.model.num_params() / 1e6:.1f}M params, mesh "
+        log.info(f"olmax train: {count_params(self.cfg.model) / 1e6:.1f}M params, mesh "
                  f"{dict(self.mesh.shape)}, batch {t.global_batch_size}x{t.seq_len}, "
                  f"{self.n_micro} micro-batch(es), steps {start + 1}..{t.max_steps}, "
                  f"run dir {self.run_dir}")
