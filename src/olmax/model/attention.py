@@ -1,55 +1,32 @@
-"""Causal (optionally sliding-window) attention with GQA.
+"""Causal (optionally sliding-window) attention with GQA: one entry point, every implementation.
 
 Window semantics are OLMo's: a window of W means each query sees the W keys ending at itself,
 ``q - W < k <= q`` (flash-attn ``window_size=(W-1, 0)``; HF ``kv_idx > q_idx - sliding_window``).
 
-``impl="xla"`` is the reference: full T x T scores, softmax in fp32. Faster implementations
-register themselves in ``IMPLEMENTATIONS`` and are tested for equality against it.
+``impl="xla"`` is the reference (:mod:`olmax.model.attention_xla`): full T x T scores, softmax in
+fp32. The faster ones (:mod:`olmax.model.attention_impls`: block-sparse ``chunked``,
+``dot_product``, ``cudnn``) are tested for equality against it. A new implementation is a function
+there and one entry in :data:`IMPLEMENTATIONS` (and in ``olmax.config.AttnImpl``, the choices of
+``train.attn_impl``).
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-import jax
 import jax.numpy as jnp
 
-_NEG = -1e30  # large finite negative: fully masked rows cannot occur (the diagonal is always visible)
-
-
-def causal_window_mask(q_len: int, k_len: int, window: int | None, q_offset: int = 0) -> jnp.ndarray:
-    """Boolean [q_len, k_len] mask: True where query i (at position q_offset+i) may see key j."""
-    qi = jnp.arange(q_len)[:, None] + q_offset
-    kj = jnp.arange(k_len)[None, :]
-    mask = kj <= qi
-    if window is not None:
-        mask = mask & (kj > qi - window)
-    return mask
-
-
-def xla_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
-                  scale: float) -> jnp.ndarray:
-    """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] (q.dtype)."""
-    b, t, hq, d = q.shape
-    hkv = k.shape[2]
-    g = hq // hkv
-    qg = q.reshape(b, t, hkv, g, d)
-    scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
-    mask = causal_window_mask(t, t, window)
-    scores = jnp.where(mask, scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.astype(v.dtype), v,
-                     preferred_element_type=jnp.float32)
-    return out.reshape(b, t, hq, d).astype(q.dtype)
-
+from olmax.model.attention_impls import chunked_attention, cudnn_attention, dot_product_attention
+from olmax.model.attention_xla import xla_attention
 
 AttentionFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray, "int | None", float], jnp.ndarray]
 
-IMPLEMENTATIONS: dict[str, AttentionFn] = {"xla": xla_attention}
-
-# Faster implementations (block-sparse chunked, jax.nn.dot_product_attention, cuDNN) live in
-# ``olmax.model.attention_impls`` and add themselves to IMPLEMENTATIONS on import.
-from olmax.model import attention_impls as _impls  # noqa: E402,F401  (registers implementations)
+IMPLEMENTATIONS: dict[str, AttentionFn] = {
+    "xla": xla_attention,
+    "chunked": chunked_attention,
+    "dot_product": dot_product_attention,
+    "cudnn": cudnn_attention,
+}
 
 
 # ``auto``: the fastest exact implementation for the platform the computation compiles for.

@@ -1,4 +1,4 @@
-"""Attention implementations that scale with the sliding window, registered in
+"""Attention implementations that scale with the sliding window, listed in
 ``olmax.model.attention.IMPLEMENTATIONS`` next to the ``xla`` reference.
 
 All take ``q: [B, T, Hq, D]``, ``k, v: [B, T, Hkv, D]`` (GQA: Hq a multiple of Hkv), the layer's
@@ -33,7 +33,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from olmax.model.attention import _NEG, IMPLEMENTATIONS, xla_attention
+from olmax.model.attention_xla import NEG, xla_attention
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def _softmax_pv(q, k, v, mask, scale, q_spec: str, k_spec: str):
     s_spec = f"{lead}hgqk"
     scores = jnp.einsum(f"{q_spec},{k_spec}->{s_spec}", q, k,
                         preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask, scores, _NEG)
+    scores = jnp.where(mask, scores, NEG)
     probs = jax.nn.softmax(scores, axis=-1)
     return jnp.einsum(f"{s_spec},{k_spec}->{q_spec}", probs.astype(v.dtype), v,
                       preferred_element_type=jnp.float32)
@@ -165,11 +165,6 @@ def cudnn_attention(q, k, v, window: int | None, scale: float) -> jnp.ndarray:
     except (ValueError, NotImplementedError, RuntimeError) as e:  # raised at trace time
         _fallback(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return chunked_attention(q, k, v, window, scale)
-
-
-IMPLEMENTATIONS["chunked"] = chunked_attention
-IMPLEMENTATIONS["dot_product"] = dot_product_attention
-IMPLEMENTATIONS["cudnn"] = cudnn_attention
 
 
 def chunked_with_block(block_size: int):
