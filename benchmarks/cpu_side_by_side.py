@@ -114,8 +114,9 @@ class OlmaxPlainStep:
         import numpy as np
         import optax
 
-        from olmax.model.presets import resolve_model
         from olmax.model import forward, init_params
+        from olmax.model.presets import resolve_model
+        from olmax.model.runtime import Runtime
 
         model = resolve_model({"preset": "olmo3-190m", "n_layers": N_LAYERS,
                                "window_pattern": [a.window, a.window, a.window, None]})
@@ -126,7 +127,7 @@ class OlmaxPlainStep:
                              jnp.int32)
 
         def loss_fn(p):
-            logits = forward(p, tokens, model, attn_impl=attn)[:, :-1]
+            logits = forward(p, tokens, model, Runtime(attn_impl=attn))[:, :-1]
             lse = jax.nn.logsumexp(logits, axis=-1)
             target = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
             return jnp.mean(lse - target) + 1e-5 * jnp.mean(jnp.square(lse))

@@ -68,5 +68,5 @@ def test_runtime_choices_are_the_models():
     from olmax.model.attention import IMPLEMENTATIONS
     from olmax.model.olmo3 import REMAT_POLICIES
 
-    assert set(typing.get_args(AttnImpl)) == set(IMPLEMENTATIONS)
+    assert set(typing.get_args(AttnImpl)) == set(IMPLEMENTATIONS) | {"auto"}
     assert set(typing.get_args(Remat)) == set(REMAT_POLICIES)

@@ -439,7 +439,7 @@ class DataConfig:
 
 
 ComputeDtype = Literal["float32", "bfloat16"]
-AttnImpl = Literal["xla", "chunked", "dot_product", "cudnn"]   # olmax.model.attention.IMPLEMENTATIONS
+AttnImpl = Literal["auto", "xla", "chunked", "dot_product", "cudnn", "splash"]   # olmax.model.attention
 Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs"]   # olmax.model.olmo3.REMAT_POLICIES
 
 

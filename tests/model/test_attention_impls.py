@@ -13,6 +13,7 @@ import pytest
 
 from olmax.model import forward, init_params
 from olmax.model.attention import IMPLEMENTATIONS, attention, xla_attention
+from olmax.model.runtime import Runtime
 from olmax.model.attention_impls import chunked_with_block
 from olmax.model.presets import get_preset
 
@@ -132,5 +133,5 @@ def test_model_forward_matches_reference():
     params = init_params(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (1, 96), 0, cfg.vocab_size)
     ref = jax.jit(lambda p, t: forward(p, t, cfg))(params, tokens)
-    out = jax.jit(lambda p, t: forward(p, t, cfg, attn_impl="chunked"))(params, tokens)
+    out = jax.jit(lambda p, t: forward(p, t, cfg, Runtime(attn_impl="chunked")))(params, tokens)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=1e-5)

@@ -11,6 +11,7 @@ import pytest
 from olmax.config import ModelConfig
 from olmax.model import olmo3
 from olmax.model.params import param_shapes
+from olmax.model.runtime import Runtime
 from olmax.model.rope import rope_tables
 
 # Two scan groups of a period-2 pattern: a wrong group/position pairing changes the numbers.
@@ -63,14 +64,14 @@ POLICIES = [r for r in olmo3.REMAT_POLICIES if r != "none"]
 
 def test_remat_policies_give_identical_hidden_states():
     params, tokens = _params_and_tokens()
-    outs = jax.jit(lambda p: {r: olmo3.hidden_states(p, tokens, CFG, remat=r)
+    outs = jax.jit(lambda p: {r: olmo3.hidden_states(p, tokens, CFG, Runtime(remat=r))
                               for r in olmo3.REMAT_POLICIES})(params)
     for r in POLICIES:
         _assert_close_scaled(outs[r], outs["none"])
 
 
 def _loss(params, tokens, remat):
-    h = olmo3.hidden_states(params, tokens, CFG, remat=remat)
+    h = olmo3.hidden_states(params, tokens, CFG, Runtime(remat=remat))
     return jnp.mean(jnp.square(h) * jnp.arange(CFG.d_model))
 
 
@@ -87,4 +88,4 @@ def test_remat_policies_give_identical_gradients(remat):
 def test_unknown_remat_policy_is_rejected():
     params, tokens = _params_and_tokens()
     with pytest.raises(ValueError, match="unknown remat policy"):
-        olmo3.hidden_states(params, tokens, CFG, remat="bogus")
+        olmo3.hidden_states(params, tokens, CFG, Runtime(remat="bogus"))

@@ -19,6 +19,7 @@ from olmax.eval.runner import EvalSuite, load_model, log_metrics
 from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
 from olmax.io import refuse_existing, write_json_atomic
+from olmax.model.runtime import Runtime
 
 
 def add_parser(subparsers) -> None:
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     suite = EvalSuite.prepare(tasks=args.tasks, heldout=args.heldout, tokenizer=tok, model_ctx_len=ctx,
                               vocab_size=model.cfg.vocab_size, limit=args.limit,
                               heldout_max_docs=args.heldout_max_docs)
-    scorer = Scorer(model.cfg, compute_dtype=args.dtype, softmax_vocab=model.softmax_vocab)
+    scorer = Scorer(model.cfg, Runtime(args.dtype), softmax_vocab=model.softmax_vocab)
     results = suite.run(scorer, model.params, batch_size=args.batch_size,
                         progress=not args.no_progress and sys.stderr.isatty())
     report = {"checkpoint": str(args.checkpoint), "source": model.source, "model": to_dict(model.cfg),

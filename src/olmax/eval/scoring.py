@@ -15,7 +15,6 @@ run compiles a handful of programs.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +22,7 @@ import numpy as np
 
 from olmax.config import ModelConfig
 from olmax.model import olmo3
+from olmax.model.runtime import Runtime
 
 MIN_BUCKET = 128
 
@@ -35,18 +35,13 @@ def bucket_length(n: int, max_len: int | None = None, minimum: int = MIN_BUCKET)
     return b if max_len is None else min(b, max(max_len, n))
 
 
-def _dtype(name: str | Any) -> Any:
-    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(name, name)
-
-
 class Scorer:
     """Jitted log-probability functions for one model configuration."""
 
-    def __init__(self, cfg: ModelConfig, *, compute_dtype: str | Any = "float32", attn_impl: str = "xla",
+    def __init__(self, cfg: ModelConfig, runtime: Runtime = Runtime(), *,
                  softmax_vocab: int | None = None, chunk: int = 128) -> None:
         self.cfg = cfg
-        self.compute_dtype = _dtype(compute_dtype)
-        self.attn_impl = attn_impl
+        self.runtime = runtime
         self.softmax_vocab = softmax_vocab or cfg.padded_vocab_size
         if not cfg.vocab_size <= self.softmax_vocab <= cfg.padded_vocab_size:
             raise ValueError(f"softmax_vocab {self.softmax_vocab} outside [{cfg.vocab_size}, "
@@ -57,11 +52,10 @@ class Scorer:
         self._spans = jax.jit(self._span_logprobs)
 
     def _hidden(self, params, tokens):
-        return olmo3.hidden_states(params, tokens, self.cfg, compute_dtype=self.compute_dtype,
-                                   attn_impl=self.attn_impl)
+        return olmo3.hidden_states(params, tokens, self.cfg, self.runtime)
 
     def _head(self, params):
-        w = olmo3.lm_head_weight(params, self.cfg).astype(self.compute_dtype)
+        w = olmo3.lm_head_weight(params, self.cfg).astype(self.runtime.compute_dtype)
         return w[:, : self.softmax_vocab]
 
     def _target_logprobs(self, params, tokens, targets):

@@ -53,6 +53,7 @@ from olmax.interop.vocab_padding import padding_rows
 from olmax.io import atomic_output_dir, check_output_dir
 from olmax.model.finite import raise_non_finite, tensor_problem
 from olmax.model.params import HFTensor, Param, hf_tensors, param_shapes, params_of
+from olmax.model.runtime import dtype_of
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
 HF_MODEL_TYPE = "olmo3"
@@ -62,7 +63,7 @@ INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_ROPE_THETA = 500_000.0      # transformers Olmo3Config.default_theta
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
-DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+DTYPES = {name: np.dtype(dtype_of(name)) for name in ("float32", "bfloat16")}   # stored dtypes
 _SAFETENSORS_DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16),
                        "F16": np.dtype(np.float16)}
 

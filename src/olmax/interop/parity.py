@@ -35,6 +35,7 @@ from olmax.data.tokenizer import get_tokenizer
 from olmax.interop.architecture import describe, differences
 from olmax.interop.hf import check_safetensors_dir, load_hf, model_config_from_hf, read_hf_config
 from olmax.model.olmo3 import forward
+from olmax.model.runtime import Runtime
 
 DTYPES = ("float32", "bfloat16")
 
@@ -135,7 +136,7 @@ def position_metrics(ref: np.ndarray, out: np.ndarray, chunk: int = 256
 
 def _hf_model(hf_dir: str | os.PathLike, dtype: str):
     torch, transformers = _reference()
-    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    tdtype = getattr(torch, dtype)
     transformers.utils.logging.disable_progress_bar()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -194,43 +195,19 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     if batch < 1 or (seq_len is not None and seq_len < 1):
         raise ConfigError("batch and seq_len must be positive")
     torch, transformers = _reference()
-    hf_cfg = model_config_from_hf(read_hf_config(hf_dir), where=str(Path(hf_dir) / "config.json"))
-    check_safetensors_dir(hf_dir)      # before transformers reads anything (no pickles)
-    if checkpoint is not None:
-        _check_same_architecture(load_model_config(checkpoint), hf_cfg, checkpoint, hf_dir)
-        params, cfg = load_params(checkpoint)
-        source = str(checkpoint)
-    else:
-        # bf16: rounding the weights on load is what the bf16 compute cast does anyway.
-        params, cfg, _ = load_hf(hf_dir, dtype=dtype)
-        params = jax.tree.map(jnp.asarray, params)
-        source = "in-memory conversion"
-    seq_len = seq_len or default_seq_len(cfg)
-    if tokens is not None:
-        inputs = "given token ids"
-    elif token_file is not None:
-        tokens, inputs = tokens_from_file(token_file, batch, seq_len), f"token file {token_file}"
-    elif text is not None:
-        tokens, inputs = tokens_from_text(text, hf_dir, batch, seq_len), "text"
-    else:
-        tokens, inputs = seeded_tokens(cfg.vocab_size, batch, seq_len, seed), f"seed {seed}"
-    tokens = np.asarray(tokens, dtype=np.int32)
-    batch, seq_len = tokens.shape
-    if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
-        raise OlmaxError(f"token ids must lie in [0, {cfg.vocab_size}) for this model "
-                         f"(got {tokens.min()}..{tokens.max()})")
-
+    params, cfg, source = _olmax_params(hf_dir, checkpoint, dtype)
+    tokens, inputs = _inputs(cfg, hf_dir, tokens, token_file, text, batch,
+                             seq_len or default_seq_len(cfg), seed)
     model = _hf_model(hf_dir, dtype)
-    compute = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
     # fp32 means fp32: no TF32 / reduced-precision matmul passes on accelerators.
     with jax.default_matmul_precision("highest"):
-        fwd = jax.jit(lambda p, t: forward(p, t, cfg, compute_dtype=compute))
+        fwd = jax.jit(lambda p, t: forward(p, t, cfg, Runtime(dtype)))
     v = cfg.vocab_size
     windows = [w for w in cfg.window_pattern if w is not None]
     far = max(windows) if windows else None
     kls, agrees, far_kls, max_diff = [], [], [], 0.0
     t_hf = t_ox = 0.0
-    for b in range(batch):
+    for b in range(tokens.shape[0]):
         row = tokens[b:b + 1]
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -251,7 +228,6 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     kl = np.concatenate(kls)
     agree = np.concatenate(agrees)
     far_kl = np.concatenate(far_kls) if far_kls else np.zeros(0)
-    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     return {
         "kl_mean": float(kl.mean()),
         "kl_max": float(kl.max()),
@@ -259,8 +235,8 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "max_abs_logit_diff": max_diff,
         "num_positions": int(kl.size),
         "dtype": dtype,
-        "seq_len": int(seq_len),
-        "batch": int(batch),
+        "seq_len": int(tokens.shape[1]),
+        "batch": int(tokens.shape[0]),
         "vocab_compared": int(v),
         "window_pattern": list(cfg.window_pattern),
         "num_positions_beyond_window": int(far_kl.size),
@@ -270,13 +246,47 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "olmax_params": source,
         "hf_attn_implementation": "eager",
         "olmax_device": jax.devices()[0].device_kind,
-        "hf_rope_dtype": _hf_rope_dtype(model, tdtype),
+        "hf_rope_dtype": _hf_rope_dtype(model, getattr(torch, dtype)),
         "warnings": _hf_rope_warnings(model, cfg),
         "seconds_hf": round(t_hf, 3),
         "seconds_olmax": round(t_ox, 3),
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "jax": jax.__version__, "python": platform.python_version()},
     }
+
+
+def _olmax_params(hf_dir: str | os.PathLike, checkpoint: str | os.PathLike | None,
+                  dtype: str) -> tuple[Any, ModelConfig, str]:
+    """olmax's weights: the checkpoint's (same architecture as config.json), or the HF
+    directory's converted in memory. Returns (params, config, where they came from)."""
+    hf_cfg = model_config_from_hf(read_hf_config(hf_dir), where=str(Path(hf_dir) / "config.json"))
+    check_safetensors_dir(hf_dir)      # before transformers reads anything (no pickles)
+    if checkpoint is not None:
+        _check_same_architecture(load_model_config(checkpoint), hf_cfg, checkpoint, hf_dir)
+        params, cfg = load_params(checkpoint)
+        return params, cfg, str(checkpoint)
+    # bf16: rounding the weights on load is what the bf16 compute cast does anyway.
+    params, cfg, _ = load_hf(hf_dir, dtype=dtype)
+    return jax.tree.map(jnp.asarray, params), cfg, "in-memory conversion"
+
+
+def _inputs(cfg: ModelConfig, hf_dir: str | os.PathLike, tokens: np.ndarray | None,
+            token_file: str | None, text: str | None, batch: int, seq_len: int,
+            seed: int) -> tuple[np.ndarray, str]:
+    """int32 token ids [batch, seq_len] (given, from a token file, a text, or a seed) and what they are."""
+    if tokens is not None:
+        inputs = "given token ids"
+    elif token_file is not None:
+        tokens, inputs = tokens_from_file(token_file, batch, seq_len), f"token file {token_file}"
+    elif text is not None:
+        tokens, inputs = tokens_from_text(text, hf_dir, batch, seq_len), "text"
+    else:
+        tokens, inputs = seeded_tokens(cfg.vocab_size, batch, seq_len, seed), f"seed {seed}"
+    tokens = np.asarray(tokens, dtype=np.int32)
+    if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
+        raise OlmaxError(f"token ids must lie in [0, {cfg.vocab_size}) for this model "
+                         f"(got {tokens.min()}..{tokens.max()})")
+    return tokens, inputs
 
 
 def format_report(r: dict[str, Any]) -> str:

@@ -3,11 +3,11 @@
 Window semantics are OLMo's: a window of W means each query sees the W keys ending at itself,
 ``q - W < k <= q`` (flash-attn ``window_size=(W-1, 0)``; HF ``kv_idx > q_idx - sliding_window``).
 
-``impl="xla"`` is the reference (:mod:`olmax.model.attention_xla`): full T x T scores, softmax in
+``impl="xla"`` is the reference (:mod:`olmax.model.attention_ref`): full T x T scores, softmax in
 fp32. The faster ones (:mod:`olmax.model.attention_impls`: block-sparse ``chunked``,
-``dot_product``, ``cudnn``) are tested for equality against it. A new implementation is a function
-there and one entry in :data:`IMPLEMENTATIONS` (and in ``olmax.config.AttnImpl``, the choices of
-``train.attn_impl``).
+``dot_product``, ``cudnn``; :mod:`olmax.model.splash`: TPU ``splash``) are tested for equality
+against it; ``auto`` picks one for the platform. A new implementation is a function and one entry
+in :data:`IMPLEMENTATIONS` (and in ``olmax.config.AttnImpl``, the choices of ``train.attn_impl``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Callable
 import jax.numpy as jnp
 
 from olmax.model.attention_impls import chunked_attention, cudnn_attention, dot_product_attention
-from olmax.model.attention_xla import xla_attention
+from olmax.model.attention_ref import xla_attention
+from olmax.model.logical import context_platform
+from olmax.model.splash import splash_attention
 
 AttentionFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray, "int | None", float], jnp.ndarray]
 
@@ -26,33 +28,13 @@ IMPLEMENTATIONS: dict[str, AttentionFn] = {
     "chunked": chunked_attention,
     "dot_product": dot_product_attention,
     "cudnn": cudnn_attention,
+    "splash": splash_attention,
 }
 
 
 # ``auto``: the fastest exact implementation for the platform the computation compiles for.
 AUTO_BY_PLATFORM = {"tpu": "splash", "gpu": "cudnn"}
 AUTO_DEFAULT = "chunked"
-
-
-def context_platform() -> str:
-    """The platform being compiled for: that of the mesh traced under, else JAX's default backend
-    (they differ when compiling ahead of time for a TPU topology on a CPU host)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
-    return device.platform if device is not None else jax.default_backend()
-
-
-# Logical axes of attention's inputs/outputs (as in ``olmax.model.olmo3``), for kernels that run
-# per device (``olmax.model.logical.per_device``).
-QKV_AXES = (("batch", "seq", "act_heads", "head_dim"), ("batch", "seq", "act_kv_heads", "head_dim"),
-            ("batch", "seq", "act_kv_heads", "head_dim"))
-
-
-def per_device_attention(fn, q, k, v):
-    """``fn(q, k, v)`` on each device's sequences (and heads) under a mesh; ``fn`` itself otherwise."""
-    from olmax.model.logical import per_device
-
-    return per_device(fn, (q, k, v), QKV_AXES)
 
 
 def resolve_attn_impl(impl: str, platform: str | None = None) -> str:

@@ -33,7 +33,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from olmax.model.attention_xla import NEG, xla_attention
+from olmax.model.attention_ref import NEG, per_device_attention, xla_attention
+from olmax.model.logical import context_platform
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,6 @@ def _on_gpu(x: jnp.ndarray) -> bool:
     try:
         devices = x.devices()  # concrete arrays
     except Exception:  # tracers: decide by the platform the computation compiles for
-        from olmax.model.attention import context_platform
-
         return context_platform() in ("gpu", "cuda", "rocm")
     return all(dev.platform == "gpu" for dev in devices)
 
@@ -154,7 +153,6 @@ def cudnn_attention(q, k, v, window: int | None, scale: float) -> jnp.ndarray:
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         _fallback(f"dtype {q.dtype} (cuDNN needs bf16/fp16)")
         return chunked_attention(q, k, v, window, scale)
-    from olmax.model.attention import per_device_attention
 
     def cudnn(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
@@ -170,13 +168,3 @@ def cudnn_attention(q, k, v, window: int | None, scale: float) -> jnp.ndarray:
 def chunked_with_block(block_size: int):
     """``chunked`` with a given query block size (for tests and benchmarks)."""
     return partial(chunked_attention, block_size=block_size)
-
-
-def splash_attention(q, k, v, window: int | None, scale: float) -> jnp.ndarray:
-    """TPU Pallas splash attention (``olmax.model.splash``; interpret mode off TPU)."""
-    from olmax.model.splash import splash_attention as splash
-
-    return splash(q, k, v, window, scale)
-
-
-IMPLEMENTATIONS["splash"] = splash_attention

@@ -17,9 +17,11 @@ every matmul accumulates in fp32 and rounds to the compute dtype, RMSNorm runs i
 the weight multiply, RoPE and softmax run in fp32, logits are fp32.
 
 The parameters (shapes, logical axes, initialisation, HF names) are declared in
-:mod:`olmax.model.params`. Layers are stacked along a leading ``layers`` axis. The window pattern (period P) is scanned as
-groups of P layers with ``jax.lax.scan``, so compile time does not grow with depth and every layer
-inside a group has a static window (what block-sparse attention kernels need).
+:mod:`olmax.model.params`; how the functions run (compute dtype, attention kernel, remat) is one
+:class:`~olmax.model.runtime.Runtime` value. Layers are stacked along a leading ``layers`` axis.
+The window pattern (period P) is scanned as groups of P layers with ``jax.lax.scan``, so compile
+time does not grow with depth and every layer inside a group has a static window (what
+block-sparse attention kernels need).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from olmax.config import ModelConfig
 from olmax.model.attention import attention
 from olmax.model.logical import constrain
 from olmax.model.rope import apply_rope, rope_tables
+from olmax.model.runtime import REMAT_POLICIES, Runtime
 
 Params = dict[str, Any]
 
@@ -66,15 +69,6 @@ def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
 def dense(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
     """x @ w accumulated in fp32, rounded to x.dtype (as a bf16 GEMM does)."""
     return jnp.einsum("...i,io->...o", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
-
-
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "save_outputs": jax.checkpoint_policies.save_only_these_names("attn_out", "mlp_out"),
-}
 
 
 def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | None,
@@ -125,13 +119,10 @@ def _layer(p: Params, h: jnp.ndarray, cfg: ModelConfig, window: int | None, sin,
 # Forward
 
 
-def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, *,
-                  compute_dtype=jnp.float32, attn_impl: str = "xla", remat: str = "none",
-                  positions: jnp.ndarray | None = None) -> jnp.ndarray:
-    """Final-normed hidden states [B, T, D] in ``compute_dtype``."""
-    if remat not in REMAT_POLICIES:
-        raise ValueError(f"unknown remat policy '{remat}' (known: {', '.join(REMAT_POLICIES)})")
-    params = jax.tree.map(lambda x: x.astype(compute_dtype), params)
+def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime: Runtime = Runtime(),
+                  *, positions: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Final-normed hidden states [B, T, D] in ``runtime.compute_dtype``."""
+    params = jax.tree.map(lambda x: x.astype(runtime.compute_dtype), params)
     b, t = tokens.shape
     if positions is None:
         positions = jnp.arange(t)
@@ -148,9 +139,9 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, *,
     layer_fns = []
     for window in cfg.window_pattern:
         sin, cos = (sin_g, cos_g) if window is None else (sin_l, cos_l)
-        fn = partial(_layer, cfg=cfg, window=window, sin=sin, cos=cos, attn_impl=attn_impl)
-        if remat != "none":
-            fn = jax.checkpoint(fn, policy=REMAT_POLICIES[remat])
+        fn = partial(_layer, cfg=cfg, window=window, sin=sin, cos=cos, attn_impl=runtime.attn_impl)
+        if runtime.remat != "none":
+            fn = jax.checkpoint(fn, policy=REMAT_POLICIES[runtime.remat])
         layer_fns.append(fn)
 
     def group(h, gp):
@@ -173,10 +164,8 @@ def logits_from_hidden(h: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
     return constrain(logits, LOGITS) if logits.ndim == 3 else logits
 
 
-def forward(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, *, compute_dtype=jnp.float32,
-            attn_impl: str = "xla", remat: str = "none",
+def forward(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime: Runtime = Runtime(), *,
             positions: jnp.ndarray | None = None) -> jnp.ndarray:
     """Logits [B, T, padded_vocab] in fp32."""
-    h = hidden_states(params, tokens, cfg, compute_dtype=compute_dtype, attn_impl=attn_impl,
-                      remat=remat, positions=positions)
+    h = hidden_states(params, tokens, cfg, runtime, positions=positions)
     return logits_from_hidden(h, lm_head_weight(params, cfg))

@@ -35,6 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from olmax.model.attention_ref import per_device_attention
+from olmax.model.logical import context_platform
+
 log = logging.getLogger(__name__)
 
 LANES = 128
@@ -135,8 +138,6 @@ def _local_splash(q, k, v, window: int | None, scale: float, block: int, interpr
 def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
                      scale: float, block_size: int = DEFAULT_BLOCK) -> jnp.ndarray:
     """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring)."""
-    from olmax.model.attention import context_platform, per_device_attention
-
     platform = context_platform()
     interpret = platform != "tpu"
     if interpret and platform not in _warned:

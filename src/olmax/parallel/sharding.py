@@ -18,6 +18,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from olmax.config import ModelConfig
+from olmax.model.params import param_axes, param_shapes
 from olmax.parallel.mesh import BATCH_AXES
 
 RULES: Mapping[str, tuple[str, ...]] = {
@@ -60,8 +61,6 @@ def logical_to_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RULES) -> Any:
     """NamedShardings for the parameter pytree."""
-    from olmax.model.params import param_axes, param_shapes
-
     is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
     return jax.tree.map(lambda shape, axes: NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules)),
                         param_shapes(cfg), param_axes(cfg), is_leaf=is_shape)

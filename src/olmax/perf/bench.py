@@ -31,12 +31,10 @@ from olmax.config import ConfigError, RunConfig
 from olmax.model.attention import resolve_attn_impl
 from olmax.model.flops import flops_per_token, mfu, peak_flops
 from olmax.model.params import count_params, init_params
+from olmax.model.runtime import dtype_of
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state
 from olmax.train.step import jit_train_step, make_train_step, num_micro_batches
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
 
 def _sync(x: Any) -> Any:
     return jax.block_until_ready(x)
@@ -55,10 +53,8 @@ def matmul_ceiling(size: int | None = None, dtype: str | None = None, iters: int
     cpu = device.platform == "cpu"
     size = size or (1024 if cpu else 8192)
     dtype = dtype or ("float32" if cpu else "bfloat16")
-    if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
-    a = jax.device_put(jax.random.normal(jax.random.key(0), (size, size), DTYPES[dtype]), device)
-    b = jax.device_put(jax.random.normal(jax.random.key(1), (size, size), DTYPES[dtype]), device)
+    a = jax.device_put(jax.random.normal(jax.random.key(0), (size, size), dtype_of(dtype)), device)
+    b = jax.device_put(jax.random.normal(jax.random.key(1), (size, size), dtype_of(dtype)), device)
     mm = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32).astype(x.dtype))
     _sync(mm(a, b))
     times = []

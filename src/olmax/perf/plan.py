@@ -284,13 +284,15 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     from olmax.model.params import abstract_params
+    from olmax.model.runtime import Runtime
     from olmax.parallel.mesh import MESH_AXES
     from olmax.train.loss import lm_loss_sums, loss_and_sums
     from olmax.train.optim import build_optimizer
-    from olmax.train.step import COMPUTE_DTYPES, traced_under_mesh
+    from olmax.train.step import traced_under_mesh
 
     model, train = local_model(cfg.model, tensor), cfg.train
-    dtype = COMPUTE_DTYPES[train.compute_dtype]
+    runtime = Runtime(train.compute_dtype, attn_impl, train.remat)
+    dtype = runtime.compute_dtype
     t, b = train.seq_len, per_device_batch
     mesh = Mesh(np.asarray([device]).reshape(1, 1, 1), MESH_AXES)
     one = NamedSharding(mesh, P())
@@ -304,8 +306,8 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
     group = model.replace(n_layers=len(model.window_pattern))     # one group: a loop of one trip
     p_group = jax.tree.map(lambda a: spec(a.shape, a.dtype), abstract_params(group))
     loss_a = lambda p, x, y: loss_and_sums(  # noqa: E731
-        p, x, y, jnp.float32(b * t), group, z_loss_multiplier=train.z_loss_multiplier,
-        compute_dtype=dtype, attn_impl=attn_impl, remat=train.remat, chunk_size=t)[0]
+        p, x, y, jnp.float32(b * t), group, runtime, z_loss_multiplier=train.z_loss_multiplier,
+        chunk_size=t)[0]
     out["A"] = cost(jax.grad(loss_a), p_group, tok, tok)
 
     def loss_h(h, w, y):

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from olmax.config import ModelConfig
 from olmax.model.logical import constrain
 from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, logits_from_hidden
+from olmax.model.runtime import Runtime
 
 IGNORE_INDEX = -100
 
@@ -101,12 +102,10 @@ def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multip
 
 
 def loss_and_sums(params, tokens: jax.Array, labels: jax.Array, denominator: jax.Array,
-                  cfg: ModelConfig, *, z_loss_multiplier: float, compute_dtype=jnp.float32,
-                  attn_impl: str = "xla", remat: str = "none",
+                  cfg: ModelConfig, runtime: Runtime = Runtime(), *, z_loss_multiplier: float,
                   chunk_size: int = 1024) -> tuple[jax.Array, LossSums]:
     """``(ce_sum + z_sum) / denominator`` for one (micro-)batch, and the sums; differentiable."""
-    h = hidden_states(params, tokens, cfg, compute_dtype=compute_dtype, attn_impl=attn_impl,
-                      remat=remat)
-    w = lm_head_weight(params, cfg).astype(compute_dtype)
+    h = hidden_states(params, tokens, cfg, runtime)
+    w = lm_head_weight(params, cfg).astype(runtime.compute_dtype)
     sums = lm_loss_sums(h, w, labels, z_loss_multiplier=z_loss_multiplier, chunk_size=chunk_size)
     return (sums.ce + sums.z) / denominator, sums

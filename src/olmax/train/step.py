@@ -5,11 +5,12 @@ The global batch ``tokens`` [B, T] (sharded by rows over ``data x fsdp``) is spl
 ``k, k + n_micro, k + 2 n_micro, ...`` so that each device keeps its own rows. Every micro-batch's
 loss is divided by the whole batch's scored-token count (OLMo-core normalisation), so the summed
 gradients are the full-batch gradient. Gradients and sums accumulate in fp32; parameters and Adam
-state stay fp32, the forward runs in ``train.compute_dtype``.
+state stay fp32, the forward runs in ``train.compute_dtype`` (:class:`olmax.model.runtime.Runtime`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial, wraps
 from typing import Any, Callable, NamedTuple
 
@@ -19,12 +20,16 @@ import optax
 from jax.sharding import Mesh
 
 from olmax.config import ConfigError, ModelConfig, TrainConfig
+from olmax.model.attention import resolve_attn_impl
 from olmax.model.logical import activation_sharding, per_device_kernels
+from olmax.model.params import abstract_params, init_params
+from olmax.model.runtime import Runtime
+from olmax.parallel.mesh import data_parallel_size
+from olmax.parallel.sharding import (activation_constrainer, batch_sharding, like_params_shardings,
+                                     param_shardings, per_device_runner, replicated)
 from olmax.train.loss import loss_and_sums, loss_denominator, make_labels
 from olmax.train.optim import last_step_info
-from olmax.train.state import TrainState
-
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+from olmax.train.state import TrainState, init_train_state
 
 
 def num_micro_batches(train_cfg: TrainConfig, dp: int) -> int:
@@ -47,31 +52,17 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
     ``batch``: ``tokens`` int32 [B, T], ``instance_mask`` bool [B]. ``metrics`` (fp32 scalars):
     ``loss`` (CE), ``z_loss``, ``grad_norm`` (pre-clip), ``skipped``, ``num_tokens`` (denominator).
     """
-    if train_cfg.compute_dtype not in COMPUTE_DTYPES:
-        raise ConfigError(f"train.compute_dtype must be one of {list(COMPUTE_DTYPES)} "
-                          f"(got {train_cfg.compute_dtype!r})")
-    from olmax.model.attention import IMPLEMENTATIONS
-    from olmax.model.olmo3 import REMAT_POLICIES
-
-    for key, known in (("attn_impl", ["auto", *IMPLEMENTATIONS]), ("remat", list(REMAT_POLICIES))):
-        if getattr(train_cfg, key) not in known:   # before anything is traced or written
-            raise ConfigError(f"train.{key} must be one of {', '.join(known)} "
-                              f"(got {getattr(train_cfg, key)!r})")
-    compute_dtype = COMPUTE_DTYPES[train_cfg.compute_dtype]
-    loss_fn = partial(loss_and_sums, cfg=model_cfg, z_loss_multiplier=train_cfg.z_loss_multiplier,
-                      compute_dtype=compute_dtype, attn_impl=train_cfg.attn_impl,
-                      remat=train_cfg.remat, chunk_size=chunk_size)
+    loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=Runtime.of(train_cfg),
+                      z_loss_multiplier=train_cfg.z_loss_multiplier, chunk_size=chunk_size)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def constrain_rows(x):
         if mesh is None:
             return x
-        from olmax.parallel.sharding import batch_sharding
         return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
 
     constrainer = runner = None
     if mesh is not None:
-        from olmax.parallel.sharding import activation_constrainer, per_device_runner
         constrainer, runner = activation_constrainer(mesh), per_device_runner(mesh)
 
     def step(state: TrainState, batch: dict, lr: jax.Array):
@@ -128,7 +119,6 @@ def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings:
     """jit with the state donated and, on a mesh, explicit in/out shardings for state and batch."""
     if state_shardings is None:
         return jax.jit(step, donate_argnums=(0,))
-    from olmax.parallel.sharding import replicated
     rep = replicated(mesh)
     return jax.jit(traced_under_mesh(step, mesh), donate_argnums=(0,),
                    in_shardings=(state_shardings, batch_shardings, rep),
@@ -153,15 +143,6 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
     """Shard parameters by the logical-axis rules, optimizer moments like their parameters,
     counters/skip windows replicated, the batch by rows; jit the step with those shardings.
     ``train.attn_impl=auto`` is resolved for the platform of the mesh's devices."""
-    import dataclasses
-
-    from olmax.model.attention import resolve_attn_impl
-    from olmax.model.params import abstract_params, init_params
-    from olmax.parallel.mesh import data_parallel_size
-    from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings,
-                                         replicated)
-    from olmax.train.state import init_train_state
-
     n_micro = num_micro_batches(train_cfg, data_parallel_size(mesh))
     attn_impl = resolve_attn_impl(train_cfg.attn_impl, mesh.devices.flat[0].platform)
     train_cfg = dataclasses.replace(train_cfg, attn_impl=attn_impl)

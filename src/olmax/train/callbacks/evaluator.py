@@ -31,6 +31,7 @@ from olmax.eval.contamination import OverlapGuard
 from olmax.eval.runner import EvalSuite, log_metrics
 from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
+from olmax.model.runtime import Runtime
 from olmax.train.callbacks.base import Callback, Run
 
 
@@ -74,8 +75,8 @@ class EvaluatorCallback(Callback):
             limit=self.cfg.limit, heldout_max_docs=self.cfg.heldout_max_docs,
             data_cache_dir=cfg.data.cache_dir, exclude_overlap_with=guard)
         self.overlap_report = self.suite.overlap_report
-        self.scorer = Scorer(cfg.model, compute_dtype=cfg.train.compute_dtype,
-                             attn_impl=cfg.train.attn_impl)
+        # the training dtype and attention kernel; no remat (nothing is differentiated)
+        self.scorer = Scorer(cfg.model, Runtime(cfg.train.compute_dtype, cfg.train.attn_impl))
         if self.cfg.on_start:
             run.log(run.step, self.evaluate(run))
 

@@ -1,14 +1,19 @@
-"""The reference attention (``impl="xla"``): full T x T scores, softmax in fp32, GQA.
+"""The reference attention (``impl="xla"``) and what every implementation shares.
 
 Window semantics are OLMo's: a window of W means each query sees the W keys ending at itself,
 ``q - W < k <= q`` (flash-attn ``window_size=(W-1, 0)``; HF ``kv_idx > q_idx - sliding_window``).
-Every faster implementation (:mod:`olmax.model.attention_impls`) is tested for equality against it.
+:func:`xla_attention` computes full T x T scores with the softmax in fp32; every faster
+implementation (:mod:`olmax.model.attention_impls`, :mod:`olmax.model.splash`) is tested for
+equality against it. Kernels XLA cannot partition run per device through
+:func:`per_device_attention` (q, k, v placed by their logical axes).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from olmax.model.logical import per_device
 
 NEG = -1e30  # large finite negative: fully masked rows cannot occur (the diagonal is always visible)
 
@@ -37,3 +42,14 @@ def xla_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | 
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.astype(v.dtype), v,
                      preferred_element_type=jnp.float32)
     return out.reshape(b, t, hq, d).astype(q.dtype)
+
+
+# Logical axes of attention's inputs/outputs (as in ``olmax.model.olmo3``), for kernels that run
+# per device (``olmax.model.logical.per_device``).
+QKV_AXES = (("batch", "seq", "act_heads", "head_dim"), ("batch", "seq", "act_kv_heads", "head_dim"),
+            ("batch", "seq", "act_kv_heads", "head_dim"))
+
+
+def per_device_attention(fn, q, k, v):
+    """``fn(q, k, v)`` on each device's sequences (and heads) under a mesh; ``fn`` itself otherwise."""
+    return per_device(fn, (q, k, v), QKV_AXES)

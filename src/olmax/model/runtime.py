@@ -1,0 +1,58 @@
+"""How the model runs, as one value: :class:`Runtime` (compute dtype, attention implementation,
+remat policy), and the one table of compute dtypes by name.
+
+The architecture is the config (:class:`olmax.config.ModelConfig`); a Runtime only chooses how the
+same function is computed: in which dtype the matmuls run (parameters are cast to it; RMSNorm,
+RoPE, softmax and logits stay fp32), which attention kernel runs (every one equals the ``xla``
+reference), and what the backward pass recomputes instead of storing (named remat policies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from olmax.config import ConfigError, TrainConfig
+from olmax.model.attention import IMPLEMENTATIONS
+
+DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_outputs": jax.checkpoint_policies.save_only_these_names("attn_out", "mlp_out"),
+}
+
+
+def dtype_of(name: str | Any) -> Any:
+    """A dtype given by name (``float32``, ``bfloat16``, ``float16``); a dtype passes through."""
+    if not isinstance(name, str):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype '{name}' (known: {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    compute_dtype: Any = jnp.float32     # a dtype or its name
+    attn_impl: str = "xla"               # "auto" or a key of olmax.model.attention.IMPLEMENTATIONS
+    remat: str = "none"                  # a key of REMAT_POLICIES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compute_dtype", dtype_of(self.compute_dtype))
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy '{self.remat}' (known: {', '.join(REMAT_POLICIES)})")
+        if self.attn_impl != "auto" and self.attn_impl not in IMPLEMENTATIONS:
+            raise ValueError(f"unknown attention implementation '{self.attn_impl}' "
+                             f"(known: auto, {', '.join(IMPLEMENTATIONS)})")
+
+    @classmethod
+    def of(cls, train: TrainConfig) -> "Runtime":
+        """The runtime a training config asks for (``train.compute_dtype/attn_impl/remat``)."""
+        return cls(train.compute_dtype, train.attn_impl, train.remat)
