@@ -14,8 +14,6 @@ run compiles a handful of programs.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,21 +60,14 @@ class Scorer:
         """[B, T] log p(targets[b, t] | tokens[b, :t+1])."""
         h = self._hidden(params, tokens)
         w = self._head(params)
-        b, t, d = h.shape
-        c = math.gcd(t, self.chunk)
-        n = t // c
-        hc = jnp.moveaxis(h.reshape(b, n, c, d), 1, 0)
-        tc = jnp.moveaxis(targets.reshape(b, n, c), 1, 0)
 
         def step(_, xs):
-            hh, tt = xs
-            logits = olmo3.logits_from_hidden(hh, w)
-            lse = jax.nn.logsumexp(logits, axis=-1)
-            picked = jnp.take_along_axis(logits, tt[..., None], axis=-1)[..., 0]
+            lse, picked = olmo3.lse_and_target_logits(xs[0], w, xs[1])
             return None, picked - lse
 
-        _, out = jax.lax.scan(step, None, (hc, tc))
-        return jnp.moveaxis(out, 0, 1).reshape(b, t)
+        _, out = jax.lax.scan(step, None, (olmo3.seq_chunks(h, self.chunk),
+                                           olmo3.seq_chunks(targets, self.chunk)))
+        return out.swapaxes(0, 1).reshape(tokens.shape)
 
     def _choice_logprobs(self, params, tokens, positions, choices):
         """[B, K] log p(choices[b, k] | tokens[b, :positions[b]+1]) (fast MC)."""
@@ -93,9 +84,8 @@ class Scorer:
         k = targets.shape[1]
         pos = jnp.minimum(starts[:, None] + jnp.arange(k)[None, :], tokens.shape[1] - 1)
         hs = jnp.take_along_axis(h, pos[..., None], axis=1)
-        logits = olmo3.logits_from_hidden(hs, self._head(params))
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        return jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - lse
+        lse, picked = olmo3.lse_and_target_logits(hs, self._head(params), targets)
+        return picked - lse
 
     def span_logprobs(self, params, tokens: np.ndarray, starts: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """Host wrapper of the span scorer: tokens [B, T], starts [B], targets [B, K] -> [B, K]."""

@@ -164,6 +164,26 @@ def logits_from_hidden(h: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
     return constrain(logits, LOGITS) if logits.ndim == 3 else logits
 
 
+def lse_and_target_logits(h: jnp.ndarray, w: jnp.ndarray,
+                          targets: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """For hidden states ``h`` [..., D] under the head ``w``: the fp32 logsumexp of the logits and
+    the logit of each target id (``log p(target) = target_logit - lse``)."""
+    logits = logits_from_hidden(h, w)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    return lse, jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+
+
+def seq_chunks(x: jnp.ndarray, chunk_size: int) -> jnp.ndarray:
+    """``x`` [B, T, ...] as [n, B, c, ...]: the sequence in chunks of c positions, c the largest
+    divisor of T that is at most ``chunk_size``. Scanning over the n chunks bounds the live logits
+    of the LM head to ``B * c * V`` (the loss and the evaluation scorer both do)."""
+    b, t = x.shape[:2]
+    c = max(1, min(t, chunk_size))
+    while t % c:
+        c -= 1
+    return x.reshape(b, t // c, c, *x.shape[2:]).swapaxes(0, 1)
+
+
 def forward(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime: Runtime = Runtime(), *,
             positions: jnp.ndarray | None = None) -> jnp.ndarray:
     """Logits [B, T, padded_vocab] in fp32."""

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from olmax.config import ModelConfig
 from olmax.model.logical import constrain
-from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, logits_from_hidden
+from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, lse_and_target_logits, seq_chunks
 from olmax.model.runtime import Runtime
 
 IGNORE_INDEX = -100
@@ -62,13 +62,6 @@ def loss_denominator(labels: jax.Array, instance_mask: jax.Array | None = None) 
     return n
 
 
-def _largest_divisor_at_most(n: int, k: int) -> int:
-    k = max(1, min(n, k))
-    while n % k:
-        k -= 1
-    return k
-
-
 def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multiplier: float,
                  chunk_size: int = 1024) -> LossSums:
     """CE and z-loss sums of final hidden states ``h`` [B, T, D] under the head ``w`` [D, V].
@@ -76,18 +69,13 @@ def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multip
     The sequence is processed in chunks of (at most) ``chunk_size`` positions, each recomputed in
     the backward pass, bounding live logits to ``B * chunk_size * V`` floats.
     """
-    b, t, d = h.shape
-    c = _largest_divisor_at_most(t, chunk_size)
-    n = t // c
-    hc = h.reshape(b, n, c, d).swapaxes(0, 1)          # [n, B, c, D]
-    lc = labels.reshape(b, n, c).swapaxes(0, 1)        # [n, B, c]
+    hc = seq_chunks(h, chunk_size)                     # [n, B, c, D]
+    lc = seq_chunks(labels, chunk_size)                # [n, B, c]
 
     @jax.checkpoint
     def chunk(h_i, l_i):
-        logits = logits_from_hidden(constrain(h_i, HIDDEN), w)   # fp32 [B, c, V]
-        lse = jax.nn.logsumexp(logits, axis=-1)
         scored = l_i != IGNORE_INDEX
-        target = jnp.take_along_axis(logits, jnp.where(scored, l_i, 0)[..., None], axis=-1)[..., 0]
+        lse, target = lse_and_target_logits(constrain(h_i, HIDDEN), w, jnp.where(scored, l_i, 0))
         ce = jnp.sum(jnp.where(scored, lse - target, 0.0))
         z = jnp.sum(jnp.where(scored, jnp.square(lse), 0.0))
         return ce, z
