@@ -21,7 +21,7 @@ from pathlib import Path
 from olmax.commands import HELP
 from olmax.config import ConfigError
 from olmax.train.recipes import load_recipe
-from olmax.train.trainer import Trainer
+from olmax.train import trainer as training   # looked up when run (tests replace the Trainer)
 
 
 def add_parser(subparsers) -> None:
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--exit-code-on-stop must be 0..255 (got {args.exit_code_on_stop})")
     cfg = load_recipe(args.recipe, args.overrides)
     run_dir = args.run_dir or default_run_dir(args.recipe)
-    trainer = Trainer(cfg, run_dir, quiet=args.quiet)
+    trainer = training.Trainer(cfg, run_dir, quiet=args.quiet)
     summary = trainer.run()
     if trainer.is_main:
         print(f"olmax train: done: {format_summary(summary)}", file=sys.stdout)
