@@ -64,12 +64,15 @@ class _StderrHandler(logging.Handler):
 
 
 def log_to_stderr() -> None:
-    """The command line's one output channel for status lines and warnings (idempotent)."""
+    """The command line's one output channel: the ``olmax`` loggers' status lines and warnings
+    go to stderr, one line each, unless the program running the command configured logging
+    itself (handlers on the root logger), whose handlers then receive them. Idempotent."""
     logger = logging.getLogger("olmax")
+    if logging.getLogger().handlers or any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        return
     logger.setLevel(logging.INFO)
-    logger.propagate = False   # libraries (absl, orbax) may configure the root logger too
-    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-        logger.addHandler(_StderrHandler())
+    logger.propagate = False   # libraries (absl, orbax) may configure the root logger later
+    logger.addHandler(_StderrHandler())
 
 
 def main(argv: list[str] | None = None) -> int:
