@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.model.attention import attention, causal_window_mask
+from olmax.model.attention import attention
+from olmax.model.attention_ref import causal_window_mask
 from olmax.model.splash import (block_and_padded_len, kernel_flops, parse_scope, splash_attention,
                                 visited_blocks)
 

@@ -19,6 +19,7 @@ the HF config the same way; ``olmax eval`` uses the checkpoint's own config.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Mapping
 
@@ -28,9 +29,9 @@ from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dic
 from olmax.interop.hf import check_safetensors_dir, model_config_from_hf, read_hf_config
 from olmax.model.presets import get_preset
 
-ARCH_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
-               "vocab_size", "rope_theta", "rope_scaling", "norm_eps", "qk_norm", "block_type",
-               "window_pattern", "tie_embeddings")
+# Every field of ModelConfig but the three that do not change what a model computes.
+ARCH_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig)
+                    if f.name not in ("init_std", "max_seq_len", "padded_vocab_size"))
 # Fields that decide parameter shapes (with padded_vocab_size for olmax checkpoints).
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
                 "vocab_size", "qk_norm", "tie_embeddings")

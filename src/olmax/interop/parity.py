@@ -204,30 +204,8 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         fwd = jax.jit(lambda p, t: forward(p, t, cfg, Runtime(dtype)))
     v = cfg.vocab_size
     windows = [w for w in cfg.window_pattern if w is not None]
-    far = max(windows) if windows else None
-    kls, agrees, far_kls, max_diff = [], [], [], 0.0
-    t_hf = t_ox = 0.0
-    for b in range(tokens.shape[0]):
-        row = tokens[b:b + 1]
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            ref = model(torch.from_numpy(row.astype(np.int64))).logits[0, :, :v]
-            ref = ref.float().numpy()
-        t1 = time.perf_counter()
-        with jax.default_matmul_precision("highest"):
-            out = np.asarray(fwd(params, jnp.asarray(row)))[0, :, :v]
-        t2 = time.perf_counter()
-        t_hf, t_ox = t_hf + t1 - t0, t_ox + t2 - t1
-        kl, agree, diff = position_metrics(ref, out)
-        kls.append(kl)
-        agrees.append(agree)
-        max_diff = max(max_diff, diff)
-        if far is not None:
-            far_kls.append(kl[far:])
-        del ref, out
-    kl = np.concatenate(kls)
-    agree = np.concatenate(agrees)
-    far_kl = np.concatenate(far_kls) if far_kls else np.zeros(0)
+    kl, agree, far_kl, max_diff, t_hf, t_ox = _compare(model, fwd, params, tokens, v,
+                                                       max(windows) if windows else None)
     return {
         "kl_mean": float(kl.mean()),
         "kl_max": float(kl.max()),
@@ -253,6 +231,35 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "jax": jax.__version__, "python": platform.python_version()},
     }
+
+
+def _compare(model: Any, fwd: Any, params: Any, tokens: np.ndarray, v: int, far: int | None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float]:
+    """Both models row by row over the first ``v`` logits: per-position KL and top-1 agreement,
+    the KL of positions from ``far`` on, max |logit diff|, and each model's seconds."""
+    torch, _ = _reference()
+    kls, agrees, far_kls, max_diff = [], [], [], 0.0
+    t_hf = t_ox = 0.0
+    for b in range(tokens.shape[0]):
+        row = tokens[b:b + 1]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ref = model(torch.from_numpy(row.astype(np.int64))).logits[0, :, :v]
+            ref = ref.float().numpy()
+        t1 = time.perf_counter()
+        with jax.default_matmul_precision("highest"):
+            out = np.asarray(fwd(params, jnp.asarray(row)))[0, :, :v]
+        t2 = time.perf_counter()
+        t_hf, t_ox = t_hf + t1 - t0, t_ox + t2 - t1
+        kl, agree, diff = position_metrics(ref, out)
+        kls.append(kl)
+        agrees.append(agree)
+        max_diff = max(max_diff, diff)
+        if far is not None:
+            far_kls.append(kl[far:])
+        del ref, out
+    far_kl = np.concatenate(far_kls) if far_kls else np.zeros(0)
+    return np.concatenate(kls), np.concatenate(agrees), far_kl, max_diff, t_hf, t_ox
 
 
 def _olmax_params(hf_dir: str | os.PathLike, checkpoint: str | os.PathLike | None,
