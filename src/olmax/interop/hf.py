@@ -573,6 +573,9 @@ def streamed_params(weights: SafetensorsDir, cfg: ModelConfig, dtype: str) -> di
 
         def read(index):
             a, b, _ = index[k].indices(cfg.padded_vocab_size)
+            # The padding rows first: making them reads the whole tensor twice, and doing that
+            # before this block's rows and output exist keeps one of them in memory at a time.
+            padding = pad(p.hf, p.name, max(a, v), b) if max(a, v) < b else None
             out = np.empty(tuple(len(range(*s.indices(n))) for s, n in zip(index, shape)), target)
 
             def put(lo: int, hi: int, rows: np.ndarray) -> None:   # vocabulary rows [lo, hi)
@@ -583,8 +586,8 @@ def streamed_params(weights: SafetensorsDir, cfg: ModelConfig, dtype: str) -> di
 
             if a < min(b, v):
                 put(a, min(b, v), weights.read_rows(p.hf, a, min(b, v)))
-            if max(a, v) < b:
-                put(max(a, v), b, pad(p.hf, p.name, max(a, v), b))
+            if padding is not None:
+                put(max(a, v), b, padding)
             return out
         return read
 
