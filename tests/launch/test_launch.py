@@ -181,6 +181,29 @@ def test_k8s_manifest_indexed_job_with_headless_service(tmp_path):
     assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
 
 
+def test_launch_reads_nothing_at_the_init_paths(tmp_path):
+    """The job's ``init.hf_dir`` names the cluster's storage, which this machine may not see, or see
+    holding something else: launch passes the path on unread (the trainer reconciles the weights'
+    architecture where it runs). Here the path holds an HF directory of another architecture,
+    which ``olmax train`` would refuse; launch writes the job."""
+    hf = tmp_path / "step0-hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({
+        "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 100278, "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "sliding_window": 16,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}))
+    (hf / "model.safetensors").write_bytes(b"")
+    out = tmp_path / "job.yaml"
+    assert launch("k8s", "olmo3_7b_stage1", f"init.hf_dir={hf}", "train.micro_batch_size=1",
+                  "--nodes", 64, "--gpus-per-node", 8,
+                  "--out", out) == 0
+    _, job = k8s_objects(out)
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["command"][-2:] == [f"init.hf_dir={hf}", "train.micro_batch_size=1"]
+
+
 def test_k8s_manifest_for_a_tpu_slice(tmp_path):
     out = tmp_path / "tpu.yaml"
     assert launch("k8s", "olmo3_tiny", "train.global_batch_size=32", "--topology", "v5p-64",

@@ -102,7 +102,7 @@ def check_job(job: Job, *, recipe_travels: bool = True) -> Fit:
         raise ConfigError(f"devices per node must be >= 0 (got {job.devices_per_node})")
     if job.grace_s < 1:
         raise ConfigError(f"--grace must be a positive number of seconds (got {job.grace_s})")
-    cfg = load_recipe(job.recipe, job.overrides, find_mix=False)
+    cfg = load_recipe(job.recipe, job.overrides, find_mix=False, read_init=False)
     notes = []
     if cfg.data.mix is not None:
         try:

@@ -57,8 +57,12 @@ def run_config_from_dict(data: Mapping[str, Any]) -> RunConfig:
     return from_dict(RunConfig, {"model": model, **data})
 
 
-def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *, find_mix: bool = True) -> RunConfig:
+def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *, find_mix: bool = True,
+                read_init: bool = True) -> RunConfig:
     """Recipe + ``key.sub=value`` overrides -> validated RunConfig (ConfigError on bad keys/types
     or values, before any JAX work). With ``init.hf_dir`` / ``init.checkpoint`` the model is the
-    checkpoint's (:func:`olmax.interop.architecture.model_from_init`)."""
-    return run_config_from_dict(model_from_init(recipe_dict(name_or_path, overrides, find_mix=find_mix)))
+    checkpoint's (:func:`olmax.interop.architecture.model_from_init`); ``read_init=False`` leaves
+    the recipe's model as written and reads nothing there (a job written for a cluster whose storage
+    this machine may not see: the trainer reconciles the architecture where it runs)."""
+    data = recipe_dict(name_or_path, overrides, find_mix=find_mix)
+    return run_config_from_dict(model_from_init(data) if read_init else data)
