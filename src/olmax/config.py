@@ -440,7 +440,8 @@ class DataConfig:
 
 ComputeDtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["auto", "xla", "chunked", "dot_product", "cudnn", "splash"]   # olmax.model.attention
-Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs"]   # olmax.model.olmo3.REMAT_POLICIES
+Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs", "save_attn",
+                "save_proj"]   # olmax.model.runtime.REMAT_POLICIES
 
 
 @dataclass(frozen=True)

@@ -89,3 +89,22 @@ def test_unknown_remat_policy_is_rejected():
     params, tokens = _params_and_tokens()
     with pytest.raises(ValueError, match="unknown remat policy"):
         olmo3.hidden_states(params, tokens, CFG, Runtime(remat="bogus"))
+
+
+def test_policies_recompute_only_the_matmuls_they_do_not_keep():
+    """Matmuls the backward pass runs again, per layer, counted in the gradient's program against
+    ``none`` (``xla`` attention: its two matmuls, scores and probabilities x values, are never kept
+    by a named policy). A layer has 7 projections: q, k, v, o, gate, up, down."""
+    params, tokens = _params_and_tokens()
+
+    def dots(remat):
+        fn = jax.grad(lambda p: jnp.sum(olmo3.hidden_states(p, tokens, CFG, Runtime(remat=remat))))
+        return str(jax.make_jaxpr(fn)(params)).count("dot_general")
+
+    period = len(CFG.window_pattern)   # layers in the scanned group: the body appears once
+    recomputed = {r: (dots(r) - dots("none")) / period for r in ("full", "save_outputs", "save_attn",
+                                                                   "save_proj")}
+    assert recomputed == {"full": 9,           # everything: 7 projections + 2 attention matmuls
+                          "save_outputs": 7,   # q, k, v, gate, up + attention (o, down kept)
+                          "save_attn": 6,      # o, gate, up, down + attention (q, k, v kept)
+                          "save_proj": 2}      # the attention matmuls only

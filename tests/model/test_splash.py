@@ -119,3 +119,26 @@ def test_visited_blocks_and_flops():
     assert parse_scope("jit(step)/olmax_splash_t8192_w4096_h32_d128_b1_bs512/splash_mha_fwd") == {
         "t": 8192, "window": 4096, "heads": 32, "head_dim": 128, "batch": 1, "block": 512}
     assert parse_scope("olmax_splash_t37_wfull_h4_d16_b2_bs128")["window"] is None
+
+
+def test_save_policies_keep_the_kernel_outputs():
+    """Under ``remat=full`` the backward pass runs the forward kernel again (4 kernel calls per
+    layer: forward, its recompute, dq, dkv); ``save_attn`` / ``save_proj`` keep its output and
+    softmax statistics (3 calls). (``tests/model/test_remat_scan.py`` checks that every policy
+    gives the same gradients.)"""
+    from olmax.config import ModelConfig
+    from olmax.model import olmo3
+
+    cfg = ModelConfig(d_model=64, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=32, mlp_hidden=128,
+                      vocab_size=100, padded_vocab_size=128, window_pattern=(None,),
+                      rope_theta=10_000.0, max_seq_len=128)
+    params = olmo3.abstract_params(cfg)
+    tokens = jax.ShapeDtypeStruct((1, 128), jnp.int32)
+
+    def grad(remat):
+        return jax.grad(lambda p: jnp.sum(olmo3.hidden_states(p, tokens, cfg, attn_impl="splash",
+                                                              remat=remat) ** 2))
+
+    calls = {r: str(jax.make_jaxpr(grad(r))(params)).count("pallas_call")
+             for r in ("full", "save_attn", "save_proj")}
+    assert calls == {"full": 4, "save_attn": 3, "save_proj": 3}

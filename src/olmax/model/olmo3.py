@@ -74,9 +74,9 @@ def dense(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
 def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | None,
                      sin: jnp.ndarray, cos: jnp.ndarray, attn_impl: str) -> jnp.ndarray:
     b, t, _ = x.shape
-    q = dense(x, p["q_proj"])
-    k = dense(x, p["k_proj"])
-    v = dense(x, p["v_proj"])
+    q = checkpoint_name(dense(x, p["q_proj"]), "q_proj")
+    k = checkpoint_name(dense(x, p["k_proj"]), "k_proj")
+    v = checkpoint_name(dense(x, p["v_proj"]), "v_proj")
     if cfg.qk_norm == "full":
         q = rms_norm(q, p["q_norm"], cfg.norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
@@ -93,8 +93,8 @@ def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | 
 
 
 def _mlp_block(p: Params, x: jnp.ndarray) -> jnp.ndarray:
-    gate = constrain(dense(x, p["gate_proj"]), MLP)
-    up = constrain(dense(x, p["up_proj"]), MLP)
+    gate = checkpoint_name(constrain(dense(x, p["gate_proj"]), MLP), "mlp_gate")
+    up = checkpoint_name(constrain(dense(x, p["up_proj"]), MLP), "mlp_up")
     return constrain(dense(jax.nn.silu(gate) * up, p["down_proj"]), HIDDEN)
 
 

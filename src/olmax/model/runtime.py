@@ -20,12 +20,34 @@ from olmax.model.attention import IMPLEMENTATIONS
 
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
+
+def _save_names_and_kernels(*names: str):
+    """Save the values named ``names`` (``checkpoint_name`` in :mod:`olmax.model.olmo3`) and the
+    outputs of Pallas kernels -- splash attention's output and softmax statistics, so that its
+    forward kernel does not run again in the backward pass."""
+    by_name = jax.checkpoint_policies.save_only_these_names(*names)
+
+    def policy(prim, *args, **params):
+        return prim.name == "pallas_call" or by_name(prim, *args, **params)
+    return policy
+
+
+# Per-layer rematerialisation (``jax.checkpoint`` around each layer; its input is always kept).
+# ``dots`` keeps every matmul's fp32 accumulator output; the ``save_*`` policies keep named values
+# in the compute dtype (bf16 under mixed precision: half the bytes of ``dots``). What each costs
+# and saves for OLMo 3 7B on TPU: benchmarks/README.md (the TPU study).
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_saveable,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "save_outputs": jax.checkpoint_policies.save_only_these_names("attn_out", "mlp_out"),
+    # q/k/v projections and the attention kernel: the backward pass recomputes the MLP and the
+    # output projection
+    "save_attn": _save_names_and_kernels("q_proj", "k_proj", "v_proj"),
+    # every projection's output and the attention kernel: only element-wise work is recomputed
+    "save_proj": _save_names_and_kernels("q_proj", "k_proj", "v_proj", "attn_out", "mlp_gate",
+                                         "mlp_up", "mlp_out"),
 }
 
 
