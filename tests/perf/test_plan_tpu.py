@@ -92,3 +92,20 @@ def test_plan_one_line_errors(tmp_path, capsys):
     assert "\n" not in line and line.startswith("olmax plan: does not fit:") and "GiB available" in line
     mem = json.loads(out.read_text())["memory"]
     assert mem["fits"] is False and mem["peak_bytes"] > mem["hbm_bytes"] > 15 * 2 ** 30
+
+
+def test_mesh_over_a_topology_is_in_physical_order():
+    """The plan's mesh orders a topology's devices as a real slice's mesh is ordered: by their
+    chips' torus coordinates, a chip's two cores side by side, so that an axis of the mesh runs
+    along physical links (the order the topology lists them in goes host block by host block)."""
+    from olmax.config import MeshConfig
+    from olmax.parallel.mesh import make_mesh
+    from olmax.perf.plan import topology_devices
+
+    devices = topology_devices("tpu7x:4x4x4")
+    key = lambda d: (*d.coords, d.core_on_chip)  # noqa: E731
+    order = list(make_mesh(MeshConfig(), devices).devices.flat)
+    assert [d.id for d in order] == [d.id for d in sorted(devices, key=key)]
+    assert [d.id for d in devices] != [d.id for d in order]
+    tensor2 = make_mesh(MeshConfig(fsdp=-1, tensor=2), devices).devices
+    assert all(a.coords == b.coords for a, b in tensor2.reshape(-1, 2))   # tensor pairs: one chip

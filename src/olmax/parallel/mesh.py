@@ -39,12 +39,17 @@ def resolve_mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A GSPMD (``AxisType.Auto``) mesh over ``devices`` (default: all devices)."""
+    """A GSPMD (``AxisType.Auto``) mesh over ``devices`` (default: all devices), in the physical
+    order JAX gives a TPU slice (rings along the torus, a chip's two cores next to each other), the
+    same for a slice's real devices and for its ahead-of-time topology; devices JAX cannot place
+    (an arbitrary subset) keep the order given."""
     devices = list(devices) if devices is not None else jax.devices()
     shape = resolve_mesh_shape(cfg, len(devices))
-    if devices == jax.devices():
-        return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    types = (AxisType.Auto,) * 3
+    try:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=types, devices=devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=types)
 
 
 def data_parallel_size(mesh: Mesh) -> int:
