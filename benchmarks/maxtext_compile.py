@@ -76,6 +76,9 @@ def main() -> int:
         def store_gradients(self, grads, **kwargs):
             nnx.update(self.model, grads)
         train_state_nnx.TrainStateNNX.apply_gradients = store_gradients
+        # the parts carry no clipping or skip-step (the optimizer part is costed separately)
+        a.overrides = [o for o in a.overrides
+                       if o.split("=")[0] not in ("gradient_clipping_threshold", "skip_step_on_spikes")]
     argv += a.overrides
 
     captured: dict = {}

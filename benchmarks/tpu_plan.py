@@ -98,27 +98,58 @@ def cases() -> dict[str, dict]:
     return out
 
 
+# MaxText's own OLMo 3 7B stage-1 launcher (``trainers/pre_train/scripts/olmo/run_olmo3_7b_stage1.sh``
+# in maxtext 0.2.5), the settings that shape the compiled step: its remat policy keeps every
+# projection except the MLP's up projection on the device, tokamax's splash kernel with 2048-blocks
+# and the fused backward kernel, and the Ironwood libtpu flags it exports.
+MAXTEXT_REPRO_ARGS = [
+    "z_loss_multiplier=1e-5", "cast_logits_to_fp32=True", "logits_dot_in_fp32=True",
+    "skip_step_on_spikes=True", "gradient_clipping_threshold=1.0", "remat_policy=custom",
+    "decoder_layer_input=device", "context=device", "query_proj=device", "key_proj=device",
+    "value_proj=device", "qkv_proj=device", "out_proj=device", "mlpwi_0=device", "mlpwo=device",
+    "use_iota_embed=True", "use_tokamax_splash=True", "attention=flash", "sa_block_q=2048",
+    "sa_block_kv=2048", "sa_block_kv_compute=2048", "sa_block_q_dkv=2048", "sa_block_kv_dkv=2048",
+    "sa_block_kv_dkv_compute=2048", "sa_q_layout=SEQ_MINOR", "sa_k_layout=SEQ_MINOR",
+    "sa_v_layout=HEAD_DIM_MINOR", "sa_use_fused_bwd_kernel=True"]
+MAXTEXT_REPRO_LIBTPU = " ".join([
+    "--xla_tpu_scoped_vmem_limit_kib=65536", "--xla_tpu_bf16_emission_mode=NATIVE_EMISSION",
+    "--xla_tpu_dvfs_p_state=7", "--xla_tpu_enable_sparse_core_collective_offload_all_reduce=true",
+    "--xla_tpu_enable_sparse_core_collective_offload_all_gather=true",
+    "--xla_tpu_enable_sparse_core_collective_offload_2d_all_gather=true",
+    "--xla_tpu_enable_sparse_core_collective_offload_reduce_scatter=true",
+    "--xla_tpu_use_tc_device_shape_on_sc=True", "--xla_sc_disable_megacore_partitioning=True",
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=false"])
+
+
 def _maxtext_cases() -> dict[str, dict]:
     """MaxText's ahead-of-time compiles (``maxtext_compile.py`` modes) and the parts that put its
-    step through olmax's estimation method."""
-    issue = ["per_device_batch_size=1", "max_target_length=8192", "attention=flash", "remat_policy=full"]
-    out = {
-        "maxtext_tpu7x16_b1_full": {"mode": "step", "topology": "tpu7x:2x2x2", "args": issue,
-                                    "question": "MaxText olmo3-7b-pt, 1 x 8192 per device, flash, remat full"},
-    }
-    for layers in (4, 8):
-        out[f"maxtext_parts_l{layers}_b1_full"] = {
-            "mode": "parts", "topology": "tpu7x:2x2x2", "layers": layers, "args": issue,
-            "question": f"MaxText fwd+bwd, {layers} unscanned layers, one device"}
+    step through olmax's estimation method. ``b1_full``: the plain invocation (flash attention,
+    full remat; z-loss on, as in olmax); ``b4_repro``: its OLMo 3 launcher's settings at 4 x 8192
+    per device."""
+    plain = ["per_device_batch_size=1", "max_target_length=8192", "attention=flash", "remat_policy=full",
+             "z_loss_multiplier=1e-5"]
+    repro = ["per_device_batch_size=4", "max_target_length=8192", *MAXTEXT_REPRO_ARGS]
+    out = {}
+    for tag, args, env in (("b1_full", plain, {}), ("b4_repro", repro, {"LIBTPU_INIT_ARGS": MAXTEXT_REPRO_LIBTPU})):
+        out[f"maxtext_tpu7x16_{tag}"] = {
+            "mode": "step", "topology": "tpu7x:2x2x2", "args": args, "env": env,
+            "question": f"MaxText olmo3-7b-pt step, {tag}"}
+        for layers in (4, 8):
+            out[f"maxtext_parts_l{layers}_{tag}"] = {
+                "mode": "parts", "topology": "tpu7x:2x2x2", "layers": layers, "args": args, "env": env,
+                "question": f"MaxText fwd+bwd, {layers} unscanned layers, one device, {tag}"}
     return out
 
 
-def _run_case(name: str, case: dict, python: str, timeout: int) -> dict:
+def _run_case(name: str, case: dict, python: str, timeout: int, hlo_dir: str | None = None) -> dict:
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         out_json = Path(tmp) / "plan.json"
         cmd = [python, "-m", "olmax.cli", "plan", RECIPE, *case["overrides"], "--topology",
                case["topology"], "--json", str(out_json)]
+        shown = " ".join(["olmax", *cmd[3:-2]])
+        if hlo_dir:
+            cmd[-2:-2] = ["--hlo", str(Path(hlo_dir) / f"{name}.hlo.txt")]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
         print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(cmd[1:])}", flush=True)
@@ -128,15 +159,19 @@ def _run_case(name: str, case: dict, python: str, timeout: int) -> dict:
                                   timeout=timeout)
             rc, text = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
-            rc, text = None, f"timed out after {timeout} s\n" + (e.stdout or b"").decode(errors="replace")
+            rc, text = None, f"timed out after {timeout} s\n" + _text(e.stdout)
         wall = time.perf_counter() - t0
         plan = json.loads(out_json.read_text()) if out_json.exists() else None
-    result = {"case": name, **case, "command": " ".join(["olmax", *cmd[3:-2]]), "rc": rc,
+    result = {"case": name, **case, "command": shown, "rc": rc,
               "wall_s": wall, "output_tail": text[-4000:], "plan": plan,
               "load_avg_end": os.getloadavg()[0]}
     _write(RESULTS / f"{name}.json", result)
     print(f"  rc={rc} wall {wall:.0f} s" + ("" if plan else "  (no plan: see output_tail)"), flush=True)
     return result
+
+
+def _text(out) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
 
 
 def _write(path: Path, data: dict) -> None:
@@ -160,10 +195,12 @@ def _run_maxtext(name: str, case: dict, python: str, timeout: int) -> dict:
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(["nice", "-n", "5", *cmd], capture_output=True, text=True, timeout=timeout,
-                                  env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+                                  env={**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+                                       "TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
+                                       **case.get("env", {})})
             rc, text = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
-            rc, text = None, f"timed out after {timeout} s\n" + (e.stdout or b"").decode(errors="replace")
+            rc, text = None, f"timed out after {timeout} s\n" + _text(e.stdout)
         wall = time.perf_counter() - t0
         out = json.loads(out_json.read_text()) if out_json.exists() else None
     if out is not None and hlo.exists():
@@ -345,6 +382,7 @@ def main() -> int:
     p.add_argument("--maxtext-python", default="/work/venvs/maxtext/bin/python")
     p.add_argument("--timeout", type=int, default=5400, help="seconds per case")
     p.add_argument("--rerun", action="store_true", help="run cases whose result file exists")
+    p.add_argument("--hlo-dir", help="also keep each case's compiled HLO text here")
     a = p.parse_args()
 
     grid = _maxtext_cases() if a.action == "maxtext" else cases()
@@ -367,7 +405,7 @@ def main() -> int:
         if a.action == "maxtext":
             _run_maxtext(name, case, a.maxtext_python, a.timeout)
         else:
-            _run_case(name, case, a.python, a.timeout)
+            _run_case(name, case, a.python, a.timeout, a.hlo_dir)
     return 0
 
 
