@@ -76,17 +76,21 @@ def cases() -> dict[str, dict]:
         for r in REMATS:
             add(f"remat_{r}_b{b}", "remat", SMALL, [*_batch(16, b), f"train.remat={r}"],
                 f"remat={r}, {b} x 8192 per device")
-    # Meshes with the recipe's remat default (set from the remat comparison).
+    # Meshes at full remat (the fsdp-16 twin is remat_full_b*).
     for b in (4, 1):
-        add(f"mesh_fsdp8_tensor2_b{b}", "mesh", SMALL, _batch(16, b, tensor=2),
-            f"fsdp 8 x tensor 2, {b} x 8192 per device")
-        add(f"mesh_data2_fsdp8_b{b}", "mesh", SMALL, _batch(16, b, data=2),
-            f"data 2 x fsdp 8, {b} x 8192 per device")
-        add(f"default_b{b}", "mesh", SMALL, _batch(16, b), f"the recipe's defaults, {b} x 8192 per device")
-    # Heads 16 x 256 (the 32 x 128 twin is default_b*).
+        add(f"mesh_fsdp8_tensor2_b{b}", "mesh", SMALL, [*_batch(16, b, tensor=2), "train.remat=full"],
+            f"fsdp 8 x tensor 2, {b} x 8192 per device (twin: remat_full_b{b}, fsdp 16)")
+        add(f"mesh_data2_fsdp8_b{b}", "mesh", SMALL, [*_batch(16, b, data=2), "train.remat=full"],
+            f"data 2 x fsdp 8, {b} x 8192 per device (twin: remat_full_b{b}, fsdp 16)")
+    # Heads 16 x 256 (the 32 x 128 twin is remat_full_b*).
     for b in (4, 1):
-        add(f"heads_16x256_b{b}", "heads", SMALL, [*_batch(16, b), "model.preset=olmo3-7b-16x256"],
-            f"16 x 256 heads, {b} x 8192 per device")
+        add(f"heads_16x256_b{b}", "heads", SMALL,
+            [*_batch(16, b), "model.preset=olmo3-7b-16x256", "train.remat=full"],
+            f"16 x 256 heads, {b} x 8192 per device (twin: remat_full_b{b})")
+    # v5p (one device per chip, 95 GiB): 8 devices at 1 and 4 sequences each, full remat.
+    for b in (1, 4):
+        add(f"v5p_full_b{b}", "v5p", "v5p:2x2x2", [*_batch(8, b), "train.remat=full"],
+            f"v5p, remat=full, {b} x 8192 per device")
     # The reproduction's device counts: 512 devices at 1 sequence each, 128 at 4 each.
     add("scale_tpu7x_512_b1", "scale", "tpu7x:4x8x8", _batch(512, 1), "512 devices x 1 sequence")
     add("scale_tpu7x_128_b4", "scale", "tpu7x:4x4x4", _batch(128, 4), "128 devices x 4 sequences")
@@ -94,6 +98,9 @@ def cases() -> dict[str, dict]:
     add("scale_v5p_128_b4", "scale", "v5p:4x4x8", _batch(128, 4), "128 devices x 4 sequences")
     # The recipe as written (global batch 512, micro-batch 2) on the 'Done when' topologies.
     add("recipe_tpu7x_2x2x2", "recipe", "tpu7x:2x2x2", [], "the recipe unchanged")
+    for r in ("full", "dots_no_batch", "save_outputs"):     # its micro-batch of 2 per device
+        add(f"recipe_tpu7x_2x2x2_{r}", "recipe", "tpu7x:2x2x2", [f"train.remat={r}"],
+            f"the recipe, remat={r}")
     add("recipe_v5p_2x2x2", "recipe", "v5p:2x2x2", [], "the recipe unchanged")
     return out
 
@@ -290,6 +297,48 @@ def summary(name: str) -> dict | None:
     return out
 
 
+def maxtext_vs_olmax(tag: str, olmax_case: str, layers: int = 32) -> dict | None:
+    """MaxText's step put through olmax's estimation method, beside the olmax case of the same work.
+
+    MaxText's parts (``maxtext_compile.py parts``: embedding + L unscanned layers + LM head and loss,
+    forward and backward on one device) at L = 4 and 8 give one 4-layer group (their difference) and
+    the rest (embedding, head, loss). Its step: ``layers / 4`` groups + the rest + the optimizer +
+    the attention kernels. The optimizer part and the kernels' time are olmax's own for the same
+    shapes: MaxText's parts leave the update out, and both run splash kernels with the same masks
+    (windows of 4096 on three layers of four, causal on the fourth), the same 512-blocks and the
+    same number of calls (counted in both HLOs), so the same kernel FLOPs at the device's peak.
+    Memory is MaxText's own whole-step compile on the same topology."""
+    l4, l8, step = (_load(f"maxtext_parts_l4_{tag}"), _load(f"maxtext_parts_l8_{tag}"),
+                    _load(f"maxtext_tpu7x16_{tag}"))
+    ours = summary(olmax_case)
+    if not (l4 and l8 and step and ours) or not all(r.get("maxtext") for r in (l4, l8, step)):
+        return None
+    c4, c8 = l4["maxtext"]["cost"], l8["maxtext"]["cost"]
+    group_s = c8["optimal_seconds"] - c4["optimal_seconds"]
+    rest_s = c4["optimal_seconds"] - group_s
+    group_bytes = c8["bytes accessed"] - c4["bytes accessed"]
+    parts = ours["parts"]
+    o_group_s = parts["layer_group_plus_head"]["optimal_seconds"] - parts["head_and_loss"]["optimal_seconds"]
+    o_group_bytes = (parts["layer_group_plus_head"]["bytes accessed"]
+                     - parts["head_and_loss"]["bytes accessed"])
+    kernel_s = ours["step_s"] - (layers // 4) * o_group_s - parts["head_and_loss"]["optimal_seconds"] \
+        - parts["optimizer"]["optimal_seconds"]
+    mt_step = (layers // 4) * group_s + rest_s + parts["optimizer"]["optimal_seconds"] + kernel_s
+    mem = step["maxtext"]["memory"]
+    mt_peak = mem["peak_memory_in_bytes"]     # XLA's own peak, as olmax plan's peak_bytes
+    return {"olmax": {"step_s": ours["step_s"], "group_s": o_group_s,
+                      "rest_s": parts["head_and_loss"]["optimal_seconds"], "group_bytes": o_group_bytes,
+                      "peak_bytes": ours["peak_bytes"], "argument_bytes": ours["argument_bytes"],
+                      "temp_bytes": ours["temp_bytes"], "mfu_causal": ours["mfu_causal"]},
+            "maxtext": {"step_s": mt_step, "group_s": group_s, "rest_s": rest_s, "group_bytes": group_bytes,
+                        "peak_bytes": mt_peak, "argument_bytes": mem["argument_size_in_bytes"],
+                        "temp_bytes": mem["temp_size_in_bytes"],
+                        "mfu_causal": ours["mfu_causal"] * ours["step_s"] / mt_step,
+                        "group_flops": c8["flops"] - c4["flops"]},
+            "kernel_s": kernel_s, "optimizer_s": parts["optimizer"]["optimal_seconds"],
+            "olmax_group_flops": (parts["layer_group_plus_head"]["flops"] - parts["head_and_loss"]["flops"])}
+
+
 def _fit_cell(s: dict) -> str:
     if s["fits"] is None and s["rc"] != 0:
         return "failed"
@@ -347,21 +396,43 @@ def write_tables() -> None:
                                                     lambda s: s["case"][6:].rsplit("_b", 1)[0]))
         lines.append("")
     for b in (4, 1):
-        lines += [f"## Meshes, {SMALL}, {b} x 8192 per device", ""]
+        lines += [f"## Meshes, {SMALL}, {b} x 8192 per device, full remat", ""]
         lines += _table(["mesh", *HEAD], _case_rows(
-            [f"default_b{b}", f"mesh_fsdp8_tensor2_b{b}", f"mesh_data2_fsdp8_b{b}"],
+            [f"remat_full_b{b}", f"mesh_fsdp8_tensor2_b{b}", f"mesh_data2_fsdp8_b{b}"],
             lambda s: " x ".join(f"{k} {v}" for k, v in (s["mesh"] or {}).items() if v > 1)))
         lines.append("")
     lines += ["## Heads, " + SMALL, ""]
     rows = []
     for b in (4, 1):
-        base, alt = summary(f"default_b{b}"), summary(f"heads_16x256_b{b}")
+        base, alt = summary(f"remat_full_b{b}"), summary(f"heads_16x256_b{b}")
         if base and alt and base["step_s"] and alt["step_s"]:
             rows.append([f"{b} x 8192", f"{base['step_s'] * 1e3:,.0f}", f"{alt['step_s'] * 1e3:,.0f}",
                          f"{base['step_s'] / alt['step_s'] - 1:+.1%}", _pct(base["mfu_causal"]),
                          _pct(alt["mfu_causal"]), _fit_cell(base), _fit_cell(alt)])
     lines += _table(["per device", "32x128 est. ms", "16x256 est. ms", "speed-up", "MFU 32x128",
                      "MFU 16x256", "peak 32x128", "peak 16x256"], rows)
+    lines += ["", f"## olmax vs MaxText 0.2.5 (its own ahead-of-time compile of `olmo3-7b-pt`), {SMALL}", ""]
+    rows = []
+    for tag, case, label in (("b1_full", "remat_full_b1", "1 x 8192, full remat"),):
+        cmp_ = maxtext_vs_olmax(tag, case)
+        if cmp_ is None:
+            continue
+        for who in ("olmax", "maxtext"):
+            x = cmp_[who]
+            rows.append([label, "olmax" if who == "olmax" else "MaxText", f"{x['step_s'] * 1e3:,.0f}",
+                         f"{x['group_s'] * 1e3:.1f}", f"{x['rest_s'] * 1e3:.1f}",
+                         f"{x['group_bytes'] / 1e9:.1f}", _pct(x["mfu_causal"]), _gib(x["argument_bytes"]),
+                         _gib(x["temp_bytes"]), _gib(x["peak_bytes"])])
+        o, m = cmp_["olmax"], cmp_["maxtext"]
+        rows.append([label, "olmax / MaxText", f"{o['step_s'] / m['step_s']:.3f}",
+                     f"{o['group_s'] / m['group_s']:.3f}", f"{o['rest_s'] / m['rest_s']:.3f}",
+                     f"{o['group_bytes'] / m['group_bytes']:.3f}", "", "", "",
+                     f"{o['peak_bytes'] / m['peak_bytes']:.3f}"])
+    lines += _table(["per device", "", "est. step ms", "4-layer group ms", "embedding + head + loss ms",
+                     "group GB accessed", "MFU causal", "args GiB", "temps GiB", "peak GiB"], rows)
+    lines += ["", "MaxText's estimate: its parts compiled as olmax's are (4 and 8 unscanned layers, one "
+              "device), plus olmax's optimizer part and attention-kernel time (same kernels, masks, "
+              "blocks and call counts in both HLOs); see `maxtext_vs_olmax`."]
     lines += ["", "## The reproduction's device counts", ""]
     lines += _table(["topology", *HEAD], _case_rows(
         [n for n, c in cases().items() if c["group"] in ("scale", "recipe")],
@@ -369,7 +440,9 @@ def write_tables() -> None:
     lines.append("")
     (HERE / "results" / "tpu_plan.md").write_text("\n".join(lines) + "\n")
     allcases = {n: summary(n) for n in cases()}
-    _write(HERE / "results" / "tpu_plan.json", {n: s for n, s in allcases.items() if s is not None})
+    out = {n: s for n, s in allcases.items() if s is not None}
+    out["maxtext_vs_olmax"] = {"b1_full": maxtext_vs_olmax("b1_full", "remat_full_b1")}
+    _write(HERE / "results" / "tpu_plan.json", out)
     print("\n".join(lines))
 
 
