@@ -183,7 +183,7 @@ def _text(out) -> str:
 
 def _write(path: Path, data: dict) -> None:
     sys.path.insert(0, str(ROOT / "src"))
-    from olmax.data.token_files import write_bytes_atomic
+    from olmax.io import write_bytes_atomic
 
     write_bytes_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
 
@@ -401,6 +401,10 @@ def write_tables() -> None:
             [f"remat_full_b{b}", f"mesh_fsdp8_tensor2_b{b}", f"mesh_data2_fsdp8_b{b}"],
             lambda s: " x ".join(f"{k} {v}" for k, v in (s["mesh"] or {}).items() if v > 1)))
         lines.append("")
+    lines += ["## v5p:2x2x2 (8 devices, FSDP), full remat", ""]
+    lines += _table(["per device", *HEAD], _case_rows([f"v5p_full_b{b}" for b in (1, 4)],
+                                                      lambda s: s["case"].rsplit("_b", 1)[1] + " x 8192"))
+    lines.append("")
     lines += ["## Heads, " + SMALL, ""]
     rows = []
     for b in (4, 1):
