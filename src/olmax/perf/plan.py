@@ -273,11 +273,13 @@ def local_model(model, tensor: int):
 
 
 def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_devices: int,
-                attn_impl: str) -> dict:
+                attn_impl: str, *, only: tuple[str, ...] = ("A", "H", "O"),
+                hlo_dir: str | None = None) -> dict:
     """Cost analyses of the step's parts as one device runs them, compiled unscanned for that
     device alone (no collectives: XLA's cost model gives collectives no usable time): (A) the loss
     with one layer group, forward + backward; (H) LM head + loss, forward + backward; (O) the
-    optimizer update over this device's 1/n of the state."""
+    optimizer update over this device's 1/n of the state. ``only``: the parts to compile;
+    ``hlo_dir``: also write each part's optimized HLO text there as ``part_<name>.hlo.txt``."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -299,8 +301,11 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
     spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=one)  # noqa: E731
     tok = spec((b, t), jnp.int32)
 
-    def cost(fn, *args):
-        return _cost(_compile(jax.jit(traced_under_mesh(fn, mesh)).lower(*args), "a part of the step"))
+    def cost(name, fn, *args):
+        compiled = _compile(jax.jit(traced_under_mesh(fn, mesh)).lower(*args), "a part of the step")
+        if hlo_dir:
+            write_bytes_atomic(os.path.join(hlo_dir, f"part_{name}.hlo.txt"), compiled.as_text().encode())
+        return _cost(compiled)
 
     out = {}
     group = model.replace(n_layers=len(model.window_pattern))     # one group: a loop of one trip
@@ -308,13 +313,17 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
     loss_a = lambda p, x, y: loss_and_sums(  # noqa: E731
         p, x, y, jnp.float32(b * t), group, runtime, z_loss_multiplier=train.z_loss_multiplier,
         chunk_size=t)[0]
-    out["A"] = cost(jax.grad(loss_a), p_group, tok, tok)
+    if "A" in only:
+        out["A"] = cost("A", jax.grad(loss_a), p_group, tok, tok)
 
     def loss_h(h, w, y):
         s = lm_loss_sums(h, w, y, z_loss_multiplier=train.z_loss_multiplier, chunk_size=t)
         return (s.ce + s.z) / (b * t)
-    out["H"] = cost(jax.grad(loss_h, argnums=(0, 1)), spec((b, t, model.d_model), dtype),
-                    spec((model.d_model, model.padded_vocab_size), dtype), tok)
+    if "H" in only:
+        out["H"] = cost("H", jax.grad(loss_h, argnums=(0, 1)), spec((b, t, model.d_model), dtype),
+                        spec((model.d_model, model.padded_vocab_size), dtype), tok)
+    if "O" not in only:
+        return out
 
     # The update is elementwise (plus the global norm): this device's share of every tensor.
     tx = build_optimizer(cfg.optim)
@@ -329,7 +338,7 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
 
         u, o = tx.update(g, o, p, lr=lr, loss=loss)
         return optax.apply_updates(p, u), o
-    out["O"] = cost(update, params, opt, params, scalar, scalar)
+    out["O"] = cost("O", update, params, opt, params, scalar, scalar)
     return out
 
 
