@@ -92,3 +92,30 @@ def test_bf16_compute_keeps_fp32_master_weights():
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.opt_state.inner[0].mu))
     assert float(m16["loss"]) == pytest.approx(float(m32["loss"]), rel=2e-2)
     assert float(m16["loss"]) != float(m32["loss"])
+
+
+
+def test_target_logits_and_their_gradient_equal_a_gather_bit_for_bit():
+    """The target's logit is a masked sum over the vocabulary (its gradient fuses with the softmax
+    gradient on TPU): per position it, the logsumexp and the gradients through both equal
+    ``take_along_axis``'s exactly."""
+    from olmax.model.olmo3 import logits_from_hidden, lse_and_target_logits
+
+    k = jax.random.split(jax.random.key(3), 4)
+    h = jax.random.normal(k[0], (2, 24, 32), jnp.bfloat16)
+    w = (0.3 * jax.random.normal(k[1], (32, 128))).astype(jnp.bfloat16)
+    y = jax.random.randint(k[2], (2, 24), 0, 128).at[:, 0].set(jnp.array([0, 127]))
+    g = jax.random.normal(k[3], (2, 2, 24))          # cotangents of (lse, target)
+
+    def gathered(h, w, targets):
+        logits = logits_from_hidden(h, w)
+        return (jax.nn.logsumexp(logits, axis=-1),
+                jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0])
+
+    def run(fn):
+        out, vjp = jax.vjp(lambda h, w: fn(h, w, y), h, w)
+        return out, vjp((g[0], g[1]))
+
+    ours, ref = jax.jit(lambda: run(lse_and_target_logits))(), jax.jit(lambda: run(gathered))()
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))

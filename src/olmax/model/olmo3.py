@@ -167,10 +167,14 @@ def logits_from_hidden(h: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
 def lse_and_target_logits(h: jnp.ndarray, w: jnp.ndarray,
                           targets: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     """For hidden states ``h`` [..., D] under the head ``w``: the fp32 logsumexp of the logits and
-    the logit of each target id (``log p(target) = target_logit - lse``)."""
+    the logit of each target id in ``[0, V)`` (``log p(target) = target_logit - lse``)."""
     logits = logits_from_hidden(h, w)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    return lse, jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    # The target's logit as a masked sum (exact: one term, the others exactly 0). Its gradient is
+    # then an elementwise select that fuses with the softmax gradient; a gather's would be a
+    # scatter into a zeroed fp32 [..., V] buffer of its own.
+    hit = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1) == targets[..., None]
+    return lse, jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
 
 
 def seq_chunks(x: jnp.ndarray, chunk_size: int) -> jnp.ndarray:
