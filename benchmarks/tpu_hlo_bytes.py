@@ -31,7 +31,9 @@ the plan sums; needs the 3.12 environment with libtpu for a TPU topology)::
         train.micro_batch_size=1 train.remat=full --topology tpu7x:2x2x2 --out-dir /tmp/hlo --parts A,H
 
 (part_A: the loss with one layer group + the LM head, forward + backward; part_H: the LM head and
-loss alone; part_O: the optimizer update). Keep the HLO files outside the repository.
+loss alone; part_O: the optimizer update). ``--groups 2`` compiles part A with two layer groups:
+one group is then A at 2 minus A at 1, without the embedding and the LM head's weight casts that
+A - H holds. Keep the HLO files outside the repository.
 """
 
 from __future__ import annotations
@@ -125,21 +127,56 @@ def _first_operand(ins: hlo.Instruction) -> str:
     return ops[0].split()[-1].lstrip("%") if ops else ""
 
 
-def _fusion_io(ins: hlo.Instruction, fused: list[hlo.Instruction],
-               shapes: dict[str, str]) -> tuple[float, float]:
-    """(bytes read, bytes written) of a fusion: an operand read only through slices counts their
-    bytes; a root dynamic-update-slice of a parameter writes its update, reads not the buffer."""
-    operands = _split_top(_args_text(ins))
+def _params_and_users(fused: list[hlo.Instruction]) -> tuple[dict[int, str], dict[str, list[hlo.Instruction]]]:
     params: dict[int, str] = {}
+    users: dict[str, list[hlo.Instruction]] = defaultdict(list)
     for f in fused:
         if f.opcode == "parameter":
             m = re.search(r"parameter\((\d+)\)", f.text)
             if m:
                 params[int(m.group(1))] = f.name
-    users: dict[str, list[hlo.Instruction]] = defaultdict(list)
-    for f in fused:
         for ref in re.findall(r"%([\w.\-]+)", _args_text(f)):
             users[ref].append(f)
+    return params, users
+
+
+def _sliced_read(name: str, users: dict[str, list[hlo.Instruction]], comps: dict, depth: int = 0) -> float | None:
+    """Bytes read of a value used only through slices -- directly, through bitcasts, or as the
+    parameter of a nested fusion that does the same -- else None (read whole)."""
+    us = users.get(name, [])
+    if not us or depth > 8:
+        return None
+    total = 0.0
+    for u in us:
+        if u.opcode in ("slice", "dynamic-slice") and _first_operand(u) == name:
+            total += array_bytes(u.shape)
+            continue
+        if u.opcode == "bitcast":
+            part = _sliced_read(u.name, users, comps, depth + 1)
+        elif u.opcode == "fusion":
+            called = hlo._called(u).get("calls", [])
+            inner = comps.get(called[0], []) if called else []
+            iparams, iusers = _params_and_users(inner)
+            refs = [a.split()[-1].lstrip("%") for a in _split_top(_args_text(u))]
+            part = 0.0
+            for i, r in enumerate(refs):
+                if r == name:
+                    got = _sliced_read(iparams.get(i, ""), iusers, comps, depth + 1)
+                    part = None if got is None or part is None else part + got
+        else:
+            part = None
+        if part is None:
+            return None
+        total += part
+    return total
+
+
+def _fusion_io(ins: hlo.Instruction, fused: list[hlo.Instruction], shapes: dict[str, str],
+               comps: dict | None = None) -> tuple[float, float]:
+    """(bytes read, bytes written) of a fusion: an operand read only through slices counts their
+    bytes; a root dynamic-update-slice of a parameter writes its update, reads not the buffer."""
+    operands = _split_top(_args_text(ins))
+    params, users = _params_and_users(fused)
     root = next((f for f in fused if f.text.lstrip().startswith("ROOT")), fused[-1] if fused else None)
     written = array_bytes(ins.shape)
     aliased = None
@@ -154,11 +191,8 @@ def _fusion_io(ins: hlo.Instruction, fused: list[hlo.Instruction],
         pname = params.get(idx)
         if pname is not None and pname == aliased:
             continue
-        us = users.get(pname, []) if pname else []
-        if us and all(u.opcode in ("slice", "dynamic-slice") and _first_operand(u) == pname for u in us):
-            read += sum(array_bytes(u.shape) for u in us)
-        else:
-            read += _operand_bytes(operand, shapes)
+        sliced = _sliced_read(pname, users, comps or {}) if pname else None
+        read += _operand_bytes(operand, shapes) if sliced is None else sliced
     return read, written
 
 
@@ -271,7 +305,7 @@ def ops(text: str) -> list[dict]:
                 continue
             if ins.opcode == "fusion":
                 called = hlo._called(ins).get("calls", [])
-                read, written = _fusion_io(ins, comps.get(called[0], []) if called else [], shapes)
+                read, written = _fusion_io(ins, comps.get(called[0], []) if called else [], shapes, comps)
             else:
                 args = _split_top(_args_text(ins))
                 read, written = sum(_operand_bytes(a, shapes) for a in args), array_bytes(ins.shape)
@@ -349,7 +383,8 @@ def compare(a: str, b: str, top: int) -> int:
     return 0
 
 
-def olmax_parts(recipe: str, overrides: list[str], topology: str, out_dir: str, parts: str) -> int:
+def olmax_parts(recipe: str, overrides: list[str], topology: str, out_dir: str, parts: str,
+                groups: int = 1) -> int:
     """Compile ``olmax plan``'s unscanned parts of RECIPE for TOPOLOGY and write their HLO."""
     from olmax.config import OlmaxError
     from olmax.model.attention import resolve_attn_impl
@@ -371,7 +406,7 @@ def olmax_parts(recipe: str, overrides: list[str], topology: str, out_dir: str, 
     attn = resolve_attn_impl(cfg.train.attn_impl, devices[0].platform)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     costs = _part_costs(cfg, devices[0], per_device, mesh.shape["tensor"], len(devices), attn,
-                        only=tuple(parts.split(",")), hlo_dir=out_dir)
+                        only=tuple(parts.split(",")), hlo_dir=out_dir, groups=groups)
     for name, c in costs.items():
         print(f"part {name}: optimal_seconds {c.get('optimal_seconds')}, bytes accessed "
               f"{(c.get('bytes accessed') or 0) / GB:.2f} GB, flops {c.get('flops'):.4g} -> "
@@ -396,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--topology", required=True)
     o.add_argument("--out-dir", required=True)
     o.add_argument("--parts", default="A,H", help="comma-separated: A (layer group + head), H (head), O")
+    o.add_argument("--groups", type=int, default=1,
+                   help="layer groups in part A (2: one group's cost is part A at 2 minus at 1)")
     a = p.parse_args(argv)
     for f in [getattr(a, k) for k in ("hlo", "a", "b") if getattr(a, k, None)]:
         if not Path(f).is_file():
@@ -405,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         return show(a.hlo, a.top, a.json_out)
     if a.cmd == "compare":
         return compare(a.a, a.b, a.top)
-    return olmax_parts(a.recipe, a.overrides, a.topology, a.out_dir, a.parts)
+    return olmax_parts(a.recipe, a.overrides, a.topology, a.out_dir, a.parts, a.groups)
 
 
 if __name__ == "__main__":

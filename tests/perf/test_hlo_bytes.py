@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import jax
+import pytest
 
 from olmax.perf.plan import _part_costs
 from olmax.train.recipes import load_recipe
@@ -115,11 +116,19 @@ def test_bytes_per_op_counted_by_hand(tmp_path):
     assert hb.main(["show", str(tmp_path / "missing")]) == 2
 
 
-def test_plan_parts_written_as_hlo(tmp_path):
+
+@pytest.mark.slow
+def test_plan_parts_written_as_hlo_and_stacked_groups(tmp_path):
+    """The parts' HLO is written where asked; part A at 2 layer groups adds one group's FLOPs
+    (A at 1 group minus the head part: the embedding's FLOPs aside, the same)."""
     overrides = ["train.remat=full", "model.vocab_size=256", "model.padded_vocab_size=256"]
     cfg = load_recipe("olmo3_tiny", overrides)
-    out = _part_costs(cfg, jax.devices()[0], 1, 1, 1, "xla", only=("H",), hlo_dir=str(tmp_path))
-    assert set(out) == {"H"} and [p.name for p in tmp_path.iterdir()] == ["part_H.hlo.txt"]
+    one = _part_costs(cfg, jax.devices()[0], 1, 1, 1, "xla", only=("A", "H"), hlo_dir=str(tmp_path))
+    assert set(one) == {"A", "H"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part_A.hlo.txt", "part_H.hlo.txt"]
     rows = hb.ops((tmp_path / "part_H.hlo.txt").read_text())
     # the head's logits [1, 128, 256] in fp32 are written at least once
     assert sum(r["written"] for r in rows) >= 128 * 256 * 4
+    two = _part_costs(cfg, jax.devices()[0], 1, 1, 1, "xla", only=("A",), groups=2)
+    group = two["A"]["flops"] - one["A"]["flops"]
+    assert group == pytest.approx(one["A"]["flops"] - one["H"]["flops"], rel=0.01)

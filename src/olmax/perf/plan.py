@@ -274,12 +274,13 @@ def local_model(model, tensor: int):
 
 def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_devices: int,
                 attn_impl: str, *, only: tuple[str, ...] = ("A", "H", "O"),
-                hlo_dir: str | None = None) -> dict:
+                hlo_dir: str | None = None, groups: int = 1) -> dict:
     """Cost analyses of the step's parts as one device runs them, compiled unscanned for that
     device alone (no collectives: XLA's cost model gives collectives no usable time): (A) the loss
     with one layer group, forward + backward; (H) LM head + loss, forward + backward; (O) the
     optimizer update over this device's 1/n of the state. ``only``: the parts to compile;
-    ``hlo_dir``: also write each part's optimized HLO text there as ``part_<name>.hlo.txt``."""
+    ``hlo_dir``: also write each part's optimized HLO text there as ``part_<name>.hlo.txt``;
+    ``groups``: layer groups in (A) (two give one group's cost as the difference from one)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -308,7 +309,10 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
         return _cost(compiled)
 
     out = {}
-    group = model.replace(n_layers=len(model.window_pattern))     # one group: a loop of one trip
+    # ``groups`` periods of the window pattern as one group: a loop of one trip, which XLA's cost
+    # analysis sees whole (it counts a loop body once, whatever the trip count)
+    group = model.replace(n_layers=groups * len(model.window_pattern),
+                          window_pattern=tuple(model.window_pattern) * groups)
     p_group = jax.tree.map(lambda a: spec(a.shape, a.dtype), abstract_params(group))
     loss_a = lambda p, x, y: loss_and_sums(  # noqa: E731
         p, x, y, jnp.float32(b * t), group, runtime, z_loss_multiplier=train.z_loss_multiplier,
