@@ -98,7 +98,7 @@ def cases() -> dict[str, dict]:
     add("scale_v5p_128_b4", "scale", "v5p:4x4x8", _batch(128, 4), "128 devices x 4 sequences")
     # The recipe as written (global batch 512, micro-batch 2) on the 'Done when' topologies.
     add("recipe_tpu7x_2x2x2", "recipe", "tpu7x:2x2x2", [], "the recipe unchanged")
-    for r in ("full", "dots_no_batch", "save_outputs"):     # its micro-batch of 2 per device
+    for r in ("full", "dots_no_batch", "save_outputs", "save_proj"):   # its micro-batch of 2 per device
         add(f"recipe_tpu7x_2x2x2_{r}", "recipe", "tpu7x:2x2x2", [f"train.remat={r}"],
             f"the recipe, remat={r}")
     add("recipe_v5p_2x2x2", "recipe", "v5p:2x2x2", [], "the recipe unchanged")
@@ -383,7 +383,8 @@ HEAD = ["peak / device (of HBM)", "args GiB", "temps GiB", "est. step ms", "toke
 
 def _scale_label(s: dict) -> str:
     micro = "" if s["n_micro"] in (None, 1) else f", {s['n_micro']} micro-batches"
-    return f"{s['topology']} ({s['num_devices']} devices), batch {s['global_batch_size']}{micro}"
+    return (f"{s['topology']} ({s['num_devices']} devices), batch {s['global_batch_size']}{micro}, "
+            f"remat {s['remat']}")
 
 
 def write_tables() -> None:
