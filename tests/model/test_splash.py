@@ -128,16 +128,18 @@ def test_save_policies_keep_the_kernel_outputs():
     gives the same gradients.)"""
     from olmax.config import ModelConfig
     from olmax.model import olmo3
+    from olmax.model.params import abstract_params
+    from olmax.model.runtime import Runtime
 
     cfg = ModelConfig(d_model=64, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=32, mlp_hidden=128,
                       vocab_size=100, padded_vocab_size=128, window_pattern=(None,),
                       rope_theta=10_000.0, max_seq_len=128)
-    params = olmo3.abstract_params(cfg)
+    params = abstract_params(cfg)
     tokens = jax.ShapeDtypeStruct((1, 128), jnp.int32)
 
     def grad(remat):
-        return jax.grad(lambda p: jnp.sum(olmo3.hidden_states(p, tokens, cfg, attn_impl="splash",
-                                                              remat=remat) ** 2))
+        runtime = Runtime(attn_impl="splash", remat=remat)
+        return jax.grad(lambda p: jnp.sum(olmo3.hidden_states(p, tokens, cfg, runtime) ** 2))
 
     calls = {r: str(jax.make_jaxpr(grad(r))(params)).count("pallas_call")
              for r in ("full", "save_attn", "save_proj")}
