@@ -16,23 +16,38 @@ References: ``data/utils.py: get_labels``, ``nn/functional/cross_entropy_loss.py
   data-parallel rank and then averages the ranks' gradients; with fixed-length data every rank has
   the same count and the two agree. olmax always uses the global count.
 
-The logits are produced chunk by chunk along the sequence under ``jax.checkpoint`` so that neither
-the forward nor the backward pass holds the full ``[B, T, 100352]`` fp32 logits.
+The LM head and the loss are one fused, chunked computation (:func:`lm_loss`): the sequence is cut
+into chunks, and for each chunk the forward pass computes the fp32 logits, the sums *and* the
+gradient of ``ce + z`` with respect to the logits, ``(1 + 2 z_loss_multiplier lse) softmax -
+onehot(label)`` (0 on unscored rows), which it immediately contracts into the chunk's gradient of the
+hidden states and adds to the head's gradient. Neither pass holds more than one chunk of logits, the
+logits are computed once per step (not recomputed in the backward pass), and the backward pass only
+scales the stored gradients by the incoming cotangent. Under ``compute_dtype=bfloat16`` the
+logits' gradient is rounded to bf16 for the two backward GEMMs (fp32 accumulation), as a bf16
+autocast backward does; the head's gradient accumulates in fp32.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from olmax.config import ModelConfig
 from olmax.model.logical import constrain
-from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, lse_and_target_logits, seq_chunks
+from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, logits_from_hidden, seq_chunks
 from olmax.model.runtime import Runtime
 
 IGNORE_INDEX = -100
+
+# Rows (positions x sequences) of logits per loss chunk on one device when the caller does not
+# choose: 512 rows x 100352 fp32 logits = 206 MB live. Measured on a 2-core CPU (LM head 256 x 100352,
+# 4096 rows per step, fwd+bwd of the fused loss, CPU seconds): 256, 512 and 1024 rows within 5 % of
+# each other, 4096 rows (one chunk) 5-10 % slower and 16x the memory.
+LOSS_CHUNK_ROWS = 512
 
 
 class LossSums(NamedTuple):
@@ -62,31 +77,120 @@ def loss_denominator(labels: jax.Array, instance_mask: jax.Array | None = None) 
     return n
 
 
-def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multiplier: float,
-                 chunk_size: int = 1024) -> LossSums:
-    """CE and z-loss sums of final hidden states ``h`` [B, T, D] under the head ``w`` [D, V].
+def loss_chunk_positions(rows_per_device: int, rows: int = LOSS_CHUNK_ROWS) -> int:
+    """Chunk length along the sequence so that a chunk holds about ``rows`` positions per device,
+    given the (micro-)batch rows each device holds."""
+    return max(1, rows // max(1, rows_per_device))
 
-    The sequence is processed in chunks of (at most) ``chunk_size`` positions, each recomputed in
-    the backward pass, bounding live logits to ``B * chunk_size * V`` floats.
-    """
-    hc = seq_chunks(h, chunk_size)                     # [n, B, c, D]
-    lc = seq_chunks(labels, chunk_size)                # [n, B, c]
 
-    @jax.checkpoint
-    def chunk(h_i, l_i):
-        scored = l_i != IGNORE_INDEX
-        lse, target = lse_and_target_logits(constrain(h_i, HIDDEN), w, jnp.where(scored, l_i, 0))
-        ce = jnp.sum(jnp.where(scored, lse - target, 0.0))
-        z = jnp.sum(jnp.where(scored, jnp.square(lse), 0.0))
-        return ce, z
+def _chunk_sums(h_i: jax.Array, w: jax.Array, l_i: jax.Array):
+    """One chunk: the fp32 logits [B, c, V], ``e = exp(logits - max)``, ``s = sum(e)``, the
+    logsumexp ``max + log(s)`` (``jax.nn.logsumexp``'s formula), and the CE / z sums.
+
+    ``e`` is computed once and reused by the gradient (:func:`_logits_grad`): on XLA's CPU backend an
+    exponential inside a reduction is several times slower than in an element-wise pass."""
+    logits = logits_from_hidden(constrain(h_i, HIDDEN), w)
+    m = jnp.max(logits, axis=-1)
+    e = jnp.exp(logits - m[..., None])
+    s = jnp.sum(e, axis=-1)
+    lse = m + jnp.log(s)
+    scored = l_i != IGNORE_INDEX
+    safe = jnp.where(scored, l_i, 0)
+    target = jnp.take_along_axis(logits, safe[..., None], axis=-1)[..., 0]
+    ce = jnp.sum(jnp.where(scored, lse - target, 0.0))
+    z = jnp.sum(jnp.where(scored, jnp.square(lse), 0.0))
+    return e, s, lse, scored, safe, ce, z
+
+
+def _logits_grad(e, s, lse, scored, safe, z_loss_multiplier: float, dtype) -> jax.Array:
+    """d(ce + z_loss_multiplier * lse^2)/d logits, per position: ``(1 + 2 zm lse) softmax -
+    onehot(label)`` with ``softmax = e / s``, 0 where the position is not scored; one element-wise
+    pass, in ``dtype``."""
+    r = jnp.where(scored, (1.0 + 2.0 * z_loss_multiplier * lse) / s, 0.0)[..., None]
+    hit = (jax.lax.broadcasted_iota(jnp.int32, e.shape, e.ndim - 1) == safe[..., None]) & scored[..., None]
+    p = e * r
+    return jnp.where(hit, p - 1.0, p).astype(dtype)
+
+
+def _head_grad(h_i: jax.Array, g: jax.Array) -> jax.Array:
+    """``sum_{b,c} h[b,c,:]^T g[b,c,:]`` [D, V] in fp32, written as ``[D, B*c] @ [B*c, V]``.
+
+    The 3-D transpose keeps XLA's CPU backend from folding it into the dot as a transposed operand,
+    which it would hand to a much slower GEMM (Eigen, and bf16 upcast to fp32); as written the dot is
+    a plain row-major GEMM (XNNPACK/YNNPACK, native bf16)."""
+    b, c, d = h_i.shape
+    h_t = h_i.transpose(2, 0, 1).reshape(d, b * c)
+    return jnp.einsum("dn,nv->dv", h_t, g.reshape(b * c, g.shape[-1]), preferred_element_type=jnp.float32)
+
+
+def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, with_grads: bool):
+    b, t, d = h.shape
+    wc = w.astype(h.dtype)
+    zero = jnp.zeros((), jnp.float32)
 
     def body(carry, xs):
-        ce, z = chunk(*xs)
-        return (carry[0] + ce, carry[1] + z), None
+        h_i, l_i = xs
+        e, s, lse, scored, safe, ce, z = _chunk_sums(h_i, wc, l_i)
+        sums = (carry[0] + ce, carry[1] + z)
+        if not with_grads:
+            return sums, None
+        g = _logits_grad(e, s, lse, scored, safe, z_loss_multiplier, wc.dtype)
+        dh = jnp.einsum("bcv,dv->bcd", g, wc, preferred_element_type=jnp.float32).astype(h.dtype)
+        return sums + (carry[2] + _head_grad(h_i, g),), constrain(dh, HIDDEN)
 
-    zero = jnp.zeros((), jnp.float32)
-    (ce, z), _ = jax.lax.scan(body, (zero, zero), (hc, lc))
-    return LossSums(ce, z_loss_multiplier * z)
+    init = (zero, zero) + ((jnp.zeros(w.shape, jnp.float32),) if with_grads else ())
+    carry, dh = jax.lax.scan(body, init, (seq_chunks(h, chunk_size), seq_chunks(labels, chunk_size)))
+    sums = LossSums(carry[0], z_loss_multiplier * carry[1])
+    if not with_grads:
+        return sums
+    return sums, constrain(dh.swapaxes(0, 1).reshape(b, t, d), HIDDEN), carry[2]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _fused_loss(h, w, labels, z_loss_multiplier, chunk_size):
+    sums = _scan_loss(h, w, labels, z_loss_multiplier, chunk_size, with_grads=False)
+    return sums.ce + sums.z, sums
+
+
+def _fused_loss_fwd(h, w, labels, z_loss_multiplier, chunk_size):
+    sums, dh, dw = _scan_loss(h.value, w.value, labels.value, z_loss_multiplier, chunk_size,
+                              with_grads=True)
+    return (sums.ce + sums.z, sums), (dh, dw)
+
+
+def _fused_loss_bwd(z_loss_multiplier, chunk_size, res, cotangents):
+    del z_loss_multiplier, chunk_size
+    dh, dw = res
+    g_total, g_sums = cotangents
+    if not all(isinstance(x, SymbolicZero) for x in jax.tree.leaves(
+            g_sums, is_leaf=lambda x: isinstance(x, SymbolicZero))):
+        raise ValueError("lm_loss: the CE and z-loss sums are statistics without a gradient; "
+                         "differentiate the total (the first output)")
+    if isinstance(g_total, SymbolicZero):
+        return jnp.zeros_like(dh), jnp.zeros_like(dw), None
+    g = g_total.astype(jnp.float32)
+    return (dh.astype(jnp.float32) * g).astype(dh.dtype), dw * g, None
+
+
+_fused_loss.defvjp(_fused_loss_fwd, _fused_loss_bwd, symbolic_zeros=True)
+
+
+def lm_loss(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multiplier: float,
+            chunk_size: int = 1024) -> tuple[jax.Array, LossSums]:
+    """``(ce_sum + z_sum, LossSums)`` of final hidden states ``h`` [B, T, D] under the head ``w``
+    [D, V] (cast to ``h``'s dtype for the GEMMs); the total is differentiable with respect to ``h``
+    and ``w`` (the head's gradient in ``w``'s dtype, accumulated in fp32), the sums are statistics.
+
+    Fused and chunked (see the module docstring): chunks of (at most) ``chunk_size`` positions, so
+    at most ``B * chunk_size * V`` fp32 logits are live, in the forward pass only.
+    """
+    return _fused_loss(h, w, labels, float(z_loss_multiplier), int(chunk_size))
+
+
+def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multiplier: float,
+                 chunk_size: int = 1024) -> LossSums:
+    """CE and z-loss sums of final hidden states ``h`` [B, T, D] under the head ``w`` [D, V]."""
+    return lm_loss(h, w, labels, z_loss_multiplier=z_loss_multiplier, chunk_size=chunk_size)[1]
 
 
 def loss_and_sums(params, tokens: jax.Array, labels: jax.Array, denominator: jax.Array,
@@ -94,6 +198,6 @@ def loss_and_sums(params, tokens: jax.Array, labels: jax.Array, denominator: jax
                   chunk_size: int = 1024) -> tuple[jax.Array, LossSums]:
     """``(ce_sum + z_sum) / denominator`` for one (micro-)batch, and the sums; differentiable."""
     h = hidden_states(params, tokens, cfg, runtime)
-    w = lm_head_weight(params, cfg).astype(runtime.compute_dtype)
-    sums = lm_loss_sums(h, w, labels, z_loss_multiplier=z_loss_multiplier, chunk_size=chunk_size)
-    return (sums.ce + sums.z) / denominator, sums
+    total, sums = lm_loss(h, lm_head_weight(params, cfg), labels, z_loss_multiplier=z_loss_multiplier,
+                          chunk_size=chunk_size)
+    return total / denominator, sums

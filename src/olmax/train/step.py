@@ -27,7 +27,7 @@ from olmax.model.runtime import Runtime
 from olmax.parallel.mesh import data_parallel_size
 from olmax.parallel.sharding import (activation_constrainer, batch_sharding, like_params_shardings,
                                      param_shardings, per_device_runner, replicated)
-from olmax.train.loss import loss_and_sums, loss_denominator, make_labels
+from olmax.train.loss import loss_and_sums, loss_chunk_positions, loss_denominator, make_labels
 from olmax.train.optim import last_step_info
 from olmax.train.state import TrainState, init_train_state
 
@@ -46,12 +46,17 @@ def num_micro_batches(train_cfg: TrainConfig, dp: int) -> int:
 
 
 def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.GradientTransformationExtraArgs,
-                    *, n_micro: int = 1, mesh: Mesh | None = None, chunk_size: int = 1024) -> Callable:
+                    *, n_micro: int = 1, mesh: Mesh | None = None,
+                    chunk_size: int | None = None) -> Callable:
     """``step(state, batch, lr) -> (state, metrics)`` (not jitted; see :func:`jit_train_step`).
 
     ``batch``: ``tokens`` int32 [B, T], ``instance_mask`` bool [B]. ``metrics`` (fp32 scalars):
     ``loss`` (CE), ``z_loss``, ``grad_norm`` (pre-clip), ``skipped``, ``num_tokens`` (denominator).
+    ``chunk_size``: positions per loss chunk (default: about ``LOSS_CHUNK_ROWS`` rows per device).
     """
+    if chunk_size is None:
+        dp = 1 if mesh is None else data_parallel_size(mesh)
+        chunk_size = loss_chunk_positions(max(1, train_cfg.global_batch_size // (n_micro * dp)))
     loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=Runtime.of(train_cfg),
                       z_loss_multiplier=train_cfg.z_loss_multiplier, chunk_size=chunk_size)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

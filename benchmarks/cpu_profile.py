@@ -1,0 +1,254 @@
+"""Where the trainer's CPU step spends its time and memory: per-op XLA profile of one step.
+
+Compiles the trainer's step (``olmax.perf.bench.TrainStepRunner``: chunked loss, SkipStep
+AdamW, donated state) at a benchmark shape, reports the compiled program's memory analysis (XLA's
+own figures: arguments, outputs, aliased, temporaries), runs ``--steps`` steps under
+``jax.profiler.trace`` and attributes every XLA op event of the CPU executor threads to
+
+- the HLO instruction (name, shape, kind: matmul/``ynn`` dot fusion, element-wise loop fusion,
+  scatter, copy/transpose, reduction, ...),
+- the innermost olmax (or optax) source line it was traced from (the compiled HLO's stack frames),
+- the pass: ``fwd`` (forward), ``remat`` (a forward recomputed in the backward pass), ``bwd``
+  (the transpose), ``update`` (everything after the gradient: clip, AdamW).
+
+Each op's ms is its share of the step's wall time (see :func:`profile_events`), the median over the
+profiled steps; on a loaded machine it includes time its thread was preempted -- compare
+proportions within one run.
+
+    python benchmarks/cpu_profile.py --shape A [--dtype bfloat16] [--steps 1] [--json OUT] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shapes import SHAPES, run_config  # noqa: E402
+
+_WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "Await", "WhileThunk", "PjRt")
+
+
+def parse_hlo(text: str) -> dict[str, dict]:
+    """Instruction name -> {shape, kind, op_name, source} from a compiled module's text."""
+    files = dict(re.findall(r'^(\d+) "([^"]*)"$', _section(text, "FileNames"), re.M))
+    funcs = dict(re.findall(r'^(\d+) "([^"]*)"$', _section(text, "FunctionNames"), re.M))
+    locs = {i: (f, fn, int(line)) for i, f, fn, line in re.findall(
+        r"^(\d+) \{file_name_id=(\d+) function_name_id=(\d+) line=(\d+)", _section(text, "FileLocations"),
+        re.M)}
+    frames = {i: (loc, parent) for i, loc, parent in re.findall(
+        r"^(\d+) \{file_location_id=(\d+) parent_frame_id=(\d+)", _section(text, "StackFrames"), re.M)}
+
+    def source(frame_id: str | None) -> str:
+        seen = set()
+        while frame_id and frame_id in frames and frame_id not in seen:
+            seen.add(frame_id)
+            loc, parent = frames[frame_id]
+            f, fn, line = locs[loc]
+            path = files[f]
+            if "/olmax/" in path or "/optax/" in path:
+                short = path.split("/olmax/")[-1] if "/olmax/" in path else "optax/" + path.split("/optax/")[-1]
+                return f"{short}:{line} {funcs[fn].split('.')[-1]}"
+            frame_id = parent
+        return "?"
+
+    out = {}
+    inst = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+?(?:\{[^}]*\})?) ([\w\-]+)\(")
+    for line in text.splitlines():
+        m = inst.match(line)
+        if not m:
+            continue
+        name, shape, opcode = m.groups()
+        op_name = re.search(r'op_name="([^"]*)"', line)
+        frame = re.search(r"stack_frame_id=(\d+)", line)
+        kind = opcode
+        if opcode == "fusion":
+            fk = re.search(r"kind=(\w+)", line)
+            kind = "ynn_fusion" if "__ynn" in line else (fk.group(1) if fk else "fusion")
+        out[name] = {"shape": shape, "kind": kind, "op_name": op_name.group(1) if op_name else "",
+                     "source": source(frame.group(1) if frame else None)}
+    return out
+
+
+def _section(text: str, name: str) -> str:
+    m = re.search(rf"^{name}\n(.*?)(?:\n\n|\n[A-Z][A-Za-z]+\n|\Z)", text, re.S | re.M)
+    return m.group(1) if m else ""
+
+
+def phase(op_name: str) -> str:
+    if "rematted_computation" in op_name:
+        return "remat"
+    if "transpose(jvp" in op_name:
+        return "bwd"
+    if "jvp(" in op_name:
+        return "fwd"
+    return "update"
+
+
+def component(source: str, op_name: str) -> str:
+    """A coarse label from the source line (what the issue asks to separate)."""
+    s = source
+    if s.startswith("optax/") or "optim.py" in s:
+        return "optimizer (clip, AdamW)"
+    if "loss.py" in s or "logits_from_hidden" in s or "lm_head" in s or "lse_and_target" in s:
+        return "LM head + loss"
+    if "attention" in s:
+        return "attention"
+    if "hidden_states" in s and ("take" in op_name or "scatter" in op_name or "gather" in op_name):
+        return "embedding"
+    if "hidden_states" in s:
+        return "embedding" if "_take" in op_name else "other model"
+    if "dense" in s or "_mlp_block" in s:
+        return "layer matmuls"
+    if "rms_norm" in s or "rope" in s or "_layer" in s or "_attention_block" in s:
+        return "norms/rope/residual"
+    if "step.py" in s:
+        return "step (grad accumulation, metrics)"
+    return "other"
+
+
+def profile_events(trace_dir: str) -> tuple[dict[str, list], float]:
+    """Op name -> [runs, ms] over the XLA executor threads, and the executor's wall time (ms).
+
+    An op runs from its event's start to its ``end: NAME`` marker: XLA's CPU runtime completes some
+    ops asynchronously (Eigen's dots among them), so the event alone can close long before the
+    work does. The step's wall time is then shared out: every interval between two span boundaries
+    goes in equal parts to the ops running in it (an interval with none to the op that finished
+    last), so the ms column sums to the executor's wall time."""
+    from jax.profiler import ProfileData
+
+    path = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0]
+    starts: dict[str, list] = collections.defaultdict(list)
+    ends: dict[str, list] = collections.defaultdict(list)
+    exec_ms = 0.0
+    window = None
+    for plane in ProfileData.from_file(path).planes:
+        for line in plane.lines:
+            for ev in line.events:
+                if line.name.startswith("tf_XLAPjRtCpuClient") and ev.name.startswith(
+                        "ThunkExecutor::Execute (wait"):
+                    exec_ms += ev.duration_ns / 1e6
+                    w = (ev.start_ns, ev.start_ns + ev.duration_ns)
+                    window = w if window is None else (min(window[0], w[0]), max(window[1], w[1]))
+                if not line.name.startswith("tf_XLA") or ev.name.startswith(_WRAPPERS):
+                    continue
+                if ev.name.startswith("end: "):
+                    ends[ev.name[5:]].append(ev.start_ns + ev.duration_ns)
+                else:
+                    starts[ev.name].append((ev.start_ns, ev.start_ns + ev.duration_ns))
+    spans = []
+    for name, ss in starts.items():
+        ss.sort()
+        ee = sorted(ends.get(name, []))
+        for k, (s0, s1) in enumerate(ss):
+            spans.append((s0, max(s1, ee[k]) if k < len(ee) else s1, name))
+    count = collections.Counter(n for _, _, n in spans)
+    ms: dict[str, float] = collections.defaultdict(float)
+    bounds = sorted({t for s0, s1, _ in spans for t in (s0, s1)} | set(window or ()))
+    spans.sort()
+    active: list = []
+    last_ended = None
+    i = 0
+    for a, b in zip(bounds, bounds[1:]):
+        while i < len(spans) and spans[i][0] <= a:
+            active.append(spans[i])
+            i += 1
+        done = [sp for sp in active if sp[1] <= a]
+        if done:
+            last_ended = max(done, key=lambda sp: sp[1])[2]
+            active = [sp for sp in active if sp[1] > a]
+        if window and (b <= window[0] or a >= window[1]):
+            continue
+        if active:
+            for sp in active:
+                ms[sp[2]] += (b - a) / 1e6 / len(active)
+        elif last_ended is not None:
+            ms[last_ended] += (b - a) / 1e6
+    return {n: [count[n], ms[n]] for n in count}, exec_ms
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="A", choices=sorted(SHAPES))
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--attn", default="chunked")
+    p.add_argument("--steps", type=int, default=3,
+                   help="profiled steps after one warm-up (per-op figures: the median over them)")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--hlo", help="also write the compiled HLO text here")
+    p.add_argument("--json", dest="json_out")
+    a = p.parse_args()
+
+    import jax
+
+    from olmax.perf.bench import TrainStepRunner
+
+    cfg = run_config(a.shape, a.dtype, a.attn)
+    runner = TrainStepRunner(cfg)
+    ma = runner.compiled.memory_analysis()
+    mem = {k: int(getattr(ma, k)) for k in ("argument_size_in_bytes", "output_size_in_bytes",
+                                            "alias_size_in_bytes", "temp_size_in_bytes")}
+    text = runner.compiled.as_text()
+    if a.hlo:
+        Path(a.hlo).write_text(text)
+    hlo = parse_hlo(text)
+    runner.run()
+    per_step, walls, execs = [], [], []
+    for _ in range(a.steps):       # one trace per step: per-op medians over steps resist load spikes
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            with jax.profiler.trace(d):
+                runner.run()
+            walls.append(time.perf_counter() - t0)
+            agg, ex = profile_events(d)
+        per_step.append(agg)
+        execs.append(ex)
+    wall, exec_ms = statistics.median(walls), statistics.median(execs)
+    agg = {n: [per_step[0].get(n, [0, 0.0])[0], statistics.median(st.get(n, [0, 0.0])[1] for st in per_step)]
+           for n in set().union(*per_step)}
+
+    rows = []
+    for name, (count, ms) in agg.items():
+        info = hlo.get(name, {"shape": "?", "kind": "?", "op_name": "", "source": "?"})
+        rows.append({"op": name, "ms": ms, "count": count, **info,
+                     "phase": phase(info["op_name"]), "component": component(info["source"], info["op_name"])})
+    rows.sort(key=lambda r: -r["ms"])
+    total = sum(r["ms"] for r in rows)
+    s = SHAPES[a.shape]
+    print(f"shape {a.shape}: {s['label']}; batch {cfg.train.global_batch_size} x seq {cfg.train.seq_len}, "
+          f"{a.dtype}, attn={a.attn}; jax {jax.__version__}; load {os.getloadavg()[0]:.1f}")
+    print(f"step wall {wall:.2f} s (median of {a.steps}; executor {exec_ms / 1e3:.2f} s); per-op "
+          f"medians sum to {total / 1e3:.2f} s")
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    print("compiled memory: " + ", ".join(f"{k.replace('_size_in_bytes', '')} {gib(v)}" for k, v in mem.items()))
+    print(f"\n| # | op | kind | shape | pass | source | ms | % |\n|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(rows[:a.top], 1):
+        print(f"| {i} | {r['op']} | {r['kind']} | {r['shape']} | {r['phase']} | {r['source']} | "
+              f"{r['ms']:.0f} | {100 * r['ms'] / total:.1f} |")
+    for key in ("component", "phase", "kind"):
+        by: dict[str, float] = collections.defaultdict(float)
+        for r in rows:
+            by[r[key]] += r["ms"]
+        print(f"\n| {key} | ms | % |\n|---|---|---|")
+        for k, v in sorted(by.items(), key=lambda kv: -kv[1]):
+            print(f"| {k} | {v:.0f} | {100 * v / total:.1f} |")
+    if a.json_out:
+        from cpu_side_by_side import write_json
+
+        write_json(a.json_out, {"args": vars(a), "jax": jax.__version__, "step_wall_s": wall,
+                                "op_ms_total": total, "memory": mem, "ops": rows,
+                                "loadavg": os.getloadavg()[0]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
