@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shapes import SHAPES, run_config  # noqa: E402
 
+_CONTAINER = re.compile(r"^(while|conditional|call)(\.\d+)?$")
 _WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "Await", "WhileThunk", "PjRt")
 
 
@@ -141,6 +142,8 @@ def profile_events(trace_dir: str) -> tuple[dict[str, list], float]:
                     window = w if window is None else (min(window[0], w[0]), max(window[1], w[1]))
                 if not line.name.startswith("tf_XLA") or ev.name.startswith(_WRAPPERS):
                     continue
+                if _CONTAINER.match(ev.name.removeprefix("end: ")):
+                    continue                # a loop/conditional: its body's ops are the events
                 if ev.name.startswith("end: "):
                     ends[ev.name[5:]].append(ev.start_ns + ev.duration_ns)
                 else:

@@ -1,52 +1,76 @@
 """OLMo-core (torch, CPU) and olmax (JAX, CPU) training the same OLMo 3 shape, side by side.
 
-One script, one process, one run. Both frameworks train the same shape, batch, sequence and windows:
+One script, one process, one run. Every leg trains the same shape, batch, sequence and windows
+(``benchmarks/shapes.py``: ``d768``, ``A``, ``B``): OLMo 3 blocks (reordered post-norm, full-width
+QK-norm, SwiGLU, RoPE 5e5), fp32 parameters and AdamW state (olmax: its SkipStep AdamW), z-loss
+1e-5, clip 1.0, synthetic tokens (one fixed batch, so every leg's loss falls step by step).
 
-    OLMo 3 block structure (reordered post-norm, full-width QK-norm, SwiGLU, RoPE 5e5), d_model 768,
-    12 heads x 64, MLP 3072 (OLMo 3 190M widths), 4 layers, windows [W, W, W, full],
-    dolma2 padded vocabulary 100352, fp32, AdamW (olmax: its SkipStep AdamW), z-loss 1e-5, clip 1.0.
-
+Legs: OLMo-core per ``--oc-dtypes`` (``float32``; ``bfloat16`` = the model under
+``torch.autocast("cpu", bfloat16)``, OLMo-core's ``autocast_precision``, fp32 weights and AdamW), and
+olmax per ``--olmax`` x ``--dtype`` (``train.compute_dtype``; fp32 master weights either way).
 A training step is forward + backward + gradient clipping + optimizer update. After compilation
-and ``--warmup`` untimed steps each, the timed steps are *interleaved* (OLMo-core, olmax variant 1,
-olmax variant 2, OLMo-core, ...) so that every framework sees the same load on a shared machine.
-Reported per framework: the median step time, tokens/s, and the ratio to OLMo-core computed per
-round (then the median), which is robust to load drifting during the run.
+and ``--warmup`` untimed steps each, the timed steps are *interleaved* (leg 1, leg 2, ..., leg 1,
+...) so that every leg sees the same load on a shared machine. Reported per leg: the median step
+time, tokens/s, the ratio to the first leg per round (then the median, robust to load drifting),
+the loss after each step (``--check-steps``: after that many steps the olmax legs' losses are
+compared across dtypes) and, with ``--memory``, the peak resident memory of a process that runs
+that leg alone (compilation and two steps; ``ru_maxrss``).
 
-    python benchmarks/cpu_side_by_side.py [--seq 512 --window 128 --batch 1 --rounds 5]
-        [--olmax xla,chunked] [--json benchmarks/results/cpu_side_by_side.json]
+    python benchmarks/cpu_side_by_side.py [--shape A] [--rounds 5] [--dtype float32,bfloat16]
+        [--oc-dtypes float32,bfloat16] [--memory] [--json benchmarks/results/cpu_side_by_side_A.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from importlib.metadata import version
+from pathlib import Path
 
 from olmax.io import write_json_atomic
 
-D_MODEL, N_HEADS, MLP, N_LAYERS, VOCAB = 768, 12, 3072, 4, 100352
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shapes import SHAPES, model_overrides  # noqa: E402
+
+
+def _shape_args(a) -> dict:
+    s = dict(SHAPES[a.shape])
+    for k in ("batch", "seq", "window"):
+        if getattr(a, k) is not None:
+            s[k] = getattr(a, k)
+    return s
 
 
 class OlmoCoreStep:
     """OLMo-core's model (attn_backend=torch) with torch AdamW; one step per ``run()``."""
 
-    def __init__(self, a):
+    def __init__(self, a, dtype: str = "float32"):
         import warnings
 
         import torch
         from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
-        from olmo_core.nn.transformer import TransformerConfig
+        from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
         warnings.simplefilter("ignore")
         torch.manual_seed(0)
-        cfg = TransformerConfig.olmo3_190M(
-            vocab_size=VOCAB, n_layers=N_LAYERS, attn_backend=AttentionBackendName.torch,
-            sliding_window=SlidingWindowAttentionConfig(
-                pattern=[a.window, a.window, a.window, -1], force_full_attention_on_first_layer=False,
-                force_full_attention_on_last_layer=True))
+        s = _shape_args(a)
+        w = s["window"]
+        sliding = SlidingWindowAttentionConfig(pattern=[w, w, w, -1], force_full_attention_on_first_layer=False,
+                                               force_full_attention_on_last_layer=True)
+        if a.shape == "d768":
+            cfg = TransformerConfig.olmo3_190M(vocab_size=s["vocab"], n_layers=s["n_layers"],
+                                               attn_backend=AttentionBackendName.torch, sliding_window=sliding)
+        else:   # OLMo 3 blocks at the shape's widths; llama_like's MLP is 8d/3 rounded up to 256
+            cfg = TransformerConfig.llama_like(
+                d_model=s["d_model"], vocab_size=s["vocab"], n_layers=s["n_layers"], n_heads=s["n_heads"],
+                qk_norm=True, block_name=TransformerBlockType.reordered_norm, layer_norm_eps=1e-6,
+                rope_theta=500_000, attn_backend=AttentionBackendName.torch, sliding_window=sliding)
         self.model = cfg.build(init_device="cpu")
         self.model.init_weights(device=torch.device("cpu"))
         self.n_params = sum(p.numel() for p in self.model.parameters())
@@ -55,79 +79,95 @@ class OlmoCoreStep:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                                      weight_decay=0.1, foreach=True)
         gen = torch.Generator().manual_seed(0)
-        self.tokens = torch.randint(0, 100278, (a.batch, a.seq), generator=gen)
+        self.tokens = torch.randint(0, min(100278, s["vocab"]), (s["batch"], s["seq"]), generator=gen)
         # olmo_core.data.utils.get_labels: shift left, last position ignored
-        self.labels = torch.cat([self.tokens[:, 1:], torch.full((a.batch, 1), -100)], dim=1)
+        self.labels = torch.cat([self.tokens[:, 1:], torch.full((s["batch"], 1), -100)], dim=1)
         self.torch = torch
-        self.name = "OLMo-core" + (" (torch.compile)" if a.oc_compile else " (eager)")
+        self.autocast = dtype == "bfloat16"
+        self.name = ("OLMo-core" + (" (torch.compile)" if a.oc_compile else " (eager)") +
+                     (", bf16 autocast" if self.autocast else ", float32"))
         self.version = f"ai2-olmo-core {version('ai2-olmo-core')}, torch {torch.__version__}"
+        self.losses: list[float] = []
         t0 = time.perf_counter()
         self.run()
         self.first_s = time.perf_counter() - t0
 
     def run(self) -> float:
+        torch = self.torch
         t0 = time.perf_counter()
-        out = self.model(self.tokens, labels=self.labels, z_loss_multiplier=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            out = self.model(self.tokens, labels=self.labels, z_loss_multiplier=1e-5)
         out.loss.backward()
-        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
         self.loss = float(out.ce_loss)
-        return time.perf_counter() - t0
+        self.losses.append(self.loss)
+        return dt
+
+
+def olmax_run_config(a, attn: str, dtype: str):
+    from olmax.config import OptimConfig, RunConfig, TrainConfig
+    from olmax.model.presets import resolve_model
+
+    s = _shape_args(a)
+    w = s["window"]
+    model = resolve_model({**model_overrides(a.shape), "window_pattern": [w, w, w, None]})
+    return RunConfig(model=model, optim=OptimConfig(lr=3e-4), train=TrainConfig(
+        seq_len=s["seq"], global_batch_size=s["batch"], compute_dtype=dtype, attn_impl=attn,
+        remat=a.remat, z_loss_multiplier=1e-5))
 
 
 class OlmaxStep:
     """The olmax trainer's compiled step (``olmax.perf.bench.TrainStepRunner``)."""
 
-    def __init__(self, a, attn: str):
+    def __init__(self, a, attn: str, dtype: str = "float32"):
         import jax
 
         from olmax.perf.bench import TrainStepRunner
-        from olmax.config import RunConfig, TrainConfig
-        from olmax.model.presets import resolve_model
 
-        model = resolve_model({"preset": "olmo3-190m", "n_layers": N_LAYERS,
-                               "window_pattern": [a.window, a.window, a.window, None]})
-        cfg = RunConfig(model=model, train=TrainConfig(
-            seq_len=a.seq, global_batch_size=a.batch, compute_dtype=a.dtype, attn_impl=attn,
-            remat=a.remat))
-        self.runner = TrainStepRunner(cfg)
+        self.runner = TrainStepRunner(olmax_run_config(a, attn, dtype))
         self.n_params = sum(int(x.size) for x in jax.tree.leaves(self.runner.state.params))
-        self.name = f"olmax (attn={attn}, {a.dtype}, remat={a.remat})"
+        self.name = f"olmax (attn={attn}, {dtype}, remat={a.remat})"
         self.version = f"olmax, jax {jax.__version__}"
-        self.first_s = self.runner.compile_s + self.runner.run()
+        ma = self.runner.compiled.memory_analysis()
+        self.compiled_temp_bytes = int(ma.temp_size_in_bytes)
+        self.losses: list[float] = []
+        self.first_s = self.runner.compile_s + self.run()
 
     def run(self) -> float:
         dt = self.runner.run()
         self.loss = float(self.runner.metrics["loss"])
+        self.losses.append(self.loss)
         return dt
 
 
 class OlmaxPlainStep:
     """Ablation, not the trainer: olmax's model with full (not chunked, not recomputed) fp32 logits,
     cross-entropy + z-loss, and plain optax clip + AdamW -- what the trainer's step would cost
-    without the chunked-loss recompute and the skip-step bookkeeping."""
+    without the fused chunked loss and the skip-step bookkeeping."""
 
-    def __init__(self, a, attn: str):
+    def __init__(self, a, attn: str, dtype: str = "float32"):
         import jax
         import jax.numpy as jnp
         import numpy as np
         import optax
 
         from olmax.model import forward, init_params
-        from olmax.model.presets import resolve_model
         from olmax.model.runtime import Runtime
 
-        model = resolve_model({"preset": "olmo3-190m", "n_layers": N_LAYERS,
-                               "window_pattern": [a.window, a.window, a.window, None]})
+        cfg = olmax_run_config(a, attn, dtype)
+        model = cfg.model
+        s = _shape_args(a)
         tx = optax.chain(optax.clip_by_global_norm(1.0),
                          optax.adamw(3e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1))
         params = init_params(model, jax.random.key(0))
-        tokens = jnp.asarray(np.random.default_rng(0).integers(0, model.vocab_size, (a.batch, a.seq)),
+        tokens = jnp.asarray(np.random.default_rng(0).integers(0, model.vocab_size, (s["batch"], s["seq"])),
                              jnp.int32)
 
         def loss_fn(p):
-            logits = forward(p, tokens, model, Runtime(attn_impl=attn))[:, :-1]
+            logits = forward(p, tokens, model, Runtime(dtype, attn))[:, :-1]
             lse = jax.nn.logsumexp(logits, axis=-1)
             target = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
             return jnp.mean(lse - target) + 1e-5 * jnp.mean(jnp.square(lse))
@@ -141,9 +181,11 @@ class OlmaxPlainStep:
         t0 = time.perf_counter()
         self.step = jax.jit(step, donate_argnums=(0, 1)).lower(*self.state).compile()
         compile_s = time.perf_counter() - t0
+        self.compiled_temp_bytes = int(self.step.memory_analysis().temp_size_in_bytes)
         self.n_params = sum(int(x.size) for x in jax.tree.leaves(params))
-        self.name = f"olmax model, plain step (full logits, optax AdamW; attn={attn}) [ablation]"
+        self.name = f"olmax model, plain step (full logits, optax AdamW; attn={attn}, {dtype}) [ablation]"
         self.version = f"olmax, jax {jax.__version__}"
+        self.losses: list[float] = []
         self.first_s = compile_s + self.run()
 
     def run(self) -> float:
@@ -152,31 +194,83 @@ class OlmaxPlainStep:
         t0 = time.perf_counter()
         p, o, loss = self.step(*self.state)
         jax.block_until_ready(loss)
+        dt = time.perf_counter() - t0
         self.state, self.loss = (p, o), float(loss)
-        return time.perf_counter() - t0
+        self.losses.append(self.loss)
+        return dt
+
+
+def leg_specs(a) -> list[str]:
+    """``oc:DTYPE`` and ``olmax:ATTN[:plain]:DTYPE`` in run order."""
+    specs = [] if a.no_olmo_core else [f"oc:{d}" for d in a.oc_dtypes.split(",")]
+    for impl in a.olmax.split(","):
+        for d in a.dtype.split(","):
+            specs.append(f"olmax:{impl}:{d}")
+    return specs
+
+
+def build_leg(a, spec: str):
+    parts = spec.split(":")
+    if parts[0] == "oc":
+        return OlmoCoreStep(a, parts[1])
+    impl, dtype = parts[1], parts[-1]
+    return (OlmaxPlainStep if "plain" in parts[2:-1] else OlmaxStep)(a, impl, dtype)
+
+
+def leg_memory(a, spec: str) -> dict:
+    """Peak RSS of a fresh process that builds ``spec`` alone and runs two steps."""
+    cmd = [sys.executable, __file__, "--shape", a.shape, "--remat", a.remat, "--only", spec]
+    for k in ("batch", "seq", "window"):
+        if getattr(a, k) is not None:
+            cmd += [f"--{k}", str(getattr(a, k))]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    if proc.returncode:
+        return {"error": (err or out).strip().splitlines()[-1:]}
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def only(a) -> int:
+    """``--only SPEC``: build one leg, two steps, print its peak RSS (JSON) -- for ``--memory``."""
+    leg = build_leg(a, a.only)
+    leg.run()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_rss_bytes": rss, "compiled_temp_bytes": getattr(leg, "compiled_temp_bytes", None)}))
+    return 0
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--window", type=int, default=128)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=5, help="timed steps per framework (interleaved)")
+    p.add_argument("--shape", default="d768", choices=sorted(SHAPES))
+    p.add_argument("--seq", type=int, default=None, help="override the shape's sequence length")
+    p.add_argument("--window", type=int, default=None, help="override the shape's sliding window")
+    p.add_argument("--batch", type=int, default=None, help="override the shape's batch")
+    p.add_argument("--rounds", type=int, default=5, help="timed steps per leg (interleaved)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")
     p.add_argument("--olmax", default="chunked",
                    help="olmax runs: comma list of ATTN (the trainer's step) or ATTN:plain (ablation)")
+    p.add_argument("--dtype", default="float32", help="olmax compute dtypes (comma list)")
+    p.add_argument("--oc-dtypes", default="float32",
+                   help="OLMo-core legs (comma list): float32, bfloat16 (torch.autocast)")
     p.add_argument("--no-olmo-core", action="store_true",
                    help="olmax runs only; ratios are then against the first one")
-    p.add_argument("--dtype", default="float32")
     p.add_argument("--remat", default="none")
     p.add_argument("--oc-compile", action="store_true", help="torch.compile the OLMo-core model")
+    p.add_argument("--check-steps", type=int, default=8,
+                   help="compare the olmax legs' losses across dtypes after this many steps")
+    p.add_argument("--memory", action="store_true",
+                   help="also measure each leg's peak RSS, each in a process of its own")
+    p.add_argument("--only", help=argparse.SUPPRESS)
     p.add_argument("--json", dest="json_out")
     a = p.parse_args()
+    if a.only:
+        return only(a)
 
-    runners = [] if a.no_olmo_core else [OlmoCoreStep(a)]
-    for spec in a.olmax.split(","):
-        impl, _, kind = spec.partition(":")
-        runners.append((OlmaxPlainStep if kind == "plain" else OlmaxStep)(a, impl))
+    specs = leg_specs(a)
+    memory = {spec: leg_memory(a, spec) for spec in specs} if a.memory else {}
+    for spec, m in memory.items():
+        print(f"memory {spec}: {m}", file=sys.stderr, flush=True)
+    runners = [build_leg(a, spec) for spec in specs]
     for r in runners:
         for _ in range(a.warmup):
             r.run()
@@ -191,24 +285,41 @@ def main() -> int:
         write_json(a.json_out, {"args": vars(a), "loadavg": load, "partial_times": times,
                                  "frameworks": [r.name for r in runners]})
 
-    tokens = a.batch * a.seq
+    s = _shape_args(a)
+    tokens = s["batch"] * s["seq"]
     rows = []
-    for j, r in enumerate(runners):
-        per_round = [oc / mine for oc, mine in zip(times[0], times[j])]
-        rows.append({"framework": r.name, "version": r.version, "n_params": r.n_params,
+    for j, (spec, r) in enumerate(zip(specs, runners)):
+        per_round = [first / mine for first, mine in zip(times[0], times[j])]
+        m = memory.get(spec, {})
+        rows.append({"leg": spec, "framework": r.name, "version": r.version, "n_params": r.n_params,
                      "step_s_median": statistics.median(times[j]), "step_s": times[j],
                      "tokens_per_s": tokens / statistics.median(times[j]),
                      "speedup_vs_first_row": statistics.median(per_round),
-                     "first_step_s": r.first_s, "loss": r.loss})
-    print(f"\nOLMo 3 shape: d_model {D_MODEL}, {N_HEADS}x64 heads, MLP {MLP}, {N_LAYERS} layers, windows "
-          f"[{a.window}]*3+[full], vocab {VOCAB}; batch {a.batch} x seq {a.seq}; {os.cpu_count()} CPUs; "
-          f"{a.rounds} interleaved rounds; 1-min load avg during rounds {min(load):.1f}-{max(load):.1f}\n")
-    print("| framework | params | step s (median) | tokens/s | speed vs first row | first step incl. compile s |")
-    print("|---|---|---|---|---|---|")
+                     "speedup_per_round": per_round, "first_step_s": r.first_s, "loss": r.loss,
+                     "losses": r.losses, "peak_rss_bytes": m.get("peak_rss_bytes"),
+                     "compiled_temp_bytes": m.get("compiled_temp_bytes")})
+    k = a.check_steps
+    olmax_rows = [r for r in rows if r["leg"].startswith("olmax") and len(r["losses"]) >= k]
+    loss_check = None
+    if k and len(olmax_rows) > 1:
+        ref = olmax_rows[0]["losses"][k - 1]
+        loss_check = {r["framework"]: {"loss": r["losses"][k - 1], "rel_diff_vs_first": abs(r["losses"][k - 1] - ref) / abs(ref)}
+                      for r in olmax_rows}
+    print(f"\nshape {a.shape}: {SHAPES[a.shape]['label']}; batch {s['batch']} x seq {s['seq']}, windows "
+          f"[{s['window']}]*3+[full]; {os.cpu_count()} CPUs; {a.rounds} interleaved rounds; "
+          f"1-min load avg during rounds {min(load):.1f}-{max(load):.1f}\n")
+    print("| leg | params | step s (median) | tokens/s | speed vs first row (median of rounds) | "
+          "peak RSS alone | loss after all steps |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
+        mem = f"{r['peak_rss_bytes'] / 2**30:.2f} GiB" if r["peak_rss_bytes"] else "-"
         print(f"| {r['framework']} | {r['n_params'] / 1e6:.1f}M | {r['step_s_median']:.2f} | "
-              f"{r['tokens_per_s']:.0f} | {r['speedup_vs_first_row']:.2f}x | {r['first_step_s']:.1f} |")
-    write_json(a.json_out, {"args": vars(a), "loadavg": load, "rows": rows})
+              f"{r['tokens_per_s']:.0f} | {r['speedup_vs_first_row']:.2f}x | {mem} | {r['loss']:.4f} |")
+    if loss_check:
+        print(f"\nloss after {k} steps: " + "; ".join(f"{n}: {v['loss']:.5f} (rel. diff {v['rel_diff_vs_first']:.1e})"
+                                                  for n, v in loss_check.items()))
+    write_json(a.json_out, {"args": vars(a), "shape": s, "loadavg": load, "rows": rows,
+                            "loss_check_after_steps": k, "loss_check": loss_check})
     return 0
 
 

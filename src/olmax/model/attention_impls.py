@@ -33,7 +33,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from olmax.model.attention_ref import NEG, per_device_attention, xla_attention
+from olmax.model.attention_ref import NEG, per_device_attention
 from olmax.model.logical import context_platform
 
 log = logging.getLogger(__name__)
@@ -41,18 +41,63 @@ log = logging.getLogger(__name__)
 DEFAULT_BLOCK = 512
 
 
-def _softmax_pv(q, k, v, mask, scale, q_spec: str, k_spec: str):
-    """fp32 scores -> masked softmax -> probs @ v, for grouped queries.
+def _scores(q, k, mask, scale, q_spec: str, k_spec: str):
+    s_spec = f"{q_spec[:-4]}hgqk"
+    scores = jnp.einsum(f"{q_spec},{k_spec}->{s_spec}", q, k, preferred_element_type=jnp.float32) * scale
+    return jnp.where(mask, scores, NEG), s_spec
 
-    ``q_spec``/``k_spec`` are the einsum subscripts of q (``...qhgd``) and k/v (``...khd``)."""
+
+def _softmax_pv_forward(q, k, v, mask, scale, q_spec, k_spec):
+    scores, s_spec = _scores(q, k, mask, scale, q_spec, k_spec)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    e = jnp.exp(scores - m)                     # jax.nn.softmax's formula, so the same numbers
+    den = jnp.sum(e, axis=-1, keepdims=True)
+    out = jnp.einsum(f"{s_spec},{k_spec}->{q_spec}", (e / den).astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)
+    return out, m + jnp.log(den)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _softmax_pv(q, k, v, mask, scale, q_spec: str, k_spec: str):
+    """fp32 scores -> masked softmax -> probs @ v (fp32), for grouped queries.
+
+    ``q_spec``/``k_spec`` are the einsum subscripts of q (``...qhgd``) and k/v (``...khd``).
+    The backward pass is flash attention's: from q, k, v, the output and the rows' logsumexp it
+    recomputes the probabilities (``exp(scores - lse)``) instead of keeping them from the forward
+    pass, so a layer holds no [.., q, k] scores or probabilities between its forward and backward
+    passes (at batch 8 x 512, 4 heads-groups of 8: 67 MB per array per layer, several per layer
+    under autodiff), and the softmax's backward is one element-wise pass,
+    ``ds = p (dp - rowsum(do o)) scale``. GEMM inputs are in the compute dtype, accumulation fp32."""
+    return _softmax_pv_forward(q, k, v, mask, scale, q_spec, k_spec)[0]
+
+
+def _softmax_pv_fwd(q, k, v, mask, scale, q_spec, k_spec):
+    out, lse = _softmax_pv_forward(q, k, v, mask, scale, q_spec, k_spec)
+    return out, (q, k, v, mask, out, lse)
+
+
+def _softmax_pv_bwd(scale, q_spec, k_spec, res, d_out):
+    q, k, v, mask, out, lse = res
     lead = q_spec[:-4]
-    s_spec = f"{lead}hgqk"
-    scores = jnp.einsum(f"{q_spec},{k_spec}->{s_spec}", q, k,
-                        preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask, scores, NEG)
-    probs = jax.nn.softmax(scores, axis=-1)
-    return jnp.einsum(f"{s_spec},{k_spec}->{q_spec}", probs.astype(v.dtype), v,
-                      preferred_element_type=jnp.float32)
+    n = len(lead)
+    # Recomputed key-major, [.., h, k, g, q]: the gradients of k and v contract over the queries,
+    # which are then the minor dimensions, and only dq's product needs a transposed operand.
+    t_spec = f"{lead}hkgq"
+    to_t = tuple(range(n)) + (n, n + 3, n + 1, n + 2)          # [.., h, g, q, k] -> [.., h, k, g, q]
+    mask_t = jnp.transpose(jnp.reshape(mask, (1,) * (n + 4 - mask.ndim) + mask.shape), to_t)
+    scores_t = jnp.einsum(f"{k_spec},{q_spec}->{t_spec}", k, q, preferred_element_type=jnp.float32) * scale
+    p_t = jnp.exp(jnp.where(mask_t, scores_t, NEG) - jnp.transpose(lse, to_t))   # 0 where masked
+    do = d_out.astype(v.dtype)
+    dv = jnp.einsum(f"{t_spec},{q_spec}->{k_spec}", p_t.astype(v.dtype), do, preferred_element_type=jnp.float32)
+    dp_t = jnp.einsum(f"{k_spec},{q_spec}->{t_spec}", v, do, preferred_element_type=jnp.float32)
+    delta_t = jnp.einsum(f"{q_spec},{q_spec}->{lead}hgq", d_out.astype(jnp.float32), out)[..., None, :, :]
+    ds_t = (p_t * (dp_t - delta_t) * scale).astype(q.dtype)
+    dk = jnp.einsum(f"{t_spec},{q_spec}->{k_spec}", ds_t, q, preferred_element_type=jnp.float32)
+    dq = jnp.einsum(f"{t_spec},{k_spec}->{q_spec}", ds_t, k, preferred_element_type=jnp.float32)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_softmax_pv.defvjp(_softmax_pv_fwd, _softmax_pv_bwd)
 
 
 def _pad_time(x: jnp.ndarray, left: int, right: int) -> jnp.ndarray:
@@ -102,8 +147,10 @@ def chunked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: in
     hkv = k.shape[2]
     full = window is None or window >= t
     bq = min(block_size, t) if full else min(block_size, window, t)
-    if full and bq >= t:
-        return xla_attention(q, k, v, window, scale)
+    if full and bq >= t:                      # one block: the whole causal square
+        qg = q.reshape(b, t, hkv, hq // hkv, d)
+        mask = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+        return _softmax_pv(qg, k, v, mask, scale, "bqhgd", "bkhd").reshape(b, t, hq, d).astype(q.dtype)
     nb = -(-t // bq)
     right = nb * bq - t   # padded keys lie after every real query: masked by causality
     qg = _pad_time(q, 0, right).reshape(b, nb * bq, hkv, hq // hkv, d)

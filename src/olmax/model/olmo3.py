@@ -36,6 +36,7 @@ from jax.ad_checkpoint import checkpoint_name
 from olmax.config import ModelConfig
 from olmax.model.attention import attention
 from olmax.model.logical import constrain
+from olmax.model.matmul import dense
 from olmax.model.rope import apply_rope, rope_tables
 from olmax.model.runtime import REMAT_POLICIES, Runtime
 
@@ -64,11 +65,6 @@ def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
     return (weight.astype(jnp.float32) * y).astype(x.dtype)
-
-
-def dense(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
-    """x @ w accumulated in fp32, rounded to x.dtype (as a bf16 GEMM does)."""
-    return jnp.einsum("...i,io->...o", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | None,

@@ -12,12 +12,14 @@ Optimizer moments are sharded exactly like the parameters they belong to.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import contextlib
+from typing import Any, Iterator, Mapping
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from olmax.config import ModelConfig
+from olmax.model.logical import activation_sharding, per_device_kernels
 from olmax.model.params import param_axes, param_shapes
 from olmax.parallel.mesh import BATCH_AXES
 
@@ -95,6 +97,18 @@ def per_device_runner(mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RULES):
                              check_vma=False)(*arrays)
 
     return run
+
+
+@contextlib.contextmanager
+def placed_on(mesh: Mesh | None) -> Iterator[None]:
+    """Trace model code with its activations placed on ``mesh``: the logical constraints
+    (:func:`activation_constrainer`) and the per-device kernel runner (:func:`per_device_runner`).
+    Without a mesh, nothing is constrained."""
+    if mesh is None:
+        yield
+        return
+    with activation_sharding(activation_constrainer(mesh)), per_device_kernels(per_device_runner(mesh)):
+        yield
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:

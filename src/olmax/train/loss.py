@@ -38,7 +38,8 @@ from jax.custom_derivatives import SymbolicZero
 
 from olmax.config import ModelConfig
 from olmax.model.logical import constrain
-from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, logits_from_hidden, seq_chunks
+from olmax.model.matmul import contract_rows
+from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, seq_chunks
 from olmax.model.runtime import Runtime
 
 IGNORE_INDEX = -100
@@ -83,44 +84,42 @@ def loss_chunk_positions(rows_per_device: int, rows: int = LOSS_CHUNK_ROWS) -> i
     return max(1, rows // max(1, rows_per_device))
 
 
-def _chunk_sums(h_i: jax.Array, w: jax.Array, l_i: jax.Array):
-    """One chunk: the fp32 logits [B, c, V], ``e = exp(logits - max)``, ``s = sum(e)``, the
-    logsumexp ``max + log(s)`` (``jax.nn.logsumexp``'s formula), and the CE / z sums.
+# One chunk's positions as rows: [N, D] hidden states and [N, V] logits, N = B x c (batch-major, so
+# the rows stay split over the data-parallel devices like the batch).
+_ROWS = ("batch", "act_embed")
+_ROW_LOGITS = ("batch", "act_vocab")
+
+
+def _chunk_sums(x: jax.Array, w: jax.Array, labels: jax.Array):
+    """One chunk of rows ``x`` [N, D]: the fp32 logits, ``e = exp(logits - max)``, ``s = sum(e)``,
+    the logsumexp ``max + log(s)`` (``jax.nn.logsumexp``'s formula) and the CE / z sums.
 
     ``e`` is computed once and reused by the gradient (:func:`_logits_grad`): on XLA's CPU backend an
-    exponential inside a reduction is several times slower than in an element-wise pass."""
-    logits = logits_from_hidden(constrain(h_i, HIDDEN), w)
+    exponential inside a reduction is several times slower than in an element-wise pass. The target
+    logit is the row's dot product with its label's head column (the same fp32-accumulated products
+    as the GEMM's, summed in another order), not a read of the logits, so ``e``'s pass is the
+    logits' last use: XLA writes ``e`` over the logits and the gradient over ``e``, and one
+    chunk-sized buffer is live instead of three."""
+    logits = constrain(jnp.einsum("nd,dv->nv", x, w, preferred_element_type=jnp.float32), _ROW_LOGITS)
+    scored = labels != IGNORE_INDEX
+    safe = jnp.where(scored, labels, 0)
+    target = jnp.einsum("nd,dn->n", x, jnp.take(w, safe, axis=1), preferred_element_type=jnp.float32)
     m = jnp.max(logits, axis=-1)
-    e = jnp.exp(logits - m[..., None])
+    e = jnp.exp(logits - m[:, None])
     s = jnp.sum(e, axis=-1)
     lse = m + jnp.log(s)
-    scored = l_i != IGNORE_INDEX
-    safe = jnp.where(scored, l_i, 0)
-    target = jnp.take_along_axis(logits, safe[..., None], axis=-1)[..., 0]
     ce = jnp.sum(jnp.where(scored, lse - target, 0.0))
     z = jnp.sum(jnp.where(scored, jnp.square(lse), 0.0))
     return e, s, lse, scored, safe, ce, z
 
 
 def _logits_grad(e, s, lse, scored, safe, z_loss_multiplier: float, dtype) -> jax.Array:
-    """d(ce + z_loss_multiplier * lse^2)/d logits, per position: ``(1 + 2 zm lse) softmax -
-    onehot(label)`` with ``softmax = e / s``, 0 where the position is not scored; one element-wise
-    pass, in ``dtype``."""
-    r = jnp.where(scored, (1.0 + 2.0 * z_loss_multiplier * lse) / s, 0.0)[..., None]
-    hit = (jax.lax.broadcasted_iota(jnp.int32, e.shape, e.ndim - 1) == safe[..., None]) & scored[..., None]
+    """d(ce + z_loss_multiplier * lse^2)/d logits, per row: ``(1 + 2 zm lse) softmax - onehot(label)``
+    with ``softmax = e / s``, 0 where the row is not scored; one element-wise pass, in ``dtype``."""
+    r = jnp.where(scored, (1.0 + 2.0 * z_loss_multiplier * lse) / s, 0.0)[:, None]
+    hit = (jax.lax.broadcasted_iota(jnp.int32, e.shape, 1) == safe[:, None]) & scored[:, None]
     p = e * r
-    return jnp.where(hit, p - 1.0, p).astype(dtype)
-
-
-def _head_grad(h_i: jax.Array, g: jax.Array) -> jax.Array:
-    """``sum_{b,c} h[b,c,:]^T g[b,c,:]`` [D, V] in fp32, written as ``[D, B*c] @ [B*c, V]``.
-
-    The 3-D transpose keeps XLA's CPU backend from folding it into the dot as a transposed operand,
-    which it would hand to a much slower GEMM (Eigen, and bf16 upcast to fp32); as written the dot is
-    a plain row-major GEMM (XNNPACK/YNNPACK, native bf16)."""
-    b, c, d = h_i.shape
-    h_t = h_i.transpose(2, 0, 1).reshape(d, b * c)
-    return jnp.einsum("dn,nv->dv", h_t, g.reshape(b * c, g.shape[-1]), preferred_element_type=jnp.float32)
+    return constrain(jnp.where(hit, p - 1.0, p).astype(dtype), _ROW_LOGITS)
 
 
 def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, with_grads: bool):
@@ -130,13 +129,16 @@ def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, with_gra
 
     def body(carry, xs):
         h_i, l_i = xs
-        e, s, lse, scored, safe, ce, z = _chunk_sums(h_i, wc, l_i)
+        c = h_i.shape[1]
+        h_i = constrain(h_i, HIDDEN)
+        x = constrain(h_i.reshape(b * c, d), _ROWS)
+        e, s, lse, scored, safe, ce, z = _chunk_sums(x, wc, l_i.reshape(b * c))
         sums = (carry[0] + ce, carry[1] + z)
         if not with_grads:
             return sums, None
         g = _logits_grad(e, s, lse, scored, safe, z_loss_multiplier, wc.dtype)
-        dh = jnp.einsum("bcv,dv->bcd", g, wc, preferred_element_type=jnp.float32).astype(h.dtype)
-        return sums + (carry[2] + _head_grad(h_i, g),), constrain(dh, HIDDEN)
+        dh = jnp.einsum("nv,dv->nd", g, wc, preferred_element_type=jnp.float32).astype(h.dtype)
+        return sums + (carry[2] + contract_rows(h_i, g),), constrain(dh.reshape(b, c, d), HIDDEN)
 
     init = (zero, zero) + ((jnp.zeros(w.shape, jnp.float32),) if with_grads else ())
     carry, dh = jax.lax.scan(body, init, (seq_chunks(h, chunk_size), seq_chunks(labels, chunk_size)))

@@ -21,13 +21,13 @@ from jax.sharding import Mesh
 
 from olmax.config import ConfigError, ModelConfig, TrainConfig
 from olmax.model.attention import resolve_attn_impl
-from olmax.model.logical import activation_sharding, per_device_kernels
 from olmax.model.params import abstract_params, init_params
 from olmax.model.runtime import Runtime
 from olmax.parallel.mesh import data_parallel_size
-from olmax.parallel.sharding import (activation_constrainer, batch_sharding, like_params_shardings,
-                                     param_shardings, per_device_runner, replicated)
-from olmax.train.loss import loss_and_sums, loss_chunk_positions, loss_denominator, make_labels
+from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings, placed_on,
+                                     replicated)
+from olmax.train.loss import (LOSS_CHUNK_ROWS, loss_and_sums, loss_chunk_positions, loss_denominator,
+                              make_labels)
 from olmax.train.optim import last_step_info
 from olmax.train.state import TrainState, init_train_state
 
@@ -45,6 +45,18 @@ def num_micro_batches(train_cfg: TrainConfig, dp: int) -> int:
     return per_device // mb
 
 
+def _loss_chunk(train_cfg: TrainConfig, n_micro: int, mesh: Mesh | None) -> int:
+    """Loss chunk length (positions) for about ``LOSS_CHUNK_ROWS`` rows per device; CPU devices of
+    one host share its memory and caches, so there the rows are divided among them."""
+    dp, rows = 1, LOSS_CHUNK_ROWS
+    if mesh is not None:
+        dp = data_parallel_size(mesh)
+        local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+        if local and local[0].platform == "cpu":
+            rows = max(1, rows // len(local))
+    return loss_chunk_positions(max(1, train_cfg.global_batch_size // (n_micro * dp)), rows)
+
+
 def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.GradientTransformationExtraArgs,
                     *, n_micro: int = 1, mesh: Mesh | None = None,
                     chunk_size: int | None = None) -> Callable:
@@ -55,8 +67,7 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
     ``chunk_size``: positions per loss chunk (default: about ``LOSS_CHUNK_ROWS`` rows per device).
     """
     if chunk_size is None:
-        dp = 1 if mesh is None else data_parallel_size(mesh)
-        chunk_size = loss_chunk_positions(max(1, train_cfg.global_batch_size // (n_micro * dp)))
+        chunk_size = _loss_chunk(train_cfg, n_micro, mesh)
     loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=Runtime.of(train_cfg),
                       z_loss_multiplier=train_cfg.z_loss_multiplier, chunk_size=chunk_size)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -66,12 +77,8 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
             return x
         return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
 
-    constrainer = runner = None
-    if mesh is not None:
-        constrainer, runner = activation_constrainer(mesh), per_device_runner(mesh)
-
     def step(state: TrainState, batch: dict, lr: jax.Array):
-        with activation_sharding(constrainer), per_device_kernels(runner):
+        with placed_on(mesh):
             return _step(state, batch, lr)
 
     def _step(state: TrainState, batch: dict, lr: jax.Array):

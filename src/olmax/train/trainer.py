@@ -207,7 +207,7 @@ class Trainer:
             self._close(callbacks, None, None, quietly=True)
             raise
         run = self.run_view = Run(self.cfg, self.run_dir, self.is_main, checkpointer=ckpt,
-                                  mesh_shape=dict(self.mesh.shape),
+                                  mesh=self.mesh, mesh_shape=dict(self.mesh.shape),
                                   data_fingerprint=self.data.fingerprint, log_fn=self.log)
         bar, losses, failed = None, [], True
         try:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
+from jax.sharding import Mesh
+
 from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.config import ModelConfig, RunConfig
 
@@ -42,6 +44,7 @@ class Run:
     is_main: bool                              # process 0 (the one that writes run-dir files)
     checkpointer: Checkpointer | None = None   # RUN_DIR/checkpoints (every process)
     origin: dict = field(default_factory=lambda: {"kind": "fresh"})  # where the weights came from
+    mesh: Mesh | None = None                   # the devices the step runs on (evaluation runs there too)
     mesh_shape: dict[str, int] | None = None
     data_fingerprint: dict | None = None
     step: int = 0                              # the last completed step

@@ -76,7 +76,7 @@ class EvaluatorCallback(Callback):
             data_cache_dir=cfg.data.cache_dir, exclude_overlap_with=guard)
         self.overlap_report = self.suite.overlap_report
         # the training dtype and attention kernel; no remat (nothing is differentiated)
-        self.scorer = Scorer(cfg.model, Runtime(cfg.train.compute_dtype, cfg.train.attn_impl))
+        self.scorer = Scorer(cfg.model, Runtime(cfg.train.compute_dtype, cfg.train.attn_impl), mesh=run.mesh)
         if self.cfg.on_start:
             run.log(run.step, self.evaluate(run))
 
