@@ -289,7 +289,7 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
     from olmax.model.params import abstract_params
     from olmax.model.runtime import Runtime
     from olmax.parallel.mesh import MESH_AXES
-    from olmax.train.loss import lm_loss_sums, loss_and_sums
+    from olmax.train.loss import lm_loss, loss_and_sums
     from olmax.train.optim import build_optimizer
     from olmax.train.step import traced_under_mesh
 
@@ -321,8 +321,7 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
         out["A"] = cost("A", jax.grad(loss_a), p_group, tok, tok)
 
     def loss_h(h, w, y):
-        s = lm_loss_sums(h, w, y, z_loss_multiplier=train.z_loss_multiplier, chunk_size=t)
-        return (s.ce + s.z) / (b * t)
+        return lm_loss(h, w, y, z_loss_multiplier=train.z_loss_multiplier, chunk_size=t)[0] / (b * t)
     if "H" in only:
         out["H"] = cost("H", jax.grad(loss_h, argnums=(0, 1)), spec((b, t, model.d_model), dtype),
                         spec((model.d_model, model.padded_vocab_size), dtype), tok)

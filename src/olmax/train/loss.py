@@ -49,6 +49,9 @@ IGNORE_INDEX = -100
 # 4096 rows per step, fwd+bwd of the fused loss, CPU seconds): 256, 512 and 1024 rows within 5 % of
 # each other, 4096 rows (one chunk) 5-10 % slower and 16x the memory.
 LOSS_CHUNK_ROWS = 512
+# Positions per loss chunk on accelerators (TPU, GPU): the chunking the 7B TPU study compiled
+# (benchmarks/README.md); at 2 x 8192 per device, 2048 rows x 100352 fp32 logits = 822 MB live.
+ACCEL_CHUNK_POSITIONS = 1024
 
 
 class LossSums(NamedTuple):

@@ -26,7 +26,7 @@ from olmax.model.runtime import Runtime
 from olmax.parallel.mesh import data_parallel_size
 from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings, placed_on,
                                      replicated)
-from olmax.train.loss import (LOSS_CHUNK_ROWS, loss_and_sums, loss_chunk_positions, loss_denominator,
+from olmax.train.loss import (ACCEL_CHUNK_POSITIONS, LOSS_CHUNK_ROWS, loss_and_sums, loss_chunk_positions, loss_denominator,
                               make_labels)
 from olmax.train.optim import last_step_info
 from olmax.train.state import TrainState, init_train_state
@@ -46,14 +46,17 @@ def num_micro_batches(train_cfg: TrainConfig, dp: int) -> int:
 
 
 def _loss_chunk(train_cfg: TrainConfig, n_micro: int, mesh: Mesh | None) -> int:
-    """Loss chunk length (positions) for about ``LOSS_CHUNK_ROWS`` rows per device; CPU devices of
-    one host share its memory and caches, so there the rows are divided among them."""
-    dp, rows = 1, LOSS_CHUNK_ROWS
+    """Loss chunk length (positions). On CPU: about ``LOSS_CHUNK_ROWS`` rows per host, divided
+    among its devices (they share its memory and caches). On accelerators: ``ACCEL_CHUNK_POSITIONS``
+    positions of every sequence a device holds."""
+    dp, platform = 1, jax.default_backend()
     if mesh is not None:
         dp = data_parallel_size(mesh)
-        local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-        if local and local[0].platform == "cpu":
-            rows = max(1, rows // len(local))
+        local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()] or list(mesh.devices.flat)
+        platform = local[0].platform
+    if platform != "cpu":
+        return ACCEL_CHUNK_POSITIONS
+    rows = max(1, LOSS_CHUNK_ROWS // len(local)) if mesh is not None else LOSS_CHUNK_ROWS
     return loss_chunk_positions(max(1, train_cfg.global_batch_size // (n_micro * dp)), rows)
 
 
@@ -64,7 +67,7 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
 
     ``batch``: ``tokens`` int32 [B, T], ``instance_mask`` bool [B]. ``metrics`` (fp32 scalars):
     ``loss`` (CE), ``z_loss``, ``grad_norm`` (pre-clip), ``skipped``, ``num_tokens`` (denominator).
-    ``chunk_size``: positions per loss chunk (default: about ``LOSS_CHUNK_ROWS`` rows per device).
+    ``chunk_size``: positions per loss chunk (default: see :func:`_loss_chunk`).
     """
     if chunk_size is None:
         chunk_size = _loss_chunk(train_cfg, n_micro, mesh)
