@@ -13,7 +13,9 @@ own figures: arguments, outputs, aliased, temporaries), runs ``--steps`` steps u
 
 Each op's ms is its share of the step's wall time (see :func:`profile_events`), the median over the
 profiled steps; on a loaded machine it includes time its thread was preempted -- compare
-proportions within one run.
+proportions within one run. Ops that run dots also get their achieved rate (the dots' FLOPs from
+the compiled HLO over the op's ms) against the matmul ceiling measured in the same process
+(``olmax.perf.bench.matmul_ceiling``: a 1024^3 GEMM in the same dtype).
 
     python benchmarks/cpu_profile.py --shape A [--dtype bfloat16] [--steps 1] [--json OUT] [--top 25]
 """
@@ -77,6 +79,56 @@ def parse_hlo(text: str) -> dict[str, dict]:
         out[name] = {"shape": shape, "kind": kind, "op_name": op_name.group(1) if op_name else "",
                      "source": source(frame.group(1) if frame else None)}
     return out
+
+
+_COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$")
+_INST = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([0-9,]*)\]\S* ([\w\-]+)\(([^)]*)\)(.*)$")
+
+
+def dot_flops(text: str) -> dict[str, float]:
+    """Instruction name -> the FLOPs (2 x output elements x contracted elements) of the dots it
+    runs once: a ``dot``'s own, a fusion's those of the computation it calls."""
+    comps: dict[str, list] = {}
+    cur = None
+    for line in text.splitlines():
+        m = _COMP.match(line.strip())
+        if m:
+            cur = comps.setdefault(m.group(1), [])
+            continue
+        if cur is not None and line.strip() == "}":
+            cur = None
+            continue
+        if cur is not None:
+            cur.append(line)
+    shapes: dict[str, dict[str, list[int]]] = {}
+    own: dict[str, float] = {}
+    calls: dict[str, str] = {}
+    comp_dots: dict[str, float] = collections.defaultdict(float)
+    for comp, lines in comps.items():
+        sh: dict[str, list[int]] = {}
+        for line in lines:
+            m = _INST.match(line)
+            if not m:
+                continue
+            name, _, dims, opcode, operands, rest = m.groups()
+            sh[name] = [int(d) for d in dims.split(",") if d]
+            if opcode == "dot":
+                lhs = operands.split(",")[0].strip().lstrip("%")
+                cd = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", rest)
+                k = 1
+                for c in (cd.group(1).split(",") if cd and cd.group(1) else []):
+                    k *= sh.get(lhs, [1] * (int(c) + 1))[int(c)]
+                out = 1
+                for d in sh[name]:
+                    out *= d
+                own[name] = 2.0 * out * k
+                comp_dots[comp] += own[name]
+            elif opcode == "fusion":
+                c = re.search(r"calls=%?([\w.\-]+)", rest)
+                if c:
+                    calls[name] = c.group(1)
+        shapes[comp] = sh
+    return {**own, **{n: comp_dots[c] for n, c in calls.items() if comp_dots.get(c)}}
 
 
 def _section(text: str, name: str) -> str:
@@ -203,6 +255,7 @@ def main() -> int:
     if a.hlo:
         Path(a.hlo).write_text(text)
     hlo = parse_hlo(text)
+    flops = dot_flops(text)
     runner.run()
     per_step, walls, execs = [], [], []
     for _ in range(a.steps):       # one trace per step: per-op medians over steps resist load spikes
@@ -221,7 +274,9 @@ def main() -> int:
     rows = []
     for name, (count, ms) in agg.items():
         info = hlo.get(name, {"shape": "?", "kind": "?", "op_name": "", "source": "?"})
-        rows.append({"op": name, "ms": ms, "count": count, **info,
+        f = flops.get(name, 0.0) * count
+        rows.append({"op": name, "ms": ms, "count": count, **info, "dot_flops": f,
+                     "gflops_per_s": f / ms / 1e6 if f and ms else None,
                      "phase": phase(info["op_name"]), "component": component(info["source"], info["op_name"])})
     rows.sort(key=lambda r: -r["ms"])
     total = sum(r["ms"] for r in rows)
@@ -232,10 +287,22 @@ def main() -> int:
           f"medians sum to {total / 1e3:.2f} s")
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     print("compiled memory: " + ", ".join(f"{k.replace('_size_in_bytes', '')} {gib(v)}" for k, v in mem.items()))
-    print(f"\n| # | op | kind | shape | pass | source | ms | % |\n|---|---|---|---|---|---|---|---|")
+    from olmax.perf.bench import matmul_ceiling
+
+    ceil = matmul_ceiling(1024, a.dtype)
+    ceil_g = ceil["flops_per_s"] / 1e9
+    dots = [r for r in rows if r["dot_flops"]]
+    dot_ms, dot_f = sum(r["ms"] for r in dots), sum(r["dot_flops"] for r in dots)
+    print(f"matmul ceiling (1024^3 {a.dtype}, fp32 accumulation, best of 10): {ceil_g:.1f} GFLOP/s; ops "
+          f"with dots: {dot_f / 1e9:.1f} GFLOP in {dot_ms:.0f} ms = {dot_f / dot_ms / 1e6:.1f} GFLOP/s "
+          f"({100 * dot_f / dot_ms / 1e6 / ceil_g:.0f} % of the ceiling), {100 * dot_ms / total:.0f} % of the step")
+    print("\n| # | op | kind | shape | pass | source | ms | % | GFLOP/s (% of ceiling) |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows[:a.top], 1):
+        g = r["gflops_per_s"]
+        rate = f"{g:.1f} ({100 * g / ceil_g:.0f} %)" if g else "-"
         print(f"| {i} | {r['op']} | {r['kind']} | {r['shape']} | {r['phase']} | {r['source']} | "
-              f"{r['ms']:.0f} | {100 * r['ms'] / total:.1f} |")
+              f"{r['ms']:.0f} | {100 * r['ms'] / total:.1f} | {rate} |")
     for key in ("component", "phase", "kind"):
         by: dict[str, float] = collections.defaultdict(float)
         for r in rows:
@@ -247,7 +314,7 @@ def main() -> int:
         from cpu_side_by_side import write_json
 
         write_json(a.json_out, {"args": vars(a), "jax": jax.__version__, "step_wall_s": wall,
-                                "op_ms_total": total, "memory": mem, "ops": rows,
+                                "op_ms_total": total, "memory": mem, "ops": rows, "matmul_ceiling": ceil,
                                 "loadavg": os.getloadavg()[0]})
     return 0
 

@@ -31,7 +31,7 @@ from olmax.config import ModelConfig
 from olmax.model import olmo3
 from olmax.model.runtime import Runtime
 from olmax.parallel.mesh import data_parallel_size
-from olmax.parallel.sharding import batch_sharding, placed_on
+from olmax.parallel.sharding import batch_sharding, placed_on, replicated
 
 MIN_BUCKET = 128
 
@@ -57,9 +57,11 @@ class Scorer:
             raise ValueError(f"softmax_vocab {self.softmax_vocab} outside [{cfg.vocab_size}, "
                              f"{cfg.padded_vocab_size}]")
         self.chunk = chunk
-        self._targets = jax.jit(self._placed(self._target_logprobs))
-        self._choices = jax.jit(self._placed(self._choice_logprobs))
-        self._spans = jax.jit(self._placed(self._span_logprobs))
+        # results replicated: every process (of a multi-host mesh too) reads them whole
+        out = None if mesh is None else replicated(mesh)
+        self._targets = jax.jit(self._placed(self._target_logprobs), out_shardings=out)
+        self._choices = jax.jit(self._placed(self._choice_logprobs), out_shardings=out)
+        self._spans = jax.jit(self._placed(self._span_logprobs), out_shardings=out)
 
     def _placed(self, fn):
         @functools.wraps(fn)
