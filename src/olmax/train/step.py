@@ -26,8 +26,8 @@ from olmax.model.runtime import Runtime
 from olmax.parallel.mesh import data_parallel_size
 from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings, placed_on,
                                      replicated)
-from olmax.train.loss import (ACCEL_CHUNK_POSITIONS, LOSS_CHUNK_ROWS, loss_and_sums, loss_chunk_positions, loss_denominator,
-                              make_labels)
+from olmax.train.loss import (ACCEL_CHUNK_POSITIONS, LOSS_CHUNK_ROWS, loss_and_sums, loss_chunk_positions,
+                              loss_denominator, make_labels)
 from olmax.train.optim import last_step_info
 from olmax.train.state import TrainState, init_train_state
 
@@ -49,15 +49,16 @@ def _loss_chunk(train_cfg: TrainConfig, n_micro: int, mesh: Mesh | None) -> int:
     """Loss chunk length (positions). On CPU: about ``LOSS_CHUNK_ROWS`` rows per host, divided
     among its devices (they share its memory and caches). On accelerators: ``ACCEL_CHUNK_POSITIONS``
     positions of every sequence a device holds."""
-    dp, platform = 1, jax.default_backend()
-    if mesh is not None:
+    if mesh is None:
+        dp, local = 1, jax.local_devices()[:1]
+    else:
         dp = data_parallel_size(mesh)
-        local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()] or list(mesh.devices.flat)
-        platform = local[0].platform
-    if platform != "cpu":
+        local = ([d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+                 or list(mesh.devices.flat))      # a topology compiled for ahead of time
+    if local[0].platform != "cpu":
         return ACCEL_CHUNK_POSITIONS
-    rows = max(1, LOSS_CHUNK_ROWS // len(local)) if mesh is not None else LOSS_CHUNK_ROWS
-    return loss_chunk_positions(max(1, train_cfg.global_batch_size // (n_micro * dp)), rows)
+    per_device = max(1, train_cfg.global_batch_size // (n_micro * dp))
+    return loss_chunk_positions(per_device, max(1, LOSS_CHUNK_ROWS // len(local)))
 
 
 def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.GradientTransformationExtraArgs,
