@@ -219,7 +219,8 @@ def build_leg(a, spec: str):
 
 def leg_memory(a, spec: str) -> dict:
     """Peak RSS of a fresh process that builds ``spec`` alone and runs two steps."""
-    cmd = [sys.executable, __file__, "--shape", a.shape, "--remat", a.remat, "--only", spec]
+    cmd = [sys.executable, __file__, "--shape", a.shape, "--remat", a.remat, "--only", spec,
+           "--host-malloc", a.host_malloc]
     for k in ("batch", "seq", "window"):
         if getattr(a, k) is not None:
             cmd += [f"--{k}", str(getattr(a, k))]
@@ -260,9 +261,14 @@ def main() -> int:
                    help="compare the olmax legs' losses across dtypes after this many steps")
     p.add_argument("--memory", action="store_true",
                    help="also measure each leg's peak RSS, each in a process of its own")
+    p.add_argument("--host-malloc", choices=("olmax", "system"), default="olmax",
+                   help="olmax: this process (every leg, OLMo-core's too) keeps large host blocks "
+                        "mapped between steps, as the olmax command does on CPU "
+                        "(olmax.host_memory); system: glibc's defaults")
     p.add_argument("--only", help=argparse.SUPPRESS)
     p.add_argument("--json", dest="json_out")
     a = p.parse_args()
+    apply_host_malloc(a.host_malloc)
     if a.only:
         return only(a)
 
@@ -321,6 +327,14 @@ def main() -> int:
     write_json(a.json_out, {"args": vars(a), "shape": s, "loadavg": load, "rows": rows,
                             "loss_check_after_steps": k, "loss_check": loss_check})
     return 0
+
+
+def apply_host_malloc(choice: str) -> bool:
+    """``--host-malloc``: the olmax command's host allocator set-up for this process (every leg
+    in it), or glibc's defaults."""
+    from olmax.host_memory import ENV, keep_host_memory_mapped
+
+    return keep_host_memory_mapped(dict(os.environ, **{ENV: choice}))
 
 
 def write_json(path: str | None, data: dict) -> None:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_side_by_side import OlmaxStep, _shape_args, write_json  # noqa: E402
+from cpu_side_by_side import OlmaxStep, _shape_args, apply_host_malloc, write_json  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
 STEP_RE = re.compile(r"completed step: (\d+), seconds: ([0-9.]+).*?loss: ([0-9.]+)")
@@ -73,6 +73,9 @@ def run_maxtext(a, dtype: str) -> dict:
            "weight_dtype=float32", "remat_policy=minimal", "attention=dot_product",
            "z_loss_multiplier=1e-5", "gradient_clipping_threshold=1.0", "log_period=1"]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if a.host_malloc == "olmax":   # the same allocator set-up as the olmax legs, via glibc's tunables
+        from olmax.host_memory import GLIBC_TUNABLES
+        env["GLIBC_TUNABLES"] = GLIBC_TUNABLES
     proc, rss = run_measured(cmd, env, a.timeout)
     steps = [(int(m[1]), float(m[2]), float(m[3])) for m in STEP_RE.finditer(proc.stdout + proc.stderr)]
     if proc.returncode or len(steps) < 3:
@@ -100,7 +103,8 @@ def olmax_leg(a) -> dict:
 
 def run_olmax(a) -> dict:
     cmd = [sys.executable, __file__, "--leg", "--maxtext-python", a.maxtext_python, "--shape", a.shape,
-           "--dtype", a.dtype, "--steps", str(a.steps), "--warmup", str(a.warmup), "--attn", a.attn]
+           "--dtype", a.dtype, "--steps", str(a.steps), "--warmup", str(a.warmup), "--attn", a.attn,
+           "--host-malloc", a.host_malloc]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     if proc.returncode:
         raise SystemExit(f"olmax leg failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
@@ -119,8 +123,13 @@ def main() -> int:
     p.add_argument("--attn", default="chunked")
     p.add_argument("--timeout", type=int, default=2400)
     p.add_argument("--json", dest="json_out")
+    p.add_argument("--host-malloc", choices=("olmax", "system"), default="olmax",
+                   help="olmax: every leg (MaxText's through GLIBC_TUNABLES) keeps large host blocks "
+                        "mapped between steps, as the olmax command does on CPU; system: glibc's defaults")
     p.add_argument("--leg", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.leg:
+        apply_host_malloc(a.host_malloc)
     a.remat, a.batch, a.seq, a.window = "none", None, None, None
     if a.leg:
         print(json.dumps(olmax_leg(a)))
