@@ -27,6 +27,8 @@ attention kernels need).
 
 from __future__ import annotations
 
+import contextlib
+
 from functools import partial
 from typing import Any
 
@@ -121,12 +123,18 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
     """Final-normed hidden states [B, T, D] in ``runtime.compute_dtype``."""
     params = jax.tree.map(lambda x: x.astype(runtime.compute_dtype), params)
     b, t = tokens.shape
-    if positions is None:
-        positions = jnp.arange(t)
-    sin_l, cos_l = rope_tables(positions, cfg.head_dim, cfg.rope_theta,
-                               None if (cfg.rope_scaling and cfg.rope_scaling.full_attention_only)
-                               else cfg.rope_scaling)
-    sin_g, cos_g = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    static = positions is None and context_platform() == "cpu"
+    # On CPU the tables of the plain 0..T-1 positions are computed once, when the step is traced,
+    # and enter the program as constants: XLA's CPU backend would otherwise fuse sin/cos into
+    # every consumer, evaluating them per element of each [B, T, H, D] rotation and its gradient
+    # (shape B of benchmarks/shapes.py, bf16: 1.05x the step, the same losses).
+    with jax.ensure_compile_time_eval() if static else contextlib.nullcontext():
+        if positions is None:
+            positions = jnp.arange(t)
+        sin_l, cos_l = rope_tables(positions, cfg.head_dim, cfg.rope_theta,
+                                   None if (cfg.rope_scaling and cfg.rope_scaling.full_attention_only)
+                                   else cfg.rope_scaling)
+        sin_g, cos_g = rope_tables(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     h = constrain(jnp.take(constrain(params["embed"], EMBED_TABLE), tokens, axis=0), HIDDEN)
     period = len(cfg.window_pattern)
