@@ -239,9 +239,9 @@ def main() -> int:
                    help="profiled steps after one warm-up (per-op figures: the median over them)")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--hlo", help="also write the compiled HLO text here")
-    p.add_argument("--host-malloc", choices=("olmax", "system"), default="olmax",
-                   help="olmax: keep large host blocks mapped between steps, as the olmax command "
-                        "does on CPU (olmax.host_memory); system: glibc's defaults")
+    p.add_argument("--host-malloc", choices=("system", "keep"), default="system",
+                   help="keep: large host blocks kept mapped between steps, as the olmax command "
+                        "does with OLMAX_HOST_MALLOC=keep (olmax.host_memory); system: glibc's defaults")
     p.add_argument("--json", dest="json_out")
     a = p.parse_args()
     from olmax.host_memory import ENV, keep_host_memory_mapped

@@ -261,10 +261,10 @@ def main() -> int:
                    help="compare the olmax legs' losses across dtypes after this many steps")
     p.add_argument("--memory", action="store_true",
                    help="also measure each leg's peak RSS, each in a process of its own")
-    p.add_argument("--host-malloc", choices=("olmax", "system"), default="olmax",
-                   help="olmax: this process (every leg, OLMo-core's too) keeps large host blocks "
-                        "mapped between steps, as the olmax command does on CPU "
-                        "(olmax.host_memory); system: glibc's defaults")
+    p.add_argument("--host-malloc", choices=("system", "keep"), default="system",
+                   help="keep: this process (every leg, OLMo-core's too) keeps large host blocks "
+                        "mapped between steps, as the olmax command does with "
+                        "OLMAX_HOST_MALLOC=keep (olmax.host_memory); system: glibc's defaults")
     p.add_argument("--only", help=argparse.SUPPRESS)
     p.add_argument("--json", dest="json_out")
     a = p.parse_args()
@@ -330,8 +330,8 @@ def main() -> int:
 
 
 def apply_host_malloc(choice: str) -> bool:
-    """``--host-malloc``: the olmax command's host allocator set-up for this process (every leg
-    in it), or glibc's defaults."""
+    """``--host-malloc keep``: the olmax command's opt-in host allocator set-up for this process
+    (every leg in it); ``system``: glibc's defaults."""
     from olmax.host_memory import ENV, keep_host_memory_mapped
 
     return keep_host_memory_mapped(dict(os.environ, **{ENV: choice}))

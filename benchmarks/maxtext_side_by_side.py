@@ -73,7 +73,7 @@ def run_maxtext(a, dtype: str) -> dict:
            "weight_dtype=float32", "remat_policy=minimal", "attention=dot_product",
            "z_loss_multiplier=1e-5", "gradient_clipping_threshold=1.0", "log_period=1"]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    if a.host_malloc == "olmax":   # the same allocator set-up as the olmax legs, via glibc's tunables
+    if a.host_malloc == "keep":   # the same allocator set-up as the olmax legs, via glibc's tunables
         from olmax.host_memory import GLIBC_TUNABLES
         env["GLIBC_TUNABLES"] = GLIBC_TUNABLES
     proc, rss = run_measured(cmd, env, a.timeout)
@@ -123,9 +123,10 @@ def main() -> int:
     p.add_argument("--attn", default="chunked")
     p.add_argument("--timeout", type=int, default=2400)
     p.add_argument("--json", dest="json_out")
-    p.add_argument("--host-malloc", choices=("olmax", "system"), default="olmax",
-                   help="olmax: every leg (MaxText's through GLIBC_TUNABLES) keeps large host blocks "
-                        "mapped between steps, as the olmax command does on CPU; system: glibc's defaults")
+    p.add_argument("--host-malloc", choices=("system", "keep"), default="system",
+                   help="keep: every leg (MaxText's through GLIBC_TUNABLES) keeps large host blocks "
+                        "mapped between steps, as the olmax command does with OLMAX_HOST_MALLOC=keep; "
+                        "system: glibc's defaults")
     p.add_argument("--leg", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.leg:

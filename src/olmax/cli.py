@@ -7,8 +7,8 @@ this is where olmax defers imports for start-up time (see the README's layout se
 Every failure, a usage mistake included, prints one line and exits non-zero, with a traceback only
 under ``--debug`` or ``OLMAX_DEBUG=1`` (:mod:`olmax.reporting`). ``key=value`` overrides may stand
 anywhere among a command's options. Status lines and warnings of the ``olmax`` loggers go to stderr.
-Run as a program, a CPU process first keeps its large host blocks mapped between steps
-(:mod:`olmax.host_memory`).
+Run as a program with ``OLMAX_HOST_MALLOC=keep``, a CPU process first keeps its large host blocks
+mapped between steps (:mod:`olmax.host_memory`, opt-in: faster steps, growing memory).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def log_to_stderr() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if argv is None:   # the process's own command line: set up its allocator before any thread
+    if argv is None:   # the process's own command line: OLMAX_HOST_MALLOC=keep, before any thread
         keep_host_memory_mapped()
     log_to_stderr()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -1,29 +1,27 @@
-"""The host allocator of a CPU training process: large blocks kept mapped between steps.
+"""Opt-in host allocator set-up for CPU training: large blocks kept mapped between steps.
 
-XLA's CPU runtime allocates a compiled program's temporaries (at a 35M-parameter, batch 8 x 512
-step: 2.4 GiB) anew on every execution and frees them at its end. glibc serves a block that large
-from a fresh ``mmap`` and gives it back with ``munmap`` when it is freed -- always, from a worker
-thread's arena, whatever ``M_MMAP_THRESHOLD`` says. Every step then faults every page of its
-temporaries in again (the kernel zeroes each 4 KiB page): measured on a 2-core AMD EPYC, one
-fifth of the CPU time of a step went to the kernel, and the attention of one layer ran 136 ms
-instead of 100 ms.
+XLA's CPU runtime allocates a compiled program's temporaries (at shape B of
+``benchmarks/shapes.py``, bf16: 2.4 GiB) anew on every execution and frees them at its end. glibc
+serves a block that large from a fresh ``mmap`` and gives it back with ``munmap`` when it is
+freed -- always, from a worker thread's arena, whatever ``M_MMAP_THRESHOLD`` says. Every step then
+faults every page of its temporaries in again (the kernel zeroes each 4 KiB page).
 
-:func:`keep_host_memory_mapped` tells glibc (``mallopt``) to serve every thread from the main
-arena (``M_ARENA_MAX`` 1), never with a private ``mmap`` (``M_MMAP_MAX`` 0) and to keep freed
-memory at the top of the heap (``M_TRIM_THRESHOLD`` -1: never trim): the second step reuses the first
-step's pages. The process's peak resident memory is the same peak, and memory freed after it
-stays resident (reused by the next step). Numbers are unchanged; only where the bytes live.
-Transparent huge pages (``glibc.malloc.hugetlb``) would cut the faults too, but direct
-compaction made a step slower (measured: 4.20 -> 5.32 s at shape B).
+With ``OLMAX_HOST_MALLOC=keep``, :func:`keep_host_memory_mapped` tells glibc (``mallopt``) to serve
+every thread from the main arena (``M_ARENA_MAX`` 1), never with a private ``mmap``
+(``M_MMAP_MAX`` 0), and to keep freed memory (``M_TRIM_THRESHOLD`` -1: never trim), so that a step
+reuses the pages of the step before. Measured on a 2-core AMD EPYC at shape B, bf16: 4.20 -> 3.45
+s per step, the same losses. The price is memory: a small allocation that glibc carves out of the
+freed temporaries leaves a hole too small for the next step's, the heap grows by a whole block
+and never shrinks -- the same run's resident memory went 3.4 -> 5.8 -> 8.3 GiB at steps 5 and 6
+(glibc's defaults: 3.5 GiB throughout). Hence opt-in, for short CPU runs with memory to spare;
+the default is glibc's own behaviour. Transparent huge pages (``glibc.malloc.hugetlb``) cut the
+faults too, but direct compaction made the step slower (4.20 -> 5.32 s).
 
-Applied by the ``olmax`` command at start-up (before any thread exists), only where JAX computes
-on the CPU: no accelerator plugin is installed, or ``JAX_PLATFORMS`` names ``cpu`` first. On an
-accelerator host the temporaries live in device memory and the host keeps glibc's defaults. So
-does a process that splits its CPU into several devices (``XLA_FLAGS=
---xla_force_host_platform_device_count=N``, a test set-up): their executors allocate at once and
-one arena fragments (``olmax train olmo3_tiny train.max_steps=5`` on 8 devices peaked at 3.62 GB
-resident instead of 2.39 GB). ``OLMAX_HOST_MALLOC=system`` keeps glibc's defaults anywhere; a
-non-glibc C library is left alone.
+Read by the ``olmax`` command at start-up (before any thread exists), and applied only where JAX
+computes on one CPU device: no accelerator plugin is installed or ``JAX_PLATFORMS`` names ``cpu``
+first, and ``XLA_FLAGS`` does not split the CPU into several devices (their executors allocate at
+once and one arena fragments: ``olmax train olmo3_tiny train.max_steps=5`` on 8 devices peaked
+at 3.62 GB resident instead of 2.39 GB). A non-glibc C library is left alone.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ import re
 import sys
 
 ENV = "OLMAX_HOST_MALLOC"
+KEEP = "keep"
 # glibc's mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
@@ -87,13 +86,14 @@ def _glibc():
 
 
 def keep_host_memory_mapped(environ=os.environ) -> bool:
-    """Configure glibc as the module docstring says, where it applies; True if it was applied.
-    Call before any other thread allocates (at process start). Idempotent."""
+    """With ``OLMAX_HOST_MALLOC=keep``, configure glibc as the module docstring says, where it
+    applies; True if it was applied. Call before any other thread allocates (at process start).
+    Decided once per process."""
     global _applied
     if _applied is not None:
         return _applied
     _applied = False
-    if (environ.get(ENV, "").lower() == "system" or not cpu_backend_expected(environ)
+    if (environ.get(ENV, "").lower() != KEEP or not cpu_backend_expected(environ)
             or forced_cpu_devices(environ) > 1):
         return False
     libc = _glibc()

@@ -1,5 +1,6 @@
-"""The CPU process's host allocator set-up (olmax.host_memory): large blocks freed by one step are
-served to the next without faulting their pages in again; where it applies."""
+"""The opt-in host allocator set-up of a CPU process (olmax.host_memory, OLMAX_HOST_MALLOC=keep):
+large blocks freed by one step are served to the next without faulting their pages in again;
+where it applies; off by default."""
 
 from __future__ import annotations
 
@@ -50,10 +51,11 @@ def _child(choice: str) -> dict:
 
 @pytest.mark.skipif(host_memory._glibc() is None, reason="glibc only")
 def test_freed_blocks_stay_mapped_for_the_next_step():
-    kept, system = _child("olmax"), _child("system")
-    assert kept["applied"] and not system["applied"]
+    kept, system, default = _child("keep"), _child("system"), _child("")
+    assert kept["applied"] and not system["applied"] and not default["applied"]
     # glibc's defaults: every round maps the block afresh and faults in all of its pages.
     assert system["main"] > 0.9 and system["worker"] > 0.9
+    assert default["main"] > 0.9 and default["worker"] > 0.9
     # Kept mapped: later rounds reuse the pages (a few faults for bookkeeping at most).
     assert kept["main"] < 0.01 and kept["worker"] < 0.01
 
@@ -77,13 +79,14 @@ def test_several_cpu_devices_keep_glibc_defaults(monkeypatch):
     assert host_memory.forced_cpu_devices({}) == 1
     monkeypatch.setattr(host_memory, "_applied", None)
     monkeypatch.setattr(host_memory, "_glibc", lambda: pytest.fail("must not configure glibc"))
-    assert host_memory.keep_host_memory_mapped({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}) is False
+    assert host_memory.keep_host_memory_mapped(
+        {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, host_memory.ENV: "keep"}) is False
 
 
-def test_opt_out_and_idempotence(monkeypatch):
+def test_off_by_default_and_decided_once(monkeypatch):
     monkeypatch.setattr(host_memory, "_applied", None)
     calls = []
     monkeypatch.setattr(host_memory, "_glibc", lambda: calls.append(1))
-    assert host_memory.keep_host_memory_mapped({"JAX_PLATFORMS": "cpu", host_memory.ENV: "system"}) is False
-    assert host_memory.keep_host_memory_mapped({"JAX_PLATFORMS": "cpu"}) is False   # decided once
+    assert host_memory.keep_host_memory_mapped({"JAX_PLATFORMS": "cpu"}) is False   # opt-in
+    assert host_memory.keep_host_memory_mapped({"JAX_PLATFORMS": "cpu", host_memory.ENV: "keep"}) is False  # decided once
     assert calls == []
