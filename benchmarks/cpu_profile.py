@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_side_by_side import apply_host_malloc  # noqa: E402
 from shapes import SHAPES, run_config  # noqa: E402
 
 _CONTAINER = re.compile(r"^(while|conditional|call)(\.\d+)?$")
@@ -244,8 +245,7 @@ def main() -> int:
                         "does with OLMAX_HOST_MALLOC=keep (olmax.host_memory); system: glibc's defaults")
     p.add_argument("--json", dest="json_out")
     a = p.parse_args()
-    from olmax.host_memory import ENV, keep_host_memory_mapped
-    keep_host_memory_mapped(dict(os.environ, **{ENV: a.host_malloc}))
+    apply_host_malloc(a.host_malloc)
 
     import jax
 

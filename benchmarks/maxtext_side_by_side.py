@@ -129,10 +129,9 @@ def main() -> int:
                         "system: glibc's defaults")
     p.add_argument("--leg", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.leg:
-        apply_host_malloc(a.host_malloc)
     a.remat, a.batch, a.seq, a.window = "none", None, None, None
     if a.leg:
+        apply_host_malloc(a.host_malloc)
         print(json.dumps(olmax_leg(a)))
         return 0
 

@@ -28,7 +28,6 @@ attention kernels need).
 from __future__ import annotations
 
 import contextlib
-
 from functools import partial
 from typing import Any
 
