@@ -99,10 +99,10 @@ def test_cpu_dense_backward_equals_einsum_autodiff(dtype):
 
 
 def test_loss_chunk_length_holds_the_rows_per_device():
-    assert LOSS_CHUNK_ROWS == 512
-    assert loss_chunk_positions(8) == 64 and loss_chunk_positions(1) == 512
+    assert LOSS_CHUNK_ROWS == 256
+    assert loss_chunk_positions(8) == 32 and loss_chunk_positions(1) == 256
     assert loss_chunk_positions(1024) == 1                     # at least one position
     assert jax.default_backend() == "cpu"
-    # no mesh, one CPU: 8 rows per micro-batch of 8 -> 64 positions; 2 micro-batches of 4 -> 128
-    assert _loss_chunk(TrainConfig(seq_len=512, global_batch_size=8), 1, None) == 64
-    assert _loss_chunk(TrainConfig(seq_len=512, global_batch_size=8), 2, None) == 128
+    # no mesh, one CPU: 8 rows per micro-batch of 8 -> 32 positions; 2 micro-batches of 4 -> 64
+    assert _loss_chunk(TrainConfig(seq_len=512, global_batch_size=8), 1, None) == 32
+    assert _loss_chunk(TrainConfig(seq_len=512, global_batch_size=8), 2, None) == 64

@@ -45,10 +45,13 @@ from olmax.model.runtime import Runtime
 IGNORE_INDEX = -100
 
 # Rows (positions x sequences) of logits per loss chunk on one device when the caller does not
-# choose: 512 rows x 100352 fp32 logits = 206 MB live. Measured on a 2-core CPU (LM head 256 x 100352,
+# choose: 256 rows x 100352 fp32 logits = 103 MB live. Measured on a 2-core CPU (LM head 256 x 100352,
 # 4096 rows per step, fwd+bwd of the fused loss, CPU seconds): 256, 512 and 1024 rows within 5 % of
-# each other, 4096 rows (one chunk) 5-10 % slower and 16x the memory.
-LOSS_CHUNK_ROWS = 512
+# each other, 4096 rows (one chunk) 5-10 % slower and 16x the memory. In the whole bf16 step (shape A
+# of benchmarks/shapes.py, interleaved, AMD EPYC 2 cores) 256 rows run level with 512 (3.37 vs 3.27 s,
+# within the rounds' spread; shape B 4.14 vs 4.11 s) and hold 146 MB less: temporaries 1.41 vs
+# 1.56 GiB (XLA's memory analysis); 128 rows hold more again (1.44 GiB).
+LOSS_CHUNK_ROWS = 256
 # Positions per loss chunk on accelerators (TPU, GPU): the chunking the 7B TPU study compiled
 # (benchmarks/README.md); at 2 x 8192 per device, 2048 rows x 100352 fp32 logits = 822 MB live.
 ACCEL_CHUNK_POSITIONS = 1024
