@@ -21,14 +21,17 @@ from jax.sharding import AxisType, Mesh
 
 from olmax.config import ModelConfig, OptimConfig, TrainConfig
 from olmax.train.optim import build_optimizer
-from olmax.train.step import build_sharded_training
+from olmax.model.olmo3 import seq_chunks
+from olmax.train.step import _loss_chunk, build_sharded_training, num_micro_batches
 
 # Every model dimension differs from the global batches used below (24 rows on 8 devices) and
-# from their products with the sequence length, so a dimension equal to one of them is a batch.
+# from their products with the sequence length, so a dimension equal to one of them is a batch. So
+# do the rows of one loss chunk on a device (its rows x the chunk's positions; checked below): at
+# 256 positions the CPU chunk on 8 devices is 3 x 8 = 24 rows, hence 320 (3 x 10 = 30).
 MODEL = ModelConfig(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, mlp_hidden=160,
                     vocab_size=1000, padded_vocab_size=1024, window_pattern=(32, 32, 32, None),
                     max_seq_len=4096)
-SEQ = int(os.environ.get("PROBE_SEQ", 256))
+SEQ = int(os.environ.get("PROBE_SEQ", 320))
 PER_DEVICE = 3
 MESHES = {"fsdp": lambda n: (1, n, 1), "data_fsdp_tensor": lambda n: (2, n // 4, 2)}
 
@@ -50,6 +53,12 @@ def compile_step(devices, mesh_shape, per_device: int, impl: str, micro: int | N
     train = TrainConfig(seq_len=SEQ, global_batch_size=b, micro_batch_size=micro, max_steps=1,
                         attn_impl=impl, remat="none")
     st = build_sharded_training(MODEL, train, build_optimizer(OptimConfig()), mesh, jax.random.key(0))
+    n_micro = num_micro_batches(train, dp)
+    rows = b // (n_micro * dp)
+    c = seq_chunks(jnp.zeros((1, SEQ)), _loss_chunk(train, n_micro, mesh)).shape[2]
+    if dp > 1 and rows * c in (b, b * SEQ):
+        sys.exit(f"probe: a loss chunk holds {rows} x {c} rows per device, equal to the global "
+                 f"batch {b}: choose another PROBE_SEQ")
     batch = {"tokens": jax.ShapeDtypeStruct((b, SEQ), jnp.int32, sharding=st.batch_shardings["tokens"]),
              "instance_mask": jax.ShapeDtypeStruct((b,), jnp.bool_,
                                                    sharding=st.batch_shardings["instance_mask"])}
