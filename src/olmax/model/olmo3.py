@@ -62,11 +62,48 @@ HEAD_WEIGHT = ("act_embed", "act_vocab")
 # Building blocks
 
 
-def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
-    """OLMo RMSNorm: fp32 normalisation *and* fp32 weight multiply, then cast to x.dtype."""
+def _rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> tuple[jnp.ndarray, jnp.ndarray]:
     x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-    return (weight.astype(jnp.float32) * y).astype(x.dtype)
+    r = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return (weight.astype(jnp.float32) * (x32 * r)).astype(x.dtype), r
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rms_norm_cpu(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
+    return _rms_norm(x, weight, eps)[0]
+
+
+def _rms_norm_cpu_fwd(x, weight, eps):
+    out, r = _rms_norm(x, weight, eps)
+    return out, (x, weight, r)
+
+
+def _rms_norm_cpu_bwd(eps, res, g):
+    """``y = x r``, ``r = (mean(x^2) + eps)^-1/2``, ``out = w y``: ``dw = sum_rows(g y)``,
+    ``dx = r (g w - y mean(g w y))``, all in fp32 from the saved input and ``r``."""
+    del eps
+    x, weight, r = res
+    x32, g32 = x.astype(jnp.float32), g.astype(jnp.float32)
+    gr = g32 * r
+    dw = jnp.sum(gr * x32, axis=tuple(range(x.ndim - weight.ndim)))
+    gwr = gr * weight.astype(jnp.float32)
+    dx = gwr - (x32 * (r * r)) * jnp.mean(gwr * x32, axis=-1, keepdims=True)
+    return dx.astype(x.dtype), dw.astype(weight.dtype)
+
+
+_rms_norm_cpu.defvjp(_rms_norm_cpu_fwd, _rms_norm_cpu_bwd)
+
+
+def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
+    """OLMo RMSNorm: fp32 normalisation *and* fp32 weight multiply, then cast to x.dtype.
+
+    On CPU the backward pass is written out (:func:`_rms_norm_cpu_bwd`) and keeps only the input
+    and the per-row ``r``: autodiff keeps the fp32 input, its normalised value and the weighted
+    product of every norm -- at shape B of benchmarks/shapes.py in bf16, 99 fp32 [B, T, D] buffers
+    live from the forward pass to the backward."""
+    if context_platform() == "cpu":
+        return _rms_norm_cpu(x, weight, eps)
+    return _rms_norm(x, weight, eps)[0]
 
 
 def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | None,
