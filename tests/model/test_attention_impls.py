@@ -135,3 +135,19 @@ def test_model_forward_matches_reference():
     ref = jax.jit(lambda p, t: forward(p, t, cfg))(params, tokens)
     out = jax.jit(lambda p, t: forward(p, t, cfg, Runtime(attn_impl="chunked")))(params, tokens)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_after_keeps_every_value_bit_for_bit(dtype):
+    """The chunked backward ties its recomputation to the cotangent by adding a zero derived from
+    it: every value of ``x`` -- signed zeros, infinities, NaN -- comes out with the same bits,
+    whatever the cotangent holds. (Subnormals are left out: XLA's CPU backend flushes them to zero
+    in any arithmetic, the matmul that consumes ``x`` included.)"""
+    from olmax.model.attention_impls import _after
+
+    x = jnp.asarray([0.0, -0.0, 1.5, -2.25, jnp.inf, -jnp.inf, jnp.nan, 1e-30, -3e38], dtype)
+    for d0 in (0.7, -0.0, 0.0, -5.0, jnp.inf, -jnp.inf, jnp.nan):
+        dep = jnp.full((2, 3), 1.0, jnp.float32).at[0, 0].set(d0)
+        out = jax.jit(_after)(x, dep)
+        assert out.dtype == x.dtype
+        np.testing.assert_array_equal(np.asarray(out).view(np.uint8), np.asarray(x).view(np.uint8))

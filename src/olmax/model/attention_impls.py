@@ -88,8 +88,23 @@ def _rows_major(x_t: jnp.ndarray) -> jnp.ndarray:
     return jnp.moveaxis(x_t.reshape(*lead, split, c // split, r), -1, -3).reshape(*lead, r, c)
 
 
+def _after(x: jnp.ndarray, dep: jnp.ndarray) -> jnp.ndarray:
+    """``x`` unchanged (plus an exact zero), but computed from ``dep``: what consumes it cannot run
+    before ``dep`` exists. The backward pass's recomputation (scores, probabilities) depends only on
+    forward values, and XLA's CPU scheduler placed it in the forward pass, right after the layer's
+    attention -- every layer's fp32 probabilities then lived until the backward (shape B of
+    benchmarks/shapes.py, bf16: 288 MiB at the step's peak). ``optimization_barrier`` does not
+    hold there: XLA's CPU pipeline removes it before scheduling. The zero is -0.0, the exact
+    additive identity (``-0.0 + -0.0`` stays -0.0), also when ``dep`` is not finite; XLA does not
+    fold a float times zero away (NaN times zero is NaN)."""
+    d0 = dep.reshape(-1)[0]
+    zero = jnp.where(jnp.isfinite(d0), -(jnp.abs(d0) * 0), -0.0)
+    return x + zero.astype(x.dtype)
+
+
 def _softmax_pv_bwd(scale, res, d_out):
     q, k, v, mask, out, lse = res
+    q = _after(q, d_out)
     # Recomputed key-major, [..., c, r]: the gradients of k and v contract over the query rows,
     # which are then the minor dimension of both operands.
     mask_t = jnp.swapaxes(mask, -1, -2)
