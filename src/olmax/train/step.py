@@ -11,7 +11,7 @@ state stay fp32, the forward runs in ``train.compute_dtype`` (:class:`olmax.mode
 from __future__ import annotations
 
 import dataclasses
-from functools import partial, wraps
+from functools import cache, partial, wraps
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -130,15 +130,39 @@ def traced_under_mesh(fn: Callable, mesh: Mesh) -> Callable:
     return wrapped
 
 
+# XLA's CPU backend hands fusions to the YNNPACK library; by default also reductions, which then
+# read materialised inputs: the fp32 copy of every norm's input and its weight broadcast to
+# [B, T, D], kept from the forward pass to the backward. With dot products alone, the step's
+# temporaries at the shapes of benchmarks/shapes.py (bf16, XLA's memory analysis) fall from 1.52 to
+# 1.07 GiB (B) and from 1.41 to 0.72 GiB (A), at an equal or slightly shorter step
+# (benchmarks/README.md).
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+
+
+@cache
+def cpu_compiler_options() -> dict[str, str]:
+    """:data:`CPU_COMPILER_OPTIONS` where this jaxlib knows them (one tiny compile to find out),
+    else none: an XLA without the option compiles the step with its defaults."""
+    try:
+        x = jax.device_put(jnp.zeros((), jnp.float32), jax.devices("cpu")[0])
+        jax.jit(lambda a: a + 1, compiler_options=CPU_COMPILER_OPTIONS).lower(x).compile()
+    except Exception:       # "No such compile option" from an XLA that lacks it
+        return {}
+    return dict(CPU_COMPILER_OPTIONS)
+
+
 def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings: Any = None,
                    mesh: Mesh | None = None) -> Callable:
-    """jit with the state donated and, on a mesh, explicit in/out shardings for state and batch."""
+    """jit with the state donated and, on a mesh, explicit in/out shardings for state and batch;
+    compiled for CPU with :func:`cpu_compiler_options`."""
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    options = cpu_compiler_options() if platform == "cpu" else None
     if state_shardings is None:
-        return jax.jit(step, donate_argnums=(0,))
+        return jax.jit(step, donate_argnums=(0,), compiler_options=options)
     rep = replicated(mesh)
     return jax.jit(traced_under_mesh(step, mesh), donate_argnums=(0,),
                    in_shardings=(state_shardings, batch_shardings, rep),
-                   out_shardings=(state_shardings, rep))
+                   out_shardings=(state_shardings, rep), compiler_options=options)
 
 
 class ShardedTraining(NamedTuple):
