@@ -9,7 +9,8 @@ own figures: arguments, outputs, aliased, temporaries), runs ``--steps`` steps u
   scatter, copy/transpose, reduction, ...),
 - the innermost olmax (or optax) source line it was traced from (the compiled HLO's stack frames),
 - the pass: ``fwd`` (forward), ``remat`` (a forward recomputed in the backward pass), ``bwd``
-  (the transpose), ``update`` (everything after the gradient: clip, AdamW).
+  (the transpose), ``update`` (everything after the gradient: clip, AdamW); ``unattributed``
+  where neither the op nor its fusion's body carries the trace's metadata.
 
 Each op's ms is its share of the step's wall time (see :func:`profile_events`), the median over the
 profiled steps; on a loaded machine it includes time its thread was preempted -- compare
@@ -65,20 +66,36 @@ def parse_hlo(text: str) -> dict[str, dict]:
         return "?"
 
     out = {}
+    # A fusion XLA built itself (a reduction split in two, a weight cast) can carry no metadata; it
+    # then takes that of the first instruction in its body that has some.
+    comp, comp_meta, unnamed = None, {}, {}
     inst = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+?(?:\{[^}]*\})?) ([\w\-]+)\(")
     for line in text.splitlines():
+        c = _COMP.match(line)
+        if c:
+            comp = c.group(1)
+            continue
         m = inst.match(line)
         if not m:
             continue
         name, shape, opcode = m.groups()
         op_name = re.search(r'op_name="([^"]*)"', line)
         frame = re.search(r"stack_frame_id=(\d+)", line)
+        if op_name and comp not in comp_meta:
+            comp_meta[comp] = (op_name.group(1), frame.group(1) if frame else None)
         kind = opcode
         if opcode == "fusion":
             fk = re.search(r"kind=(\w+)", line)
             kind = "ynn_fusion" if "__ynn" in line else (fk.group(1) if fk else "fusion")
+            called = re.search(r"calls=%?([\w.\-]+)", line)
+            if not op_name and called:
+                unnamed[name] = called.group(1)
         out[name] = {"shape": shape, "kind": kind, "op_name": op_name.group(1) if op_name else "",
                      "source": source(frame.group(1) if frame else None)}
+    for name, called in unnamed.items():
+        if called in comp_meta:
+            op_name, frame = comp_meta[called]
+            out[name].update(op_name=op_name, source=source(frame))
     return out
 
 
@@ -144,7 +161,7 @@ def phase(op_name: str) -> str:
         return "bwd"
     if "jvp(" in op_name:
         return "fwd"
-    return "update"
+    return "update" if op_name else "unattributed"
 
 
 def component(source: str, op_name: str) -> str:
