@@ -20,8 +20,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from olmax.config import ModelConfig, OptimConfig, TrainConfig
-from olmax.train.optim import build_optimizer
 from olmax.model.olmo3 import seq_chunks
+from olmax.train.optim import build_optimizer
 from olmax.train.step import _loss_chunk, build_sharded_training, num_micro_batches
 
 # Every model dimension differs from the global batches used below (24 rows on 8 devices) and
