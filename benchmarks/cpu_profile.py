@@ -16,9 +16,18 @@ Each op's ms is its share of the step's wall time (see :func:`profile_events`), 
 profiled steps; on a loaded machine it includes time its thread was preempted -- compare
 proportions within one run. Ops that run dots also get their achieved rate (the dots' FLOPs from
 the compiled HLO over the op's ms) against the matmul ceiling measured in the same process
-(``olmax.perf.bench.matmul_ceiling``: a 1024^3 GEMM in the same dtype).
+(``olmax.perf.bench.matmul_ceiling``: a 1024^3 GEMM in the same dtype); every other op its bytes
+(result plus operands, as declared in the HLO: :func:`op_bytes`) per second against the bandwidth
+ceiling measured at its size (:func:`bandwidth_ceilings`: an element-wise op looped over 1 to
+256 MiB). The sum of every op at its own ceiling is the step's *floor estimate*.
 
-    python benchmarks/cpu_profile.py --shape A [--dtype bfloat16] [--steps 1] [--json OUT] [--top 25]
+Ops that overlap share the wall time between them, so a GEMM running beside an element-wise op is
+credited with half of that time and can show a rate above the ceiling. ``--perf`` measures the
+other way round: Linux ``perf`` samples the CPU time of the same number of steps and splits it by
+code (:func:`_code_class`: the GEMM library's micro-kernels, its packing, the code XLA generated,
+the kernel's page faults); the GEMMs' rate then comes from their CPU time over the cores.
+
+    python benchmarks/cpu_profile.py --shape A [--dtype bfloat16] [--steps 1] [--perf] [--json OUT]
 """
 
 from __future__ import annotations
@@ -149,6 +158,82 @@ def dot_flops(text: str) -> dict[str, float]:
     return {**own, **{n: comp_dots[c] for n, c in calls.items() if comp_dots.get(c)}}
 
 
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2,
+          "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8}
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|f8e4m3fn|f8e5m2)\[([0-9,]*)\]")
+_ANY_INST = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\([^=]*?\)|\S+?) ([\w\-]+)\((.*)$")
+
+
+def _shape_bytes(shape: str) -> int:
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape):
+        n = _BYTES.get(dtype, 4)
+        for d in dims.split(","):
+            if d:
+                n *= int(d)
+        total += n
+    return total
+
+
+def op_bytes(text: str) -> dict[str, int]:
+    """Instruction name -> bytes it reads and writes once, as declared: its result plus each
+    operand, at the operand's own shape (a fusion reads a broadcast operand once). An estimate of
+    the op's memory traffic: an op that updates a buffer in place (``dynamic-update-slice``) is
+    counted as rewriting all of it, and nothing is credited to the caches."""
+    shapes: dict[str, int] = {}
+    insts = []
+    for line in text.splitlines():
+        m = _ANY_INST.match(line)
+        if not m:
+            continue
+        name, shape, opcode, rest = m.groups()
+        shapes[name] = _shape_bytes(shape)
+        args = rest.split(")", 1)[0]
+        insts.append((name, opcode, [a.strip().lstrip("%") for a in args.split(",") if a.strip()]))
+    out = {}
+    for name, opcode, args in insts:
+        if opcode in ("parameter", "constant", "bitcast", "get-tuple-element", "tuple"):
+            continue
+        out[name] = shapes[name] + sum(shapes.get(a, 0) for a in args)
+    return out
+
+
+BANDWIDTH_MIB = (1, 4, 16, 64, 256)
+
+
+def bandwidth_ceilings(sizes_mib=BANDWIDTH_MIB, min_bytes: float = 4e9) -> list[dict]:
+    """The best rate of an element-wise op on this host at each working set in ``sizes_mib``:
+    ``x = a * x + b`` over that many MiB of fp32, repeated inside one compiled loop (so small sizes
+    measure the caches, not dispatch), counted as bytes read plus bytes written per second; the
+    ceiling of an op that does little arithmetic per byte and moves that much data."""
+    import jax
+    import jax.numpy as jnp
+
+    out = []
+    for mib in sizes_mib:
+        n = mib * 2**18
+        reps = max(1, int(min_bytes // (8 * n)))
+        f = jax.jit(lambda v, r=reps: jax.lax.fori_loop(0, r, lambda _, u: u * 1.0009765625 + 0.25, v))
+        x = jax.random.normal(jax.random.key(0), (n,), jnp.float32)
+        f(x).block_until_ready()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            f(x).block_until_ready()
+            best = min(best, time.perf_counter() - t0)
+        out.append({"mib": mib, "traffic_bytes": 8 * n, "bytes_per_s": 8 * n * reps / best})
+    return out
+
+
+def bandwidth_for(nbytes: float, ceilings: list[dict]) -> float:
+    """The ceiling for an op moving ``nbytes`` in one run: that of the smallest measured working set
+    whose traffic is at least as large (the largest for a bigger op)."""
+    for c in ceilings:
+        if nbytes <= c["traffic_bytes"]:
+            return c["bytes_per_s"]
+    return ceilings[-1]["bytes_per_s"]
+
+
 def _section(text: str, name: str) -> str:
     m = re.search(rf"^{name}\n(.*?)(?:\n\n|\n[A-Z][A-Za-z]+\n|\Z)", text, re.S | re.M)
     return m.group(1) if m else ""
@@ -248,6 +333,76 @@ def profile_events(trace_dir: str) -> tuple[dict[str, list], float]:
     return {n: [count[n], ms[n]] for n in count}, exec_ms
 
 
+GEMM_KERNELS = "GEMM micro-kernels (ynn::dot_*)"
+
+
+def _code_class(dso: str, sym: str) -> str:
+    if dso.startswith("[kernel") or sym.startswith("[k]"):
+        return "kernel (page faults, zeroing, scheduling)"
+    if dso.startswith("[JIT]") or dso.startswith("perf-") or dso == "[unknown]" or sym.startswith("0x"):
+        return "XLA-generated code (element-wise, reductions, copies)"
+    if sym.startswith("ynn::dot_"):
+        return GEMM_KERNELS
+    if sym.startswith("ynn::") or "slinky" in sym:
+        return "GEMM library: packing, transposes, other"
+    if "libpython" in dso or dso.startswith("python"):
+        return "Python"
+    return "runtime and other libraries"
+
+
+def perf_split(runner, steps: int, hz: int = 999) -> dict | None:
+    """CPU time of ``steps`` steps by code (:func:`_code_class`), from ``perf record`` attached to
+    this process; None (with a line saying why) where perf is missing or not allowed."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("perf"):
+        print("perf: not on PATH; no CPU-time split", file=sys.stderr)
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        data = os.path.join(d, "perf.data")
+        rec = subprocess.Popen(["perf", "record", "-F", str(hz), "-p", str(os.getpid()), "-o", data],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)                    # perf attaches to every thread before the steps start
+        if rec.poll() is not None:
+            why = (rec.stderr.read().strip().splitlines() or ["no message"])[-1]
+            print(f"perf record failed ({why}); no CPU-time split", file=sys.stderr)
+            return None
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            runner.run()
+        wall = time.perf_counter() - t0
+        rec.send_signal(2)
+        rec.wait(timeout=120)
+        rep = subprocess.run(["perf", "report", "-i", data, "--stdio", "--sort", "dso,sym", "-F",
+                              "sample,dso,sym", "--percent-limit", "0"], capture_output=True, text=True)
+    share, total = parse_perf_report(rep.stdout)
+    if not total:
+        print("perf report: no samples", file=sys.stderr)
+        return None
+    # The second before the steps adds few samples: the process is idle then (perf samples CPU
+    # time, not wall time).
+    cores = len(os.sched_getaffinity(0))
+    return {"hz": hz, "samples": total, "cores": cores, "steps": steps, "wall_s": wall,
+            "cpu_s_per_step": total / hz / steps,
+            "share": dict(sorted(((k, v / total) for k, v in share.items()), key=lambda kv: -kv[1]))}
+
+
+def parse_perf_report(text: str) -> tuple[dict[str, int], int]:
+    """Samples per :func:`_code_class` from ``perf report --stdio --sort dso,sym -F sample,dso,sym``,
+    and their total."""
+    share: dict[str, int] = collections.defaultdict(int)
+    total = 0
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\d+)\s+(\S+(?: tid \d+)?)\s+\[(.)\]\s+(.*)$", line)
+        if not m:
+            continue
+        n, dso, kind, sym = int(m.group(1)), m.group(2), m.group(3), m.group(4).strip()
+        total += n
+        share[_code_class("[kernel]" if kind == "k" else dso, sym)] += n
+    return dict(share), total
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="A", choices=sorted(SHAPES))
@@ -260,6 +415,10 @@ def main() -> int:
     p.add_argument("--host-malloc", choices=("system", "keep"), default="system",
                    help="keep: large host blocks kept mapped between steps, as the olmax command "
                         "does with OLMAX_HOST_MALLOC=keep (olmax.host_memory); system: glibc's defaults")
+    p.add_argument("--perf", action="store_true",
+                   help="also sample the CPU time of --steps more steps with Linux perf (perf record "
+                        "on this process) and split it by code: GEMM micro-kernels, the GEMM library's "
+                        "packing, XLA-generated code, the kernel (page faults)")
     p.add_argument("--json", dest="json_out")
     a = p.parse_args()
     apply_host_malloc(a.host_malloc)
@@ -278,6 +437,7 @@ def main() -> int:
         Path(a.hlo).write_text(text)
     hlo = parse_hlo(text)
     flops = dot_flops(text)
+    nbytes = op_bytes(text)
     runner.run()
     per_step, walls, execs = [], [], []
     for _ in range(a.steps):       # one trace per step: per-op medians over steps resist load spikes
@@ -297,8 +457,10 @@ def main() -> int:
     for name, (count, ms) in agg.items():
         info = hlo.get(name, {"shape": "?", "kind": "?", "op_name": "", "source": "?"})
         f = flops.get(name, 0.0) * count
+        b = 0 if f else nbytes.get(name, 0) * count
         rows.append({"op": name, "ms": ms, "count": count, **info, "dot_flops": f,
-                     "gflops_per_s": f / ms / 1e6 if f and ms else None,
+                     "gflops_per_s": f / ms / 1e6 if f and ms else None, "bytes": b,
+                     "gbytes_per_s": b / ms / 1e6 if b and ms else None,
                      "phase": phase(info["op_name"]), "component": component(info["source"], info["op_name"])})
     rows.sort(key=lambda r: -r["ms"])
     total = sum(r["ms"] for r in rows)
@@ -318,11 +480,39 @@ def main() -> int:
     print(f"matmul ceiling (1024^3 {a.dtype}, fp32 accumulation, best of 10): {ceil_g:.1f} GFLOP/s; ops "
           f"with dots: {dot_f / 1e9:.1f} GFLOP in {dot_ms:.0f} ms = {dot_f / dot_ms / 1e6:.1f} GFLOP/s "
           f"({100 * dot_f / dot_ms / 1e6 / ceil_g:.0f} % of the ceiling), {100 * dot_ms / total:.0f} % of the step")
-    print("\n| # | op | kind | shape | pass | source | ms | % | GFLOP/s (% of ceiling) |\n"
+    bws = bandwidth_ceilings()
+    rest = [r for r in rows if not r["dot_flops"]]
+    rest_ms, rest_b = sum(r["ms"] for r in rest), sum(r["bytes"] for r in rest)
+    for r in rest:
+        r["bandwidth_ceiling"] = bandwidth_for(r["bytes"] / max(r["count"], 1), bws) if r["bytes"] else None
+    print("bandwidth ceilings (x = a*x + b in fp32, looped in one program; read + written): " +
+          ", ".join(f"{c['mib']} MiB {c['bytes_per_s'] / 1e9:.1f} GB/s" for c in bws))
+    floor_dots = dot_f / ceil["flops_per_s"]
+    floor_rest = sum(r["bytes"] / r["bandwidth_ceiling"] for r in rest if r["bytes"])
+    print(f"the other ops: {rest_b / 1e9:.2f} GB read + written (as declared) in {rest_ms:.0f} ms = "
+          f"{rest_b / rest_ms / 1e6:.1f} GB/s; at the ceiling of each op's size: {floor_rest:.2f} s")
+    print(f"floor estimate (every op with dots at the matmul ceiling, every other op at its bandwidth "
+          f"ceiling, nothing overlapping): {floor_dots:.2f} + {floor_rest:.2f} = "
+          f"{floor_dots + floor_rest:.2f} s per step; measured {total / 1e3:.2f} s "
+          f"({total / 1e3 / (floor_dots + floor_rest):.2f}x the floor)")
+    cycles = perf_split(runner, a.steps) if a.perf else None
+    if cycles:
+        print(f"\nCPU time by code, sampled by perf ({cycles['samples']} samples at {cycles['hz']} Hz "
+              f"over {a.steps} steps, {cycles['cpu_s_per_step']:.2f} CPU-s per step):\n"
+              "\n| code | % of CPU time | CPU-s per step |\n|---|---|---|")
+        for k, v in cycles["share"].items():
+            print(f"| {k} | {100 * v:.1f} | {v * cycles['cpu_s_per_step']:.2f} |")
+        gemm_s = cycles["share"].get(GEMM_KERNELS, 0.0) * cycles["cpu_s_per_step"] / cycles["cores"]
+        if gemm_s:
+            print(f"GEMM micro-kernels: {gemm_s:.2f} s per step on {cycles['cores']} cores = "
+                  f"{dot_f / gemm_s / 1e9:.1f} GFLOP/s ({100 * dot_f / gemm_s / 1e9 / ceil_g:.0f} % of the "
+                  f"matmul ceiling, whose own run includes its packing)")
+    print("\n| # | op | kind | shape | pass | source | ms | % | GFLOP/s or GB/s (% of its ceiling) |\n"
           "|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows[:a.top], 1):
-        g = r["gflops_per_s"]
-        rate = f"{g:.1f} ({100 * g / ceil_g:.0f} %)" if g else "-"
+        g, gb = r["gflops_per_s"], r["gbytes_per_s"]
+        rate = (f"{g:.1f} GFLOP/s ({100 * g / ceil_g:.0f} %)" if g else
+                f"{gb:.1f} GB/s ({100 * gb * 1e9 / r['bandwidth_ceiling']:.0f} %)" if gb else "-")
         print(f"| {i} | {r['op']} | {r['kind']} | {r['shape']} | {r['phase']} | {r['source']} | "
               f"{r['ms']:.0f} | {100 * r['ms'] / total:.1f} | {rate} |")
     for key in ("component", "phase", "kind"):
@@ -337,6 +527,8 @@ def main() -> int:
 
         write_json(a.json_out, {"args": vars(a), "jax": jax.__version__, "step_wall_s": wall,
                                 "op_ms_total": total, "memory": mem, "ops": rows, "matmul_ceiling": ceil,
+                                "bandwidth_ceilings": bws, "floor_s": {"dots": floor_dots, "other": floor_rest},
+                                "perf": cycles,
                                 "loadavg": os.getloadavg()[0]})
     return 0
 

@@ -1,0 +1,92 @@
+"""benchmarks/cpu_profile.py's accounting: FLOPs and bytes read from compiled HLO text, the split
+of perf samples by code, the choice of bandwidth ceiling. Hand-computed numbers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import cpu_profile  # noqa: E402
+
+HLO = """HloModule jit_step, entry_computation_layout={(bf16[64,32]{1,0}, bf16[32,16]{1,0})->f32[64,16]{1,0}}
+
+%fused_dot (p0: bf16[64,32], p1: bf16[32,16]) -> f32[64,16] {
+  %p0 = bf16[64,32]{1,0} parameter(0)
+  %p1 = bf16[32,16]{1,0} parameter(1)
+  ROOT %dot.1 = f32[64,16]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_scale (q0: f32[64,16], q1: f32[16]) -> bf16[64,16] {
+  %q0 = f32[64,16]{1,0} parameter(0)
+  %q1 = f32[16]{0} parameter(1)
+  %b = f32[64,16]{1,0} broadcast(%q1), dimensions={1}
+  %m = f32[64,16]{1,0} multiply(%q0, %b)
+  ROOT %c = bf16[64,16]{1,0} convert(%m)
+}
+
+ENTRY %main (a: bf16[64,32], w: bf16[32,16], s: f32[16]) -> (bf16[64,16], f32[2]) {
+  %a = bf16[64,32]{1,0} parameter(0)
+  %w = bf16[32,16]{1,0} parameter(1)
+  %s = f32[16]{0} parameter(2)
+  %ynn_fusion = f32[64,16]{1,0} fusion(%a, %w), kind=kCustom, calls=%fused_dot
+  %scale_fusion = bf16[64,16]{1,0} fusion(%ynn_fusion, %s), kind=kLoop, calls=%fused_scale
+  %pair = (bf16[64,16]{1,0}, f32[2]{0}) custom-call(%scale_fusion), custom_call_target="x"
+  ROOT %t = (bf16[64,16]{1,0}, f32[2]{0}) tuple(%scale_fusion, %scale_fusion)
+}
+"""
+
+
+def test_dot_flops_of_a_fusion_are_its_body_dots():
+    flops = cpu_profile.dot_flops(HLO)
+    assert flops["ynn_fusion"] == 2 * 64 * 16 * 32
+    assert flops["dot.1"] == 2 * 64 * 16 * 32
+    assert "scale_fusion" not in flops
+
+
+def test_op_bytes_count_result_and_operands_at_their_own_shapes():
+    b = cpu_profile.op_bytes(HLO)
+    assert b["ynn_fusion"] == 64 * 16 * 4 + 64 * 32 * 2 + 32 * 16 * 2
+    # the broadcast operand is read once, at its own 16 floats
+    assert b["scale_fusion"] == 64 * 16 * 2 + 64 * 16 * 4 + 16 * 4
+    # a tuple result counts each element
+    assert b["pair"] == (64 * 16 * 2 + 2 * 4) + 64 * 16 * 2
+    for free in ("a", "w", "s", "t"):       # parameters and tuples move nothing
+        assert free not in b
+
+
+def test_perf_report_split_by_code():
+    report = """# Samples: 1K of event 'cpu-clock:ppp'
+#
+           600  libjax_common.so      [.] ynn::dot_bf16_bf16_fp32_12x32x2_1x16x2_avx512bf16
+            40  libjax_common.so      [.] ynn::dot_fp32_5x64x1_1x16x1_avx512
+            30  libjax_common.so      [.] ynn::interleave2_x16_avx512
+           250  [JIT] tid 5929        [.] 0x00007f2b5611e196
+            60  [kernel.kallsyms]     [k] clear_page_erms
+            15  libjax_common.so      [.] Eigen::ThreadPoolTempl<tsl::thread::EigenEnvironment>::WorkerLoop
+             5  libpython3.11.so.1.0  [.] _PyEval_EvalFrameDefault
+"""
+    share, total = cpu_profile.parse_perf_report(report)
+    assert total == 1000
+    assert share[cpu_profile.GEMM_KERNELS] == 640
+    assert share["GEMM library: packing, transposes, other"] == 30
+    assert share["XLA-generated code (element-wise, reductions, copies)"] == 250
+    assert share["kernel (page faults, zeroing, scheduling)"] == 60
+    assert share["runtime and other libraries"] == 15
+    assert share["Python"] == 5
+
+
+def test_bandwidth_for_takes_the_smallest_working_set_that_holds_the_op():
+    ceilings = [{"mib": 1, "traffic_bytes": 8 * 2**18, "bytes_per_s": 100.0},
+                {"mib": 4, "traffic_bytes": 32 * 2**18, "bytes_per_s": 80.0},
+                {"mib": 16, "traffic_bytes": 128 * 2**18, "bytes_per_s": 30.0}]
+    assert cpu_profile.bandwidth_for(10, ceilings) == 100.0
+    assert cpu_profile.bandwidth_for(8 * 2**18, ceilings) == 100.0
+    assert cpu_profile.bandwidth_for(8 * 2**18 + 1, ceilings) == 80.0
+    assert cpu_profile.bandwidth_for(10**12, ceilings) == 30.0
+
+
+def test_bandwidth_ceiling_counts_bytes_read_and_written():
+    (c,) = cpu_profile.bandwidth_ceilings((1,), min_bytes=2e8)
+    assert c["mib"] == 1 and c["traffic_bytes"] == 2 * 2**20   # 1 MiB read, 1 MiB written
+    assert 1e8 < c["bytes_per_s"] < 1e13
