@@ -17,7 +17,7 @@ profiled steps; on a loaded machine it includes time its thread was preempted --
 proportions within one run. Ops that run dots also get their achieved rate (the dots' FLOPs from
 the compiled HLO over the op's ms) against the matmul ceiling measured in the same process
 (``olmax.perf.bench.matmul_ceiling``: a 1024^3 GEMM in the same dtype); every other op its bytes
-(result plus operands, as declared in the HLO: :func:`op_bytes`) per second against the bandwidth
+(result plus operands from the HLO shapes: :func:`op_bytes`) per second against the bandwidth
 ceiling measured at its size (:func:`bandwidth_ceilings`: an element-wise op looped over 1 to
 256 MiB). The sum of every op at its own ceiling is the step's *floor estimate*.
 
@@ -158,44 +158,13 @@ def dot_flops(text: str) -> dict[str, float]:
     return {**own, **{n: comp_dots[c] for n, c in calls.items() if comp_dots.get(c)}}
 
 
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2,
-          "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8}
-_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|f8e4m3fn|f8e5m2)\[([0-9,]*)\]")
-_ANY_INST = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\([^=]*?\)|\S+?) ([\w\-]+)\((.*)$")
+def op_bytes(text: str) -> dict[str, float]:
+    """Instruction name -> the bytes one run of it reads and writes: ``tpu_hlo_bytes``'s proxy
+    (operands plus result from the HLO shapes; slices and in-place updates as XLA counts them),
+    per execution of the op. Nothing is credited to the caches."""
+    import tpu_hlo_bytes
 
-
-def _shape_bytes(shape: str) -> int:
-    total = 0
-    for dtype, dims in _ARRAY.findall(shape):
-        n = _BYTES.get(dtype, 4)
-        for d in dims.split(","):
-            if d:
-                n *= int(d)
-        total += n
-    return total
-
-
-def op_bytes(text: str) -> dict[str, int]:
-    """Instruction name -> bytes it reads and writes once, as declared: its result plus each
-    operand, at the operand's own shape (a fusion reads a broadcast operand once). An estimate of
-    the op's memory traffic: an op that updates a buffer in place (``dynamic-update-slice``) is
-    counted as rewriting all of it, and nothing is credited to the caches."""
-    shapes: dict[str, int] = {}
-    insts = []
-    for line in text.splitlines():
-        m = _ANY_INST.match(line)
-        if not m:
-            continue
-        name, shape, opcode, rest = m.groups()
-        shapes[name] = _shape_bytes(shape)
-        args = rest.split(")", 1)[0]
-        insts.append((name, opcode, [a.strip().lstrip("%") for a in args.split(",") if a.strip()]))
-    out = {}
-    for name, opcode, args in insts:
-        if opcode in ("parameter", "constant", "bitcast", "get-tuple-element", "tuple"):
-            continue
-        out[name] = shapes[name] + sum(shapes.get(a, 0) for a in args)
-    return out
+    return {r["name"]: (r["read"] + r["written"]) / r["mult"] for r in tpu_hlo_bytes.ops(text)}
 
 
 BANDWIDTH_MIB = (1, 4, 16, 64, 256)
@@ -337,9 +306,9 @@ GEMM_KERNELS = "GEMM micro-kernels (ynn::dot_*)"
 
 
 def _code_class(dso: str, sym: str) -> str:
-    if dso.startswith("[kernel") or sym.startswith("[k]"):
+    if dso.startswith("[kernel"):
         return "kernel (page faults, zeroing, scheduling)"
-    if dso.startswith("[JIT]") or dso.startswith("perf-") or dso == "[unknown]" or sym.startswith("0x"):
+    if dso.startswith("[JIT]") or dso == "[unknown]" or sym.startswith("0x"):
         return "XLA-generated code (element-wise, reductions, copies)"
     if sym.startswith("ynn::dot_"):
         return GEMM_KERNELS
@@ -489,7 +458,7 @@ def main() -> int:
           ", ".join(f"{c['mib']} MiB {c['bytes_per_s'] / 1e9:.1f} GB/s" for c in bws))
     floor_dots = dot_f / ceil["flops_per_s"]
     floor_rest = sum(r["bytes"] / r["bandwidth_ceiling"] for r in rest if r["bytes"])
-    print(f"the other ops: {rest_b / 1e9:.2f} GB read + written (as declared) in {rest_ms:.0f} ms = "
+    print(f"the other ops: {rest_b / 1e9:.2f} GB read + written (HLO shapes) in {rest_ms:.0f} ms = "
           f"{rest_b / rest_ms / 1e6:.1f} GB/s; at the ceiling of each op's size: {floor_rest:.2f} s")
     print(f"floor estimate (every op with dots at the matmul ceiling, every other op at its bandwidth "
           f"ceiling, nothing overlapping): {floor_dots:.2f} + {floor_rest:.2f} = "
