@@ -159,3 +159,25 @@ def test_exactly_one_of_many_racing_processes_wins(tmp_path, stale):
         p.join(30)
     got = [results.get(timeout=5) for _ in procs]
     assert sum(1 for r, _ in got if r == "won") == 1, got
+
+
+def test_own_lock_put_back_by_a_racing_taker_is_still_ours(tmp_path, monkeypatch):
+    """A racing taker that moved our freshly written lock aside (it had judged the previous, stale
+    one) puts it back; our read in between found no file. The record that is back is ours: we
+    hold the lock, instead of reporting the directory in use by ourselves."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = RunDirLock(run)
+    real_holder = RunDirLock._holder
+    reads = []
+
+    def holder(self):
+        reads.append(1)
+        return {} if len(reads) == 1 else real_holder(self)   # the first read: the file is aside
+
+    monkeypatch.setattr(RunDirLock, "_holder", holder)
+    lock.acquire()
+    try:
+        assert lock.token and json.loads((run / LOCK_NAME).read_text())["token"] == lock.token
+    finally:
+        lock.release()

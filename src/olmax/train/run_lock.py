@@ -144,6 +144,7 @@ class RunDirLock(Callback):
         self.lost: str | None = None
         self.took_over: str | None = None     # why a stale lock was taken over, if one was
         self._created_dir = False
+        self._written: set[str] = set()       # tokens of the lock files this object created
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -168,6 +169,10 @@ class RunDirLock(Callback):
         self._make_dir()
         for attempt in range(20):
             holder = self._try_create()
+            if holder is not None and holder.get("token") in self._written:
+                # Our file, moved aside by a racing taker who found it was not the stale lock it
+                # judged, and put back (:meth:`_take_over`) while we were reading it.
+                self.token, holder = holder["token"], None
             if holder is None:
                 self._start_heartbeat()
                 return self
@@ -209,6 +214,7 @@ class RunDirLock(Callback):
             self._cleanup_dir()
             raise OlmaxError(f"run directory {self.run_dir} is not writable: "
                              f"{e.strerror or e}") from None
+        self._written.add(token)
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(record) + "\n")
