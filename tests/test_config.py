@@ -70,3 +70,79 @@ def test_runtime_choices_are_the_models():
 
     assert set(typing.get_args(AttnImpl)) == set(IMPLEMENTATIONS) | {"auto"}
     assert set(typing.get_args(Remat)) == set(REMAT_POLICIES)
+
+
+# ----------------------------------------------------------------------------------------------
+# Strict YAML
+
+
+def _bomb(levels: int, width: int = 9, flow: bool = False) -> str:
+    """A YAML alias bomb: ``width ** levels`` leaves from a few hundred bytes."""
+    names = [f"l{i}" for i in range(levels + 1)]
+    items = [f"{names[0]}: &{names[0]} [{', '.join(['x'] * width)}]"]
+    for prev, name in zip(names, names[1:]):
+        items.append(f"{name}: &{name} [{', '.join(['*' + prev] * width)}]")
+    return ("{" + ", ".join(items) + "}") if flow else "\n".join(items) + "\n"
+
+
+def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    import time
+
+    from olmax.config import MAX_YAML_VALUES, load_yaml, parse_override
+
+    assert 9 ** 9 > 300 * MAX_YAML_VALUES
+    recipe = tmp_path / "bomb.yaml"
+    recipe.write_text(_bomb(9))
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bomb\.yaml: more than 1,000,000 values once its YAML "
+                                          r"aliases are expanded"):
+        load_yaml(recipe)
+    with pytest.raises(ConfigError, match=r"override 'data\.paths': more than 1,000,000 values"):
+        parse_override("data.paths=" + _bomb(9, flow=True))
+    (tmp_path / "self.yaml").write_text("data: &d {paths: *d}\n")      # refers to itself
+    with pytest.raises(ConfigError, match=r"self\.yaml: more than"):
+        load_yaml(tmp_path / "self.yaml")
+    assert time.perf_counter() - t0 < 10
+    # Below the limit an alias expands as YAML says.
+    (tmp_path / "ok.yaml").write_text(_bomb(2, width=3))
+    assert load_yaml(tmp_path / "ok.yaml")["l2"] == [[["x"] * 3] * 3] * 3
+
+
+def test_yaml_duplicate_keys_are_refused(tmp_path):
+    from olmax.config import load_yaml, parse_override
+
+    recipe = tmp_path / "dup.yaml"
+    recipe.write_text("train:\n  seq_len: 32\nmodel: {preset: olmo3-tiny}\ntrain:\n  max_steps: 3\n")
+    with pytest.raises(ConfigError, match=r"dup\.yaml line 4: invalid YAML \(duplicate key 'train' "
+                                          r"\(first given at line 1\)\)"):
+        load_yaml(recipe)
+    with pytest.raises(ConfigError, match=r"override 'train': duplicate key 'seq_len'"):
+        parse_override("train={seq_len: 32, seq_len: 64}")
+    # A merge key's entries may be overridden by the mapping's own (that is what merging means).
+    (tmp_path / "merge.yaml").write_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  x: 3\n")
+    assert load_yaml(tmp_path / "merge.yaml")["other"] == {"x": 3, "y": 2}
+
+
+def test_yaml_size_and_encoding_are_checked_before_parsing(tmp_path):
+    from olmax.config import MAX_YAML_BYTES, load_yaml, parse_override
+
+    big = tmp_path / "big.yaml"
+    big.write_text("a: " + "x" * MAX_YAML_BYTES + "\n")
+    with pytest.raises(ConfigError, match=r"big\.yaml: 4,194,308 bytes, more than a recipe may hold"):
+        load_yaml(big)
+    with pytest.raises(ConfigError, match=r"override 'data\.root': the value is 4194305 characters"):
+        parse_override("data.root=" + "y" * (MAX_YAML_BYTES + 1))
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("data: {root: caf\xe9}\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin\.yaml: not UTF-8 text \(invalid continuation byte "
+                                          r"at byte 16\)"):
+        load_yaml(latin)
+
+
+def test_values_in_messages_are_shortened():
+    from olmax.config import shown
+
+    with pytest.raises(ConfigError) as e:
+        run_config_from_dict({"model": {"preset": "olmo3-tiny"}, "train": {"max_steps": ["x"] * 10**6}})
+    assert len(str(e.value)) < 200 and str(e.value).startswith("train.max_steps: expected int, got list ['x'")
+    assert shown("tokens.npy") == "'tokens.npy'" and shown([16, None]) == "[16, None]"

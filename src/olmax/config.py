@@ -8,6 +8,12 @@ override fails at load time, before any JAX work. What depends on several sectio
 machine (a sequence longer than the model's, a mesh that does not divide the devices) is checked
 where those meet: the trainer, the mesh.
 
+YAML (a recipe file, the value of an override) is read strictly: ``safe_load``'s types only, a key
+given twice in one mapping is an error naming both lines, and a document larger than
+:data:`MAX_YAML_BYTES` or expanding, through its aliases, to more than :data:`MAX_YAML_VALUES`
+values is refused before any value is looked at. Values quoted in error messages are shortened
+(:func:`shown`), whatever their size.
+
 Recipes (a model *preset* name plus overrides) are resolved by :mod:`olmax.train.recipes`.
 This module sits at the bottom of the import graph: it imports nothing else from olmax.
 """
@@ -19,6 +25,7 @@ import dataclasses
 import functools
 import math
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -52,7 +59,7 @@ def check_choices(obj: Any, section: str) -> None:
         value = getattr(obj, name)
         if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
             raise ConfigError(f"{section}.{name} must be one of {', '.join(map(str, allowed))} "
-                              f"(got {value!r})")
+                              f"(got {shown(value)})")
 
 
 def _positive(obj: Any, section: str, *names: str, optional: bool = False) -> None:
@@ -160,6 +167,17 @@ class ModelConfig:
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 160
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 8
+_SHOWN.maxlevel = 3
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, shortened: bounded in time and length whatever the
+    value's size (a long list, a deeply nested mapping)."""
+    return _SHOWN.repr(value)
+
 
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
@@ -174,7 +192,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin is Literal:
         if value in args and not (isinstance(value, bool) and not isinstance(args[0], bool)):
             return value
-        raise ConfigError(f"{path}: expected one of {', '.join(map(str, args))}, got {value!r}")
+        raise ConfigError(f"{path}: expected one of {', '.join(map(str, args))}, got {shown(value)}")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -187,16 +205,16 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             except ConfigError:
                 continue
         names = " or ".join(_type_name(a) for a in args)
-        raise ConfigError(f"{path}: expected {names}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{path}: expected {names}, got {type(value).__name__} {shown(value)}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {shown(value)}")
         return from_dict(tp, value, path)
     if origin is tuple or origin is list or tp in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {shown(value)}")
         if args and len(args) == 2 and args[1] is Ellipsis:
             items = [_convert(v, args[0], f"{path}[{i}]") for i, v in enumerate(value)]
         elif args and origin is tuple:
@@ -210,20 +228,20 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         return tuple(items) if (origin is tuple or tp is tuple) else items
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {shown(value)}")
         kt, vt = args if args else (Any, Any)
         return {_convert(k, kt, f"{path}.{k}"): _convert(v, vt, f"{path}.{k}")
                 for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{path}: expected bool, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{path}: expected bool, got {type(value).__name__} {shown(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{path}: expected int, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{path}: expected int, got {type(value).__name__} {shown(value)}")
     if tp is float:
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -232,21 +250,21 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         elif isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
             number = float(value)
         if number is None:
-            raise ConfigError(f"{path}: expected float, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected float, got {type(value).__name__} {shown(value)}")
         if not math.isfinite(number):   # 1e999 parses as inf: never a meaningful setting
-            raise ConfigError(f"{path}: expected a finite number, got {value!r}")
+            raise ConfigError(f"{path}: expected a finite number, got {shown(value)}")
         return number
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{path}: expected str, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{path}: expected str, got {type(value).__name__} {shown(value)}")
     if tp is type(None):
         if value is None:
             return None
-        raise ConfigError(f"{path}: expected null, got {value!r}")
+        raise ConfigError(f"{path}: expected null, got {shown(value)}")
     if isinstance(tp, type) and isinstance(value, tp):
         return value
-    raise ConfigError(f"{path}: cannot interpret {value!r} as {_type_name(tp)}")
+    raise ConfigError(f"{path}: cannot interpret {shown(value)} as {_type_name(tp)}")
 
 
 def from_dict(cls: type, data: Mapping[str, Any], path: str = "") -> Any:
@@ -292,10 +310,16 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{text}' has an empty key")
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"override '{key}': the value is {len(raw)} characters, more than "
+                          f"{MAX_YAML_BYTES}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safe_load_strict(raw) if raw.strip() else ""
+    except _DuplicateKey as e:
+        raise ConfigError(f"override '{key}': {e.problem}") from None
     except yaml.YAMLError:
         value = raw
+    check_yaml_size(value, f"override '{key}'")
     return key.split("."), value
 
 
@@ -316,16 +340,71 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     return data
 
 
+MAX_YAML_BYTES = 4 << 20        # a recipe file, or the value of one override
+MAX_YAML_VALUES = 1_000_000     # values of a document once its aliases are expanded
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    earlier = first.setdefault(key, key_node)
+                except TypeError:   # an unhashable key: the base constructor words that
+                    continue
+                if earlier is not key_node:
+                    raise _DuplicateKey(None, None, f"duplicate key {shown(key)} (first given at "
+                                        f"line {earlier.start_mark.line + 1})", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_strict(text: str) -> Any:
+    """``yaml.safe_load`` with duplicate keys refused (a ``yaml.YAMLError``)."""
+    return yaml.load(text, Loader=_StrictLoader)   # noqa: S506 - a SafeLoader subclass
+
+
+def check_yaml_size(value: Any, where: str) -> None:
+    """Refuse a parsed YAML value holding more than :data:`MAX_YAML_VALUES` values once its aliases
+    are expanded (an alias "bomb", or one that refers to itself), counting no further than that."""
+    count, todo = 0, [value]
+    while todo:
+        v = todo.pop()
+        count += 1
+        if count > MAX_YAML_VALUES:
+            raise ConfigError(f"{where}: more than {MAX_YAML_VALUES:,} values once its YAML aliases "
+                              f"are expanded (aliases nested too deep, or referring to themselves)")
+        if isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+
+
 def load_yaml(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
+    size = p.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(f"{p}: {size:,} bytes, more than a recipe may hold ({MAX_YAML_BYTES:,})")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = safe_load_strict(p.read_bytes())
+    except yaml.reader.ReaderError as e:   # bytes that are not text in YAML's encodings
+        raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.position})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{p}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        raise ConfigError(f"{p}{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from None
+    check_yaml_size(data, str(p))
     if data is None:
         return {}
     if not isinstance(data, dict):
