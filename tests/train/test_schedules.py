@@ -56,8 +56,8 @@ def test_olmo3_stage1_part1_part2_and_stage2_schedules():
     r1 = sched.CosWithWarmup(warmup=2000, alpha_f=0.1)
     r1b = sched.HalfCosWithWarmup(warmup=1192092 // 2 + 2000 // 2, alpha_f=0.1)
     r2 = sched.LinearWithWarmup(warmup=0, alpha_f=0.0)
-    for c in [1, 2, 1000, 1999, 2000, 2001, 100_000, 597_045, 597_046, 597_047, 1_000_000,
-              1_192_093, 1_413_814, 1_668_930, 1_668_931]:
+    for c in [1, 2, 1000, 1999, 2000, 2001, 100_000, 596_047, 596_048, 597_045, 597_046, 597_047,
+              1_000_000, 1_192_093, 1_413_814, 1_668_930, 1_668_931]:
         assert f1(c) == r1.get_lr(3e-4, c, t1)
         assert f1b(c) == r1b.get_lr(3e-4, c, t1b)
     for c in [1, 2, 100, 23_842, 47_683, 47_684]:
@@ -65,6 +65,9 @@ def test_olmo3_stage1_part1_part2_and_stage2_schedules():
     assert f1(1) == pytest.approx(1.5e-7)
     assert f1(597_046) == pytest.approx(1.65e-4, rel=1e-3)
     assert f1b(597_046) == pytest.approx(1.65e-4, rel=1e-3)
+    # part 2 takes over after step 596,047 (tests/train/test_part2_start.py): its linear ramp starts
+    # 0.38 % below part 1's last LR and reaches the cosine's midpoint, 1.65e-4, at step 597,046
+    assert f1b(596_048) / f1(596_047) - 1 == pytest.approx(-3.822e-3, abs=1e-6)
     assert f1b(1_413_814) == pytest.approx(3.93e-5, rel=2e-3)
     assert f2(47_684) == 0.0
 
