@@ -387,7 +387,7 @@ def olmax_parts(recipe: str, overrides: list[str], topology: str, out_dir: str, 
                 groups: int = 1) -> int:
     """Compile ``olmax plan``'s unscanned parts of RECIPE for TOPOLOGY and write their HLO."""
     from olmax.config import OlmaxError
-    from olmax.model.attention import resolve_attn_impl
+    from olmax.model.runtime import Runtime
     from olmax.parallel.mesh import data_parallel_size, make_mesh
     from olmax.perf.plan import _part_costs, topology_devices
     from olmax.train.recipes import load_recipe
@@ -403,9 +403,9 @@ def olmax_parts(recipe: str, overrides: list[str], topology: str, out_dir: str, 
     dp = data_parallel_size(mesh)
     n_micro = num_micro_batches(cfg.train, dp)
     per_device = cfg.train.global_batch_size // n_micro // dp
-    attn = resolve_attn_impl(cfg.train.attn_impl, devices[0].platform)
+    runtime = Runtime.of(cfg.train, devices)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    costs = _part_costs(cfg, devices[0], per_device, mesh.shape["tensor"], len(devices), attn,
+    costs = _part_costs(cfg, devices[0], per_device, mesh.shape["tensor"], len(devices), runtime,
                         only=tuple(parts.split(",")), hlo_dir=out_dir, groups=groups)
     for name, c in costs.items():
         print(f"part {name}: optimal_seconds {c.get('optimal_seconds')}, bytes accessed "

@@ -519,6 +519,7 @@ class DataConfig:
 
 ComputeDtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["auto", "xla", "chunked", "dot_product", "cudnn", "splash"]   # olmax.model.attention
+PlatformProfile = Literal["auto", "cpu", "tpu", "gpu"]   # olmax.platforms
 Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs", "save_attn",
                 "save_proj"]   # olmax.model.runtime.REMAT_POLICIES
 
@@ -532,6 +533,9 @@ class TrainConfig:
     compute_dtype: ComputeDtype = "float32"   # params and Adam state stay fp32
     attn_impl: AttnImpl = "xla"
     remat: Remat = "none"
+    # How the model is computed (kernels, layer scan, RoPE tables, attn_impl=auto, loss chunks):
+    # "auto" follows the devices; "cpu", "tpu", "gpu" force that platform's code path anywhere.
+    profile: PlatformProfile = "auto"
     z_loss_multiplier: float = 1e-5
     log_interval: int = 1
 

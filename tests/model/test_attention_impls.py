@@ -86,16 +86,16 @@ def test_window_is_never_dropped(impl):
 
 
 def test_auto_picks_the_platform_kernel():
-    from olmax.model.attention import resolve_attn_impl
+    from olmax.platforms import PROFILES, profile_for
 
-    assert resolve_attn_impl("auto", "tpu") == "splash"
-    assert resolve_attn_impl("auto", "gpu") == resolve_attn_impl("auto", "cuda") == "cudnn"
-    assert resolve_attn_impl("auto", "cpu") == "chunked"
-    assert resolve_attn_impl("xla", "tpu") == "xla"      # an explicit choice is kept
-    assert resolve_attn_impl("auto") == "chunked"         # this CPU machine
-    q, k, v = _qkv()
-    np.testing.assert_array_equal(np.asarray(attention(q, k, v, 5, D ** -0.5, impl="auto")),
-                                  np.asarray(attention(q, k, v, 5, D ** -0.5, impl="chunked")))
+    auto = lambda backend: Runtime(attn_impl="auto", profile=profile_for("auto", backend)).attn_impl  # noqa: E731
+    assert auto("tpu") == "splash" and auto("gpu") == "cudnn" and auto("cpu") == "chunked"
+    # a forced profile's own choice, whatever the backend; an explicit choice is kept
+    assert Runtime(attn_impl="auto", profile=profile_for("tpu", "cpu")).attn_impl == "splash"
+    assert Runtime(attn_impl="xla", profile=PROFILES["tpu"]).attn_impl == "xla"
+    assert Runtime.resolve(attn_impl="auto").attn_impl == "chunked"      # this CPU machine
+    with pytest.raises(ValueError, match="needs a platform profile"):
+        Runtime(attn_impl="auto")
 
 
 def test_bf16_close_to_reference():
@@ -138,16 +138,16 @@ def test_model_forward_matches_reference():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_after_keeps_every_value_bit_for_bit(dtype):
+def test_depend_on_keeps_every_value_bit_for_bit(dtype):
     """The chunked backward ties its recomputation to the cotangent by adding a zero derived from
     it: every value of ``x`` -- signed zeros, infinities, NaN -- comes out with the same bits,
     whatever the cotangent holds. (Subnormals are left out: XLA's CPU backend flushes them to zero
     in any arithmetic, the matmul that consumes ``x`` included.)"""
-    from olmax.model.attention_impls import _after
+    from olmax.model.attention_impls import depend_on
 
     x = jnp.asarray([0.0, -0.0, 1.5, -2.25, jnp.inf, -jnp.inf, jnp.nan, 1e-30, -3e38], dtype)
     for d0 in (0.7, -0.0, 0.0, -5.0, jnp.inf, -jnp.inf, jnp.nan):
         dep = jnp.full((2, 3), 1.0, jnp.float32).at[0, 0].set(d0)
-        out = jax.jit(_after)(x, dep)
+        out = jax.jit(depend_on)(x, dep)
         assert out.dtype == x.dtype
         np.testing.assert_array_equal(np.asarray(out).view(np.uint8), np.asarray(x).view(np.uint8))

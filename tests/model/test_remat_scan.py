@@ -39,8 +39,8 @@ def _unrolled(params, tokens, windows):
     h = jnp.take(params["embed"], tokens, axis=0)
     for i, window in enumerate(windows):
         p = jax.tree.map(lambda x: x[i], params["layers"])
-        h = olmo3._layer(p, h, CFG, window, sin, cos, "xla")
-    return olmo3.rms_norm(h, params["final_norm"], CFG.norm_eps)
+        h = olmo3._layer(p, h, CFG, window, sin, cos, Runtime())
+    return Runtime().kernels.rms_norm(h, params["final_norm"], CFG.norm_eps)
 
 
 def _assert_close_scaled(a, b, rel=1e-5):

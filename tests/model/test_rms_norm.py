@@ -1,14 +1,16 @@
-"""RMSNorm's written-out backward (the CPU path) against torch autograd in float64 and against JAX's
-autodiff of the same forward, at the shapes the model uses: the residual stream [B, T, D] with a
-[D] weight, the full QK-norm over [B, T, H * Dh], and the per-head QK-norm [B, T, H, Dh] with a
-[Dh] weight (the weight's gradient sums over every leading dimension)."""
+"""RMSNorm's written-out backward (the CPU kernel set) against torch autograd in float64 and against
+JAX's autodiff of the same forward (the reference kernel set), at the shapes the model uses: the
+residual stream [B, T, D] with a [D] weight, the full QK-norm over [B, T, H * Dh], and the per-head
+QK-norm [B, T, H, Dh] with a [Dh] weight (the weight's gradient sums over every leading dimension)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.model.olmo3 import _rms_norm, _rms_norm_cpu, rms_norm
+from olmax.model.kernels import KERNELS
+from olmax.model.runtime import Runtime
+from olmax.platforms import PROFILES
 
 torch = pytest.importorskip("torch")
 
@@ -38,8 +40,8 @@ def _vjp(fn, x, w, g):
     return (out, *pull(g))
 
 
-def _autodiff(x, w, eps):
-    return _rms_norm(x, w, eps)[0]
+_written_out = KERNELS["cpu"].rms_norm
+_autodiff = KERNELS["reference"].rms_norm
 
 
 @pytest.mark.parametrize("x_shape,w_shape", SHAPES)
@@ -47,7 +49,7 @@ def test_written_out_backward_matches_float64_and_autodiff(x_shape, w_shape):
     x, w, g = _inputs(x_shape, w_shape)
     ref = _torch_reference(x, w, g)
     args = (jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32), jnp.asarray(g, jnp.float32))
-    own = _vjp(_rms_norm_cpu, *args)
+    own = _vjp(_written_out, *args)
     auto = _vjp(_autodiff, *args)
     for name, a, b, r in zip(("out", "dx", "dw"), own, auto, ref):
         scale = np.max(np.abs(r))
@@ -65,7 +67,7 @@ def test_written_out_backward_in_bf16_is_as_close_as_autodiff(x_shape, w_shape):
     xb, gb = jnp.asarray(x, jnp.bfloat16), jnp.asarray(g, jnp.bfloat16)
     # the reference sees exactly the bf16 inputs
     ref = _torch_reference(np.asarray(xb, np.float64), w, np.asarray(gb, np.float64))
-    own = _vjp(_rms_norm_cpu, xb, jnp.asarray(w, jnp.float32), gb)
+    own = _vjp(_written_out, xb, jnp.asarray(w, jnp.float32), gb)
     auto = _vjp(_autodiff, xb, jnp.asarray(w, jnp.float32), gb)
     assert own[0].dtype == own[1].dtype == jnp.bfloat16 and own[2].dtype == jnp.float32
     for name, a, b, r in zip(("out", "dx", "dw"), own, auto, ref):
@@ -76,8 +78,12 @@ def test_written_out_backward_in_bf16_is_as_close_as_autodiff(x_shape, w_shape):
         assert err_own <= 1.5 * err_auto + 1e-6, (name, err_own, err_auto)
 
 
-def test_cpu_uses_the_written_out_backward():
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_each_profile_runs_its_own_kernel_set(profile):
+    """The cpu profile's norm has the written-out backward; the accelerators' is autodiff's --
+    whatever device this test runs on."""
     x, w, _ = _inputs((2, 3, 8), (8,))
-    jaxpr = str(jax.make_jaxpr(lambda a, b: rms_norm(a, b, EPS))(jnp.asarray(x, jnp.float32),
-                                                                 jnp.asarray(w, jnp.float32)))
-    assert jax.default_backend() == "cpu" and "custom_vjp_call" in jaxpr
+    norm = Runtime(profile=PROFILES[profile]).kernels.rms_norm
+    jaxpr = str(jax.make_jaxpr(lambda a, b: norm(a, b, EPS))(jnp.asarray(x, jnp.float32),
+                                                             jnp.asarray(w, jnp.float32)))
+    assert ("custom_vjp_call" in jaxpr) == (profile == "cpu")

@@ -22,7 +22,7 @@ from jax.sharding import AxisType, Mesh
 from olmax.config import ModelConfig, OptimConfig, TrainConfig
 from olmax.model.olmo3 import seq_chunks
 from olmax.train.optim import build_optimizer
-from olmax.train.step import _loss_chunk, build_sharded_training, num_micro_batches
+from olmax.train.step import build_sharded_training, loss_chunk, num_micro_batches
 
 # Every model dimension differs from the global batches used below (24 rows on 8 devices) and
 # from their products with the sequence length, so a dimension equal to one of them is a batch. So
@@ -55,7 +55,7 @@ def compile_step(devices, mesh_shape, per_device: int, impl: str, micro: int | N
     st = build_sharded_training(MODEL, train, build_optimizer(OptimConfig()), mesh, jax.random.key(0))
     n_micro = num_micro_batches(train, dp)
     rows = b // (n_micro * dp)
-    c = seq_chunks(jnp.zeros((1, SEQ)), _loss_chunk(train, n_micro, mesh)).shape[2]
+    c = seq_chunks(jnp.zeros((1, SEQ)), loss_chunk(train, n_micro, mesh, st.runtime)).shape[2]
     if dp > 1 and rows * c in (b, b * SEQ):
         sys.exit(f"probe: a loss chunk holds {rows} x {c} rows per device, equal to the global "
                  f"batch {b}: choose another PROBE_SEQ")

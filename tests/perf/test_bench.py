@@ -21,6 +21,7 @@ def test_bench_train_figures(tmp_path):
     cfg = load_recipe("olmo3_tiny", TINY)
     r = bench_train(cfg, steps=2, warmup=1, ceiling_flops=1e12)
     assert r.platform == "cpu" and r.batch == 2 and r.seq_len == 96 and r.attn_impl == "chunked"
+    assert r.profile == "cpu"
     assert r.tokens_per_s == pytest.approx(2 * 96 / r.step_s)
     assert r.step_s_min <= r.step_s <= max(r.step_s_mean * 2, r.step_s)
     assert r.flops_per_token_olmo_core == flops_per_token(cfg.model, 96, "olmo_core")

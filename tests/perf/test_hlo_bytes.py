@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 import pytest
 
+from olmax.model.runtime import Runtime
 from olmax.perf.plan import _part_costs
 from olmax.train.recipes import load_recipe
 
@@ -123,12 +124,13 @@ def test_plan_parts_written_as_hlo_and_stacked_groups(tmp_path):
     (A at 1 group minus the head part: the embedding's FLOPs aside, the same)."""
     overrides = ["train.remat=full", "model.vocab_size=256", "model.padded_vocab_size=256"]
     cfg = load_recipe("olmo3_tiny", overrides)
-    one = _part_costs(cfg, jax.devices()[0], 1, 1, 1, "xla", only=("A", "H"), hlo_dir=str(tmp_path))
+    runtime = Runtime.of(cfg.train, attn_impl="xla")
+    one = _part_costs(cfg, jax.devices()[0], 1, 1, 1, runtime, only=("A", "H"), hlo_dir=str(tmp_path))
     assert set(one) == {"A", "H"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["part_A.hlo.txt", "part_H.hlo.txt"]
     rows = hb.ops((tmp_path / "part_H.hlo.txt").read_text())
     # the head's logits [1, 128, 256] in fp32 are written at least once
     assert sum(r["written"] for r in rows) >= 128 * 256 * 4
-    two = _part_costs(cfg, jax.devices()[0], 1, 1, 1, "xla", only=("A",), groups=2)
+    two = _part_costs(cfg, jax.devices()[0], 1, 1, 1, runtime, only=("A",), groups=2)
     group = two["A"]["flops"] - one["A"]["flops"]
     assert group == pytest.approx(one["A"]["flops"] - one["H"]["flops"], rel=0.01)

@@ -26,6 +26,7 @@ def test_plan_on_local_cpu(tmp_path, capsys):
     assert "peak vs HBM" in table and "collectives" in table
     p = json.loads(out.read_text())
     assert p["topology"] is None and p["num_devices"] == 1 and p["attn_impl"] == "xla"
+    assert p["profile"] == "cpu"
     assert p["remat"] == "full" and p["details"]["n_micro"] == 2
     m = p["memory"]
     assert m["fits"] is True and 0 < m["peak_bytes"] < m["hbm_bytes"]

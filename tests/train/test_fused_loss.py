@@ -8,9 +8,13 @@ import jax
 import jax.numpy as jnp
 
 from olmax.config import TrainConfig
-from olmax.model.matmul import contract_rows, dense
-from olmax.train.loss import IGNORE_INDEX, LOSS_CHUNK_ROWS, lm_loss, lm_loss_sums, loss_chunk_positions
-from olmax.train.step import _loss_chunk
+from olmax.model.kernels import KERNELS
+from olmax.model.runtime import Runtime
+from olmax.platforms import PROFILES
+from olmax.train.loss import IGNORE_INDEX, lm_loss, lm_loss_sums
+from olmax.train.step import loss_chunk
+
+contract_rows, dense = KERNELS["cpu"].contract_rows, KERNELS["cpu"].dense
 
 ZM = 1e-4      # z-loss multiplier large enough that its gradient term is visible in fp32
 
@@ -33,10 +37,12 @@ def _reference(h, w, labels):
     return jnp.sum(jnp.where(scored, lse - target, 0.0)) + ZM * jnp.sum(jnp.where(scored, lse ** 2, 0.0))
 
 
+@pytest.mark.parametrize("kernels", sorted(KERNELS))
 @pytest.mark.parametrize("chunk", [24, 8, 5])
-def test_fused_loss_value_and_gradients_equal_autodiff_of_full_logits(chunk):
+def test_fused_loss_value_and_gradients_equal_autodiff_of_full_logits(chunk, kernels):
     h, w, labels = _inputs()
-    fused = lambda h, w: lm_loss(h, w, labels, z_loss_multiplier=ZM, chunk_size=chunk)[0]  # noqa: E731
+    fused = lambda h, w: lm_loss(h, w, labels, z_loss_multiplier=ZM, chunk_size=chunk,  # noqa: E731
+                                 kernels=KERNELS[kernels])[0]
     (val, (dh, dw)) = jax.jit(jax.value_and_grad(fused, argnums=(0, 1)))(h, w)
     (ref, (dh_r, dw_r)) = jax.jit(jax.value_and_grad(_reference, argnums=(0, 1)))(h, w, labels)
     assert float(val) == pytest.approx(float(ref), rel=1e-6)
@@ -99,10 +105,14 @@ def test_cpu_dense_backward_equals_einsum_autodiff(dtype):
 
 
 def test_loss_chunk_length_holds_the_rows_per_device():
-    assert LOSS_CHUNK_ROWS == 256
-    assert loss_chunk_positions(8) == 32 and loss_chunk_positions(1) == 256
-    assert loss_chunk_positions(1024) == 1                     # at least one position
-    assert jax.default_backend() == "cpu"
-    # no mesh, one CPU: 8 rows per micro-batch of 8 -> 32 positions; 2 micro-batches of 4 -> 64
-    assert _loss_chunk(TrainConfig(seq_len=512, global_batch_size=8), 1, None) == 32
-    assert _loss_chunk(TrainConfig(seq_len=512, global_batch_size=8), 2, None) == 64
+    cpu, tpu, gpu = PROFILES["cpu"], PROFILES["tpu"], PROFILES["gpu"]
+    assert cpu.loss_chunk_rows == 256
+    # one device: 256 rows over the sequences of a micro-batch; at least one position
+    assert cpu.loss_chunk(8, 1) == 32 and cpu.loss_chunk(1, 1) == 256 and cpu.loss_chunk(1024, 1) == 1
+    assert cpu.loss_chunk(3, 8) == 10            # 8 devices of one host: 32 rows each, 3 sequences
+    assert tpu.loss_chunk(8, 1) == gpu.loss_chunk(1, 4) == 1024   # positions, whatever the rows
+    # no mesh, one device: 8 rows per micro-batch of 8 -> 32 positions; 2 micro-batches of 4 -> 64
+    train = TrainConfig(seq_len=512, global_batch_size=8)
+    assert loss_chunk(train, 1, None, Runtime(profile=cpu)) == 32
+    assert loss_chunk(train, 2, None, Runtime(profile=cpu)) == 64
+    assert loss_chunk(train, 2, None, Runtime(profile=tpu)) == 1024

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     suite = EvalSuite.prepare(tasks=args.tasks, heldout=args.heldout, tokenizer=tok, model_ctx_len=ctx,
                               vocab_size=model.cfg.vocab_size, limit=args.limit,
                               heldout_max_docs=args.heldout_max_docs)
-    scorer = Scorer(model.cfg, Runtime(args.dtype), softmax_vocab=model.softmax_vocab)
+    scorer = Scorer(model.cfg, Runtime.resolve(args.dtype, attn_impl="xla"), softmax_vocab=model.softmax_vocab)
     results = suite.run(scorer, model.params, batch_size=args.batch_size,
                         progress=not args.no_progress and sys.stderr.isatty())
     report = {"checkpoint": str(args.checkpoint), "source": model.source, "model": to_dict(model.cfg),

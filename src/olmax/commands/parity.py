@@ -1,24 +1,30 @@
 """``olmax parity``: logits of HF transformers (torch, CPU) vs olmax on the same tokens.
 
     olmax parity HF_DIR [--checkpoint CKPT_DIR] [--seq-len N] [--batch B]
-                 [--dtype float32|bfloat16] [--seed S] [--json OUT.json]
-                 [--tokens FILE | --text FILE]
+                 [--dtype float32|bfloat16] [--profile auto|cpu|tpu|gpu]
+                 [--attn-impl auto|IMPL] [--seed S] [--json OUT.json] [--tokens FILE | --text FILE]
 
 Without --checkpoint the HF weights are converted in memory. Reports KL(HF||olmax) mean and max
 per position, top-1 agreement and max |logit diff| over the first vocab_size logits. The default
 sequence length is twice the largest sliding window (capped at max_position_embeddings). Needs
 torch and transformers. See ``olmax.interop.parity``.
+
+--profile runs olmax's code path of another platform on this machine (``olmax.platforms``): on
+CPU, ``tpu`` runs the TPU's path with splash attention in Pallas interpret mode (slow), ``gpu``
+the GPU's path with the attention it uses where cuDNN is not available (``chunked``).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import get_args
 
 from olmax.commands import HELP
-from olmax.config import OlmaxError
+from olmax.config import AttnImpl, OlmaxError
 from olmax.interop.parity import format_report, run_parity
 from olmax.io import write_json_atomic
+from olmax.platforms import PROFILE_NAMES
 
 
 def add_parser(subparsers) -> None:
@@ -31,6 +37,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seq-len", type=int, default=None, metavar="N")
     p.add_argument("--batch", type=int, default=1, metavar="B")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--profile", choices=PROFILE_NAMES, default="auto",
+                   help="platform profile whose code path olmax runs (default: this machine's)")
+    p.add_argument("--attn-impl", choices=get_args(AttnImpl), default="auto",
+                   help="attention implementation (default: the profile's)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random token ids")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tokens", metavar="FILE", default=None,
@@ -54,7 +64,8 @@ def _run(args) -> int:
             raise OlmaxError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     report = run_parity(args.hf_dir, checkpoint=args.checkpoint, seq_len=args.seq_len,
                         batch=args.batch, dtype=args.dtype, seed=args.seed,
-                        token_file=args.tokens, text=text)
+                        token_file=args.tokens, text=text, profile=args.profile,
+                        attn_impl=args.attn_impl)
     print(format_report(report))
     if args.json:
         write_json_atomic(args.json, report)

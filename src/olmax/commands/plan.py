@@ -1,4 +1,4 @@
-"""``olmax plan RECIPE [key=value ...] [--topology NAME] [--json OUT]``
+"""``olmax plan RECIPE [key=value ...] [--topology NAME] [--profile P] [--json OUT]``
 
 Compile the recipe's real training step ahead of time -- for a TPU topology (``--topology
 tpu7x:2x2x2``, ``v5p:4x4x4``, ``v5e:2x2``, ``v6e:4x4``; needs the tpu extra, Python >= 3.12), for a GPU
@@ -9,6 +9,9 @@ FLOPs per step (analytic, both conventions, and XLA's count with loop trip count
 estimated step time with tokens/s/chip and MFU (labelled with its method), the collectives in the
 compiled program, and the compile time. A step that does not fit is one line with the bytes
 needed and available.
+
+``--profile`` (the same as the override ``train.profile=...``) compiles another platform's code
+path of the model (``olmax.platforms``); by default the target's own.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 from olmax.commands import HELP
 from olmax.io import refuse_existing, write_json_atomic
 from olmax.perf.plan import DoesNotFit, format_plan, plan
+from olmax.platforms import PROFILE_NAMES
 from olmax.train.recipes import load_recipe
 
 
@@ -29,6 +33,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--topology", default=None,
                    help="TPU topology (e.g. tpu7x:2x2x2, v5p:4x4x4) or GPU target (h100:8, h200:8) "
                         "to compile for; default: the local devices")
+    p.add_argument("--profile", choices=PROFILE_NAMES, default=None,
+                   help="platform profile of the model's code path (train.profile; default: the "
+                        "recipe's, auto: the target's)")
     p.add_argument("--no-parts", action="store_true",
                    help="skip compiling the unscanned parts (no XLA FLOPs count, no estimate)")
     p.add_argument("--hlo", dest="hlo_out", help="also write the compiled step's optimized HLO text here")
@@ -40,7 +47,8 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.json_out:
         refuse_existing(args.json_out, args.force, flag="--json")
-    cfg = load_recipe(args.recipe, args.overrides, find_mix=False)   # the plan reads no data
+    overrides = [*args.overrides, *([f"train.profile={args.profile}"] if args.profile else [])]
+    cfg = load_recipe(args.recipe, overrides, find_mix=False)   # the plan reads no data
     try:
         result = plan(cfg, args.topology, parts=not args.no_parts, hlo_out=args.hlo_out)
     except DoesNotFit as e:

@@ -188,12 +188,16 @@ def _check_same_architecture(ckpt_cfg: ModelConfig, hf_cfg: ModelConfig, ckpt: A
 def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | None = None,
                seq_len: int | None = None, batch: int = 1, dtype: str = "float32", seed: int = 0,
                tokens: np.ndarray | None = None, token_file: str | None = None,
-               text: str | None = None) -> dict[str, Any]:
-    """Run both models on the same batch and return the parity report (a JSON-able dict)."""
+               text: str | None = None, profile: str = "auto", attn_impl: str = "auto") -> dict[str, Any]:
+    """Run both models on the same batch and return the parity report (a JSON-able dict).
+    ``profile``: the platform profile whose code path olmax runs (``auto``: this machine's
+    devices'; ``cpu``, ``tpu``, ``gpu`` force it, see :mod:`olmax.platforms`), with its attention
+    for ``attn_impl=auto``."""
     if dtype not in DTYPES:
         raise ConfigError(f"unsupported dtype '{dtype}' (choose from {', '.join(DTYPES)})")
     if batch < 1 or (seq_len is not None and seq_len < 1):
         raise ConfigError("batch and seq_len must be positive")
+    runtime = Runtime.resolve(dtype, attn_impl=attn_impl, profile=profile)
     torch, transformers = _reference()
     params, cfg, source = _olmax_params(hf_dir, checkpoint, dtype)
     tokens, inputs = _inputs(cfg, hf_dir, tokens, token_file, text, batch,
@@ -201,7 +205,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     model = _hf_model(hf_dir, dtype)
     # fp32 means fp32: no TF32 / reduced-precision matmul passes on accelerators.
     with jax.default_matmul_precision("highest"):
-        fwd = jax.jit(lambda p, t: forward(p, t, cfg, Runtime(dtype)))
+        fwd = jax.jit(lambda p, t: forward(p, t, cfg, runtime))
     v = cfg.vocab_size
     windows = [w for w in cfg.window_pattern if w is not None]
     kl, agree, far_kl, max_diff, t_hf, t_ox = _compare(model, fwd, params, tokens, v,
@@ -213,6 +217,8 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "max_abs_logit_diff": max_diff,
         "num_positions": int(kl.size),
         "dtype": dtype,
+        "profile": runtime.profile_name,
+        "attn_impl": runtime.attn_impl,
         "seq_len": int(tokens.shape[1]),
         "batch": int(tokens.shape[0]),
         "vocab_compared": int(v),
@@ -298,7 +304,8 @@ def _inputs(cfg: ModelConfig, hf_dir: str | os.PathLike, tokens: np.ndarray | No
 
 def format_report(r: dict[str, Any]) -> str:
     lines = [
-        f"parity ({r['dtype']}, batch {r['batch']} x seq_len {r['seq_len']} = "
+        f"parity ({r['dtype']}, profile {r['profile']}, attention {r['attn_impl']}, "
+        f"batch {r['batch']} x seq_len {r['seq_len']} = "
         f"{r['num_positions']} positions, windows {r['window_pattern']}, vocab {r['vocab_compared']})",
         f"  KL(HF||olmax)  mean {r['kl_mean']:.3e}  max {r['kl_max']:.3e}",
         f"  top-1 agreement {100 * r['top1_agreement']:.4f} %",

@@ -8,6 +8,11 @@ fp32. The faster ones (:mod:`olmax.model.attention_impls`: block-sparse ``chunke
 ``dot_product``, ``cudnn``; :mod:`olmax.model.splash`: TPU ``splash``) are tested for equality
 against it; ``auto`` picks one for the platform. A new implementation is a function and one entry
 in :data:`IMPLEMENTATIONS` (and in ``olmax.config.AttnImpl``, the choices of ``train.attn_impl``).
+``auto`` is resolved by the platform profile (``olmax.platforms``), before the model runs.
+
+Hardware kernels (:data:`NATIVE_BACKEND`) run natively only when the program compiles for their
+backend; elsewhere in their portable form: splash in Pallas interpret mode (exact, slow), cuDNN
+through its fallback (``chunked``). Either is logged once; the window is never dropped.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import jax.numpy as jnp
 
 from olmax.model.attention_impls import chunked_attention, cudnn_attention, dot_product_attention
 from olmax.model.attention_ref import xla_attention
-from olmax.model.logical import context_platform
 from olmax.model.splash import splash_attention
 
 AttentionFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray, "int | None", float], jnp.ndarray]
@@ -32,27 +36,18 @@ IMPLEMENTATIONS: dict[str, AttentionFn] = {
 }
 
 
-# ``auto``: the fastest exact implementation for the platform the computation compiles for.
-AUTO_BY_PLATFORM = {"tpu": "splash", "gpu": "cudnn"}
-AUTO_DEFAULT = "chunked"
+# The backend each hardware kernel needs: there it runs natively (``native=True``).
+NATIVE_BACKEND = {"splash": "tpu", "cudnn": "gpu"}
 
 
-def resolve_attn_impl(impl: str, platform: str | None = None) -> str:
-    """``impl`` itself, or for ``"auto"`` the implementation for ``platform`` ('tpu': splash,
-    'gpu': cudnn, anything else: chunked). Without a platform: the platform of the mesh being
-    traced under, else JAX's default backend."""
-    if impl != "auto":
-        return impl
-    platform = platform or context_platform()
-    platform = "gpu" if platform in ("cuda", "rocm") else platform
-    return AUTO_BY_PLATFORM.get(platform, AUTO_DEFAULT)
-
-
-def attention(q, k, v, window: int | None, scale: float, impl: str = "xla") -> jnp.ndarray:
-    impl = resolve_attn_impl(impl)
+def attention(q, k, v, window: int | None, scale: float, impl: str = "xla",
+              backend: str | None = None) -> jnp.ndarray:
+    """Attention by the implementation ``impl`` in a program compiled by ``backend``."""
     try:
         fn = IMPLEMENTATIONS[impl]
     except KeyError:
         raise ValueError(f"unknown attention implementation '{impl}' "
-                         f"(known: auto, {', '.join(IMPLEMENTATIONS)})") from None
+                         f"(known: {', '.join(IMPLEMENTATIONS)})") from None
+    if impl in NATIVE_BACKEND:
+        return fn(q, k, v, window, scale, native=backend == NATIVE_BACKEND[impl])
     return fn(q, k, v, window, scale)

@@ -20,9 +20,10 @@ scale, and return ``[B, T, Hq, D]`` in q's dtype. Scores and softmax are fp32, a
     this implementation against the reference also pin down the window convention given to cuDNN.
 ``cudnn``
     ``jax.nn.dot_product_attention(implementation="cudnn", local_window_size=(W-1, 0))`` (cuDNN
-    flash attention with a sliding window) when the arrays live on an NVIDIA GPU and are bf16/fp16.
-    Anywhere else (CPU/TPU, fp32, or cuDNN refusing the shape at trace time) it falls back to
-    ``chunked`` -- the window is always applied, never dropped; a fallback is logged once.
+    flash attention with a sliding window) in a program compiled for a GPU (``native``) with
+    bf16/fp16 inputs. Anywhere else (another backend, fp32, or cuDNN refusing the shape at trace
+    time) it falls back to ``chunked`` -- the window is always applied, never dropped; a fallback
+    is logged once. This fallback is what the ``gpu`` profile runs on CPU.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import jax
 import jax.numpy as jnp
 
 from olmax.model.attention_ref import NEG, per_device_attention
-from olmax.model.logical import context_platform
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +58,15 @@ def _softmax_pv(q, k, v, mask, scale):
     ``k``, ``v`` [..., c, D] (keys), the leading dimensions batch dimensions, ``mask``
     broadcastable to [..., r, c].
 
-    Every product is a row-major batched GEMM: the batch dimensions lead and are contiguous (heads
-    before positions) and no operand is contracted over its major dimension, which XLA's CPU
-    backend hands to a slower dot on operands converted to fp32. Measured at shape B of
-    ``benchmarks/shapes.py`` (bf16, 2-core AVX-512-bf16 CPU), forward + backward of one layer:
-    sliding 99 -> 73 ms, full 178 -> 127 ms, against the layout [B, T, H, D] with the heads
-    between positions and head dimension.
+    Every product is a row-major batched GEMM: the batch dimensions lead (heads before positions)
+    and no operand is contracted over its major dimension, which XLA's CPU backend would hand to a
+    slower dot on operands converted to fp32 (benchmarks/README.md, "CPU speed").
 
     The backward pass is flash attention's: from q, k, v, the output and the rows' logsumexp it
-    recomputes the probabilities (``exp(scores - lse)``) instead of keeping them from the forward
-    pass, so a layer holds no [.., r, c] scores or probabilities between its forward and backward
-    passes (at batch 8 x 512, 4 heads-groups of 8: 67 MB per array per layer, several per layer
-    under autodiff), and the softmax's backward is one element-wise pass,
-    ``ds = p (dp - rowsum(do o)) scale``. GEMM inputs are in the compute dtype, accumulation fp32."""
+    recomputes the probabilities (``exp(scores - lse)``) instead of keeping them, so a layer holds
+    no [.., r, c] scores or probabilities between its forward and backward passes, and the
+    softmax's backward is one element-wise pass, ``ds = p (dp - rowsum(do o)) scale``. GEMM inputs
+    are in the compute dtype, accumulation fp32."""
     return _softmax_pv_forward(q, k, v, mask, scale)[0]
 
 
@@ -88,15 +84,13 @@ def _rows_major(x_t: jnp.ndarray) -> jnp.ndarray:
     return jnp.moveaxis(x_t.reshape(*lead, split, c // split, r), -1, -3).reshape(*lead, r, c)
 
 
-def _after(x: jnp.ndarray, dep: jnp.ndarray) -> jnp.ndarray:
-    """``x`` unchanged (plus an exact zero), but computed from ``dep``: what consumes it cannot run
-    before ``dep`` exists. The backward pass's recomputation (scores, probabilities) depends only on
-    forward values, and XLA's CPU scheduler placed it in the forward pass, right after the layer's
-    attention -- every layer's fp32 probabilities then lived until the backward (shape B of
-    benchmarks/shapes.py, bf16: 288 MiB at the step's peak). ``optimization_barrier`` does not
-    hold there: XLA's CPU pipeline removes it before scheduling. The zero is -0.0, the exact
-    additive identity (``-0.0 + -0.0`` stays -0.0), also when ``dep`` is not finite; XLA does not
-    fold a float times zero away (NaN times zero is NaN)."""
+def depend_on(x: jnp.ndarray, dep: jnp.ndarray) -> jnp.ndarray:
+    """``x`` unchanged (plus an exact zero), but computed from ``dep``, so that nothing consuming
+    it can be scheduled before ``dep`` exists. The backward pass's recomputation depends only on
+    forward values, and XLA's CPU scheduler would otherwise hoist it into the forward pass, keeping
+    every layer's fp32 probabilities alive until the backward (``optimization_barrier`` does not
+    hold: that pipeline removes it before scheduling). The zero is -0.0, the exact additive
+    identity, also when ``dep`` is not finite; XLA does not fold a float times zero away."""
     d0 = dep.reshape(-1)[0]
     zero = jnp.where(jnp.isfinite(d0), -(jnp.abs(d0) * 0), -0.0)
     return x + zero.astype(x.dtype)
@@ -104,7 +98,7 @@ def _after(x: jnp.ndarray, dep: jnp.ndarray) -> jnp.ndarray:
 
 def _softmax_pv_bwd(scale, res, d_out):
     q, k, v, mask, out, lse = res
-    q = _after(q, d_out)
+    q = depend_on(q, d_out)
     # Recomputed key-major, [..., c, r]: the gradients of k and v contract over the query rows,
     # which are then the minor dimension of both operands.
     mask_t = jnp.swapaxes(mask, -1, -2)
@@ -181,8 +175,7 @@ def chunked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: in
     qh = q.reshape(b, t, hkv, g, d).transpose(0, 2, 1, 3, 4)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     full = window is None or window >= t
-    # Full layers: at least two query blocks, so that the upper triangle's blocks are skipped
-    # (at T = 512 on a 2-core CPU: 3/4 of the square's work, 129 -> 94 ms forward + backward).
+    # Full layers: at least two query blocks, so that the upper triangle's blocks are skipped.
     bq = min(block_size, -(-t // 2)) if full else min(block_size, window, t)
     if full and bq >= t:                      # one block: the whole causal square
         out = _softmax_pv(qh.reshape(b, hkv, t * g, d), kh, vh, _causal_mask(0, t, t, g), scale)
@@ -209,14 +202,6 @@ def dot_product_attention(q, k, v, window: int | None, scale: float) -> jnp.ndar
     return out.astype(q.dtype)
 
 
-def _on_gpu(x: jnp.ndarray) -> bool:
-    try:
-        devices = x.devices()  # concrete arrays
-    except Exception:  # tracers: decide by the platform the computation compiles for
-        return context_platform() in ("gpu", "cuda", "rocm")
-    return all(dev.platform == "gpu" for dev in devices)
-
-
 _warned: set[str] = set()
 
 
@@ -226,10 +211,11 @@ def _fallback(reason: str) -> None:
         log.warning("attention 'cudnn' unavailable (%s): using 'chunked' (window kept)", reason)
 
 
-def cudnn_attention(q, k, v, window: int | None, scale: float) -> jnp.ndarray:
-    """cuDNN flash attention with the sliding window on NVIDIA GPUs; ``chunked`` elsewhere."""
-    if not _on_gpu(q):
-        _fallback(f"no GPU (backend {jax.default_backend()})")
+def cudnn_attention(q, k, v, window: int | None, scale: float, *, native: bool = False) -> jnp.ndarray:
+    """cuDNN flash attention with the sliding window in a program compiled for a GPU
+    (``native``); ``chunked`` elsewhere."""
+    if not native:
+        _fallback("the program does not compile for a GPU")
         return chunked_attention(q, k, v, window, scale)
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         _fallback(f"dtype {q.dtype} (cuDNN needs bf16/fp16)")

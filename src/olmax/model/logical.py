@@ -70,11 +70,3 @@ def per_device(fn: Callable, arrays: tuple, axes: tuple) -> Any:
 def per_device_kernels(runner: Runner | None) -> contextlib.AbstractContextManager:
     """Trace model code with ``runner`` placing per-device kernels (None: run them as they are)."""
     return _bound(_RUNNER, runner)
-
-
-def context_platform() -> str:
-    """The platform being compiled for: that of the mesh traced under, else JAX's default backend
-    (they differ when compiling ahead of time for a TPU topology on a CPU host)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
-    return device.platform if device is not None else jax.default_backend()

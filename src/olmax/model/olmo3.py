@@ -20,9 +20,10 @@ The parameters (shapes, logical axes, initialisation, HF names) are declared in
 :mod:`olmax.model.params`; how the functions run (compute dtype, attention kernel, remat) is one
 :class:`~olmax.model.runtime.Runtime` value. Layers are stacked along a leading ``layers`` axis.
 The window pattern (period P) is scanned as groups of P layers with ``jax.lax.scan``, so compile
-time does not grow with depth (on accelerators; on CPU the scan is unrolled, see
-:func:`hidden_states`) and every layer inside a group has a static window (what block-sparse
-attention kernels need).
+time does not grow with depth (unless the platform profile unrolls it, as the CPU's does) and every
+layer inside a group has a static window (what block-sparse attention kernels need). Dense layers
+and norms come from the runtime's kernel set (:mod:`olmax.model.kernels`); this module never asks
+which device it runs on.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from olmax.config import ModelConfig
 from olmax.model.attention import attention
-from olmax.model.logical import constrain, context_platform
-from olmax.model.matmul import dense
+from olmax.model.kernels import Kernels
+from olmax.model.logical import constrain
 from olmax.model.rope import apply_rope, rope_tables
 from olmax.model.runtime import REMAT_POLICIES, Runtime
 
@@ -62,52 +63,9 @@ HEAD_WEIGHT = ("act_embed", "act_vocab")
 # Building blocks
 
 
-def _rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> tuple[jnp.ndarray, jnp.ndarray]:
-    x32 = x.astype(jnp.float32)
-    r = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-    return (weight.astype(jnp.float32) * (x32 * r)).astype(x.dtype), r
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _rms_norm_cpu(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
-    return _rms_norm(x, weight, eps)[0]
-
-
-def _rms_norm_cpu_fwd(x, weight, eps):
-    out, r = _rms_norm(x, weight, eps)
-    return out, (x, weight, r)
-
-
-def _rms_norm_cpu_bwd(eps, res, g):
-    """``y = x r``, ``r = (mean(x^2) + eps)^-1/2``, ``out = w y``: ``dw = sum_rows(g y)``,
-    ``dx = r (g w - y mean(g w y))``, all in fp32 from the saved input and ``r``."""
-    del eps
-    x, weight, r = res
-    x32, g32 = x.astype(jnp.float32), g.astype(jnp.float32)
-    gr = g32 * r
-    dw = jnp.sum(gr * x32, axis=tuple(range(x.ndim - weight.ndim)))
-    gwr = gr * weight.astype(jnp.float32)
-    dx = gwr - (x32 * (r * r)) * jnp.mean(gwr * x32, axis=-1, keepdims=True)
-    return dx.astype(x.dtype), dw.astype(weight.dtype)
-
-
-_rms_norm_cpu.defvjp(_rms_norm_cpu_fwd, _rms_norm_cpu_bwd)
-
-
-def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
-    """OLMo RMSNorm: fp32 normalisation *and* fp32 weight multiply, then cast to x.dtype.
-
-    On CPU the backward pass is written out (:func:`_rms_norm_cpu_bwd`) and keeps only the input
-    and the per-row ``r``: autodiff keeps the fp32 input, its normalised value and the weighted
-    product of every norm -- at shape B of benchmarks/shapes.py in bf16, 99 fp32 [B, T, D] buffers
-    live from the forward pass to the backward."""
-    if context_platform() == "cpu":
-        return _rms_norm_cpu(x, weight, eps)
-    return _rms_norm(x, weight, eps)[0]
-
-
 def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | None,
-                     sin: jnp.ndarray, cos: jnp.ndarray, attn_impl: str) -> jnp.ndarray:
+                     sin: jnp.ndarray, cos: jnp.ndarray, rt: Runtime) -> jnp.ndarray:
+    dense, rms_norm = rt.kernels.dense, rt.kernels.rms_norm
     b, t, _ = x.shape
     q = checkpoint_name(dense(x, p["q_proj"]), "q_proj")
     k = checkpoint_name(dense(x, p["k_proj"]), "k_proj")
@@ -123,30 +81,32 @@ def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | 
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
     q = constrain(apply_rope(q, sin, cos), Q_HEADS)
     k = constrain(apply_rope(k, sin, cos), KV_HEADS)
-    o = constrain(attention(q, k, v, window, cfg.head_dim ** -0.5, impl=attn_impl), Q_HEADS)
+    o = constrain(attention(q, k, v, window, cfg.head_dim ** -0.5, impl=rt.attn_impl, backend=rt.backend),
+                  Q_HEADS)
     return constrain(dense(o.reshape(b, t, cfg.q_dim), p["o_proj"]), HIDDEN)
 
 
-def _mlp_block(p: Params, x: jnp.ndarray) -> jnp.ndarray:
+def _mlp_block(p: Params, x: jnp.ndarray, kernels: Kernels) -> jnp.ndarray:
+    dense = kernels.dense
     gate = checkpoint_name(constrain(dense(x, p["gate_proj"]), MLP), "mlp_gate")
     up = checkpoint_name(constrain(dense(x, p["up_proj"]), MLP), "mlp_up")
     return constrain(dense(jax.nn.silu(gate) * up, p["down_proj"]), HIDDEN)
 
 
 def _layer(p: Params, h: jnp.ndarray, cfg: ModelConfig, window: int | None, sin, cos,
-           attn_impl: str) -> jnp.ndarray:
+           rt: Runtime) -> jnp.ndarray:
     eps = cfg.norm_eps
     name = checkpoint_name
+    rms_norm = rt.kernels.rms_norm
     h = constrain(h, HIDDEN)
     if cfg.block_type == "reordered_norm":
-        a = name(_attention_block(p, h, cfg, window, sin, cos, attn_impl), "attn_out")
+        a = name(_attention_block(p, h, cfg, window, sin, cos, rt), "attn_out")
         h = h + rms_norm(a, p["attn_norm"], eps)
-        m = name(_mlp_block(p, h), "mlp_out")
+        m = name(_mlp_block(p, h, rt.kernels), "mlp_out")
         return h + rms_norm(m, p["mlp_norm"], eps)
-    a = name(_attention_block(p, rms_norm(h, p["attn_norm"], eps), cfg, window, sin, cos, attn_impl),
-             "attn_out")
+    a = name(_attention_block(p, rms_norm(h, p["attn_norm"], eps), cfg, window, sin, cos, rt), "attn_out")
     h = h + a
-    m = name(_mlp_block(p, rms_norm(h, p["mlp_norm"], eps)), "mlp_out")
+    m = name(_mlp_block(p, rms_norm(h, p["mlp_norm"], eps), rt.kernels), "mlp_out")
     return h + m
 
 
@@ -159,11 +119,10 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
     """Final-normed hidden states [B, T, D] in ``runtime.compute_dtype``."""
     params = jax.tree.map(lambda x: x.astype(runtime.compute_dtype), params)
     b, t = tokens.shape
-    static = positions is None and context_platform() == "cpu"
-    # On CPU the tables of the plain 0..T-1 positions are computed once, when the step is traced,
-    # and enter the program as constants: XLA's CPU backend would otherwise fuse sin/cos into
-    # every consumer, evaluating them per element of each [B, T, H, D] rotation and its gradient
-    # (shape B of benchmarks/shapes.py, bf16: 1.05x the step, the same losses).
+    # The profile may ask for the tables of the plain 0..T-1 positions as constants computed when
+    # the program is traced (the CPU's: XLA's CPU backend would otherwise evaluate sin/cos inside
+    # every fused consumer, per element of each rotation and its gradient).
+    static = positions is None and runtime.rope_tables_at_trace
     with jax.ensure_compile_time_eval() if static else contextlib.nullcontext():
         if positions is None:
             positions = jnp.arange(t)
@@ -180,7 +139,7 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
     layer_fns = []
     for window in cfg.window_pattern:
         sin, cos = (sin_g, cos_g) if window is None else (sin_l, cos_l)
-        fn = partial(_layer, cfg=cfg, window=window, sin=sin, cos=cos, attn_impl=runtime.attn_impl)
+        fn = partial(_layer, cfg=cfg, window=window, sin=sin, cos=cos, rt=runtime)
         if runtime.remat != "none":
             fn = jax.checkpoint(fn, policy=REMAT_POLICIES[runtime.remat])
         layer_fns.append(fn)
@@ -190,12 +149,10 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
             h = fn(jax.tree.map(lambda x: x[j], gp), h)
         return h, None
 
-    # Unrolled on CPU: XLA's CPU backend copies a scanned loop's stacked residuals in and out of
-    # their buffers (measured at shape B of benchmarks/shapes.py, bf16: 5.26 -> 4.33 s per step,
-    # temporaries 3.47 -> 2.41 GiB). Elsewhere one compiled body, whatever the depth.
-    unroll = True if context_platform() == "cpu" else 1
-    h, _ = jax.lax.scan(group, h, stacked, unroll=unroll)
-    return constrain(rms_norm(h, params["final_norm"], cfg.norm_eps), HIDDEN)
+    # Unrolled where the profile asks (the CPU's: XLA's CPU backend copies a scanned loop's stacked
+    # residuals in and out of their buffers); elsewhere one compiled body, whatever the depth.
+    h, _ = jax.lax.scan(group, h, stacked, unroll=True if runtime.unroll_layers else 1)
+    return constrain(runtime.kernels.rms_norm(h, params["final_norm"], cfg.norm_eps), HIDDEN)
 
 
 def lm_head_weight(params: Params, cfg: ModelConfig) -> jnp.ndarray:

@@ -1,22 +1,30 @@
 """How the model runs, as one value: :class:`Runtime` (compute dtype, attention implementation,
-remat policy), and the one table of compute dtypes by name.
+remat policy, platform profile), and the one table of compute dtypes by name.
 
 The architecture is the config (:class:`olmax.config.ModelConfig`); a Runtime only chooses how the
 same function is computed: in which dtype the matmuls run (parameters are cast to it; RMSNorm,
 RoPE, softmax and logits stay fp32), which attention kernel runs (every one equals the ``xla``
-reference), and what the backward pass recomputes instead of storing (named remat policies).
+reference), what the backward pass recomputes instead of storing (named remat policies), and the
+platform profile's choices (:mod:`olmax.platforms`: kernel set, layer-scan unrolling, RoPE tables).
+
+The model reads only this value; it never asks which device it runs on. A Runtime built without a
+profile runs the plain JAX path: the reference kernels, a rolled layer scan, RoPE traced per call
+(the path of the TPU and GPU profiles). :meth:`Runtime.of` resolves a training config's profile
+for the devices the program compiles for.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
 
 from olmax.config import ConfigError, TrainConfig
 from olmax.model.attention import IMPLEMENTATIONS
+from olmax.model.kernels import KERNELS, Kernels
+from olmax.platforms import Profile, backend_of, profile_for
 
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -63,18 +71,55 @@ def dtype_of(name: str | Any) -> Any:
 @dataclass(frozen=True)
 class Runtime:
     compute_dtype: Any = jnp.float32     # a dtype or its name
-    attn_impl: str = "xla"               # "auto" or a key of olmax.model.attention.IMPLEMENTATIONS
+    attn_impl: str = "xla"               # "auto" (needs a profile) or a key of IMPLEMENTATIONS
     remat: str = "none"                  # a key of REMAT_POLICIES
+    profile: Profile | None = None       # None: the plain JAX path (see the module docstring)
+    # The backend the program compiles for. It decides only whether a hardware kernel runs
+    # natively (splash by Mosaic on TPU, cuDNN on GPU) or in its portable form (Pallas interpret
+    # mode; cuDNN's fallback). None: no hardware kernel runs natively.
+    backend: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_dtype", dtype_of(self.compute_dtype))
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"unknown remat policy '{self.remat}' (known: {', '.join(REMAT_POLICIES)})")
-        if self.attn_impl != "auto" and self.attn_impl not in IMPLEMENTATIONS:
+        if self.attn_impl == "auto":
+            if self.profile is None:
+                raise ValueError("attention implementation 'auto' needs a platform profile")
+            object.__setattr__(self, "attn_impl", self.profile.attn_auto)
+        if self.attn_impl not in IMPLEMENTATIONS:
             raise ValueError(f"unknown attention implementation '{self.attn_impl}' "
                              f"(known: auto, {', '.join(IMPLEMENTATIONS)})")
 
     @classmethod
-    def of(cls, train: TrainConfig) -> "Runtime":
-        """The runtime a training config asks for (``train.compute_dtype/attn_impl/remat``)."""
-        return cls(train.compute_dtype, train.attn_impl, train.remat)
+    def of(cls, train: TrainConfig, devices: Iterable | None = None, **changes: Any) -> "Runtime":
+        """The runtime a training config asks for (``train.compute_dtype/attn_impl/remat/profile``)
+        on ``devices`` (default: JAX's devices; a mesh's ``devices.flat``; a topology's devices
+        when compiling ahead of time), with ``changes`` to those fields."""
+        return cls.resolve(**{"compute_dtype": train.compute_dtype, "attn_impl": train.attn_impl,
+                              "remat": train.remat, "profile": train.profile, **changes},
+                           devices=devices)
+
+    @classmethod
+    def resolve(cls, compute_dtype: Any = "float32", attn_impl: str = "auto", remat: str = "none",
+                profile: str = "auto", devices: Iterable | None = None) -> "Runtime":
+        """A runtime with the platform profile ``profile`` (``auto``: the devices' platform) for
+        a program compiled for ``devices``."""
+        backend = backend_of(devices)
+        return cls(compute_dtype, attn_impl, remat, profile_for(profile, backend), backend)
+
+    @property
+    def kernels(self) -> Kernels:
+        return KERNELS[self.profile.kernels if self.profile else "reference"]
+
+    @property
+    def unroll_layers(self) -> bool:
+        return bool(self.profile and self.profile.unroll_layers)
+
+    @property
+    def rope_tables_at_trace(self) -> bool:
+        return bool(self.profile and self.profile.rope_tables_at_trace)
+
+    @property
+    def profile_name(self) -> str:
+        return self.profile.name if self.profile else "reference"

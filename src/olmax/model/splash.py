@@ -19,8 +19,9 @@ block by block (online softmax in fp32 scratch, bf16 or fp32 matmul operands) an
   batch over ``data x fsdp``, heads over ``tensor`` where it divides both head counts), so XLA never
   gathers q/k/v to run a custom call it cannot partition. Each device ``vmap``s over its sequences.
 
-On a TPU the kernel is compiled by Mosaic; elsewhere it runs in Pallas interpret mode (exact, slow:
-for tests), which is logged once. The kernel's FLOPs are not visible to XLA's cost analysis, so
+In a program compiled for TPU (``native``) the kernel is compiled by Mosaic; elsewhere it runs in
+Pallas interpret mode (exact, slow: how the TPU profile's code path is tested on CPU), which is
+logged once. Any sequence length the model accepts is padded inside, as above. The kernel's FLOPs are not visible to XLA's cost analysis, so
 every call is wrapped in a named scope ``olmax_splash[...]`` that records its shape, and
 :func:`kernel_flops` gives the FLOPs the kernels execute (``olmax plan`` adds them to XLA's count).
 """
@@ -36,7 +37,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from olmax.model.attention_ref import per_device_attention
-from olmax.model.logical import context_platform
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +136,13 @@ def _local_splash(q, k, v, window: int | None, scale: float, block: int, interpr
 
 
 def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
-                     scale: float, block_size: int = DEFAULT_BLOCK) -> jnp.ndarray:
-    """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring)."""
-    platform = context_platform()
-    interpret = platform != "tpu"
-    if interpret and platform not in _warned:
-        _warned.add(platform)
-        log.warning("attention 'splash' on %s runs the TPU kernel in Pallas interpret mode "
-                    "(exact but slow; 'chunked' is the fast path off TPU)", platform)
+                     scale: float, block_size: int = DEFAULT_BLOCK, *, native: bool = False) -> jnp.ndarray:
+    """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring).
+    ``native``: the program compiles for TPU (else Pallas interpret mode)."""
+    if not native and not _warned:
+        _warned.add("interpret")
+        log.warning("attention 'splash' runs the TPU kernel in Pallas interpret mode: the program "
+                    "does not compile for a TPU (exact but slow; 'chunked' is the fast path off TPU)")
     fn = functools.partial(_local_splash, window=window, scale=scale, block=block_size,
-                           interpret=interpret)
+                           interpret=not native)
     return per_device_attention(fn, q, k, v).astype(q.dtype)

@@ -28,10 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from olmax.config import ConfigError, RunConfig
-from olmax.model.attention import resolve_attn_impl
 from olmax.model.flops import flops_per_token, mfu, peak_flops
 from olmax.model.params import count_params, init_params
-from olmax.model.runtime import dtype_of
+from olmax.model.runtime import Runtime, dtype_of
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state
 from olmax.train.step import jit_train_step, make_train_step, num_micro_batches
@@ -81,6 +80,7 @@ class TrainBench:
     batch: int
     seq_len: int
     compute_dtype: str
+    profile: str
     attn_impl: str
     remat: str
     steps: int
@@ -125,7 +125,9 @@ class TrainStepRunner:
         model_cfg, train_cfg = cfg.model, cfg.train
         b, t = train_cfg.global_batch_size, train_cfg.seq_len
         tx = build_optimizer(cfg.optim)
-        step = make_train_step(model_cfg, train_cfg, tx, n_micro=num_micro_batches(train_cfg, 1))
+        self.runtime = Runtime.of(train_cfg, jax.devices()[:1])
+        step = make_train_step(model_cfg, train_cfg, tx, n_micro=num_micro_batches(train_cfg, 1),
+                               runtime=self.runtime)
         self.state = init_train_state(init_params(model_cfg, jax.random.key(seed)), tx)
         rng = np.random.default_rng(seed)
         self.batch = {"tokens": jnp.asarray(rng.integers(0, model_cfg.vocab_size, (b, t)), jnp.int32),
@@ -169,7 +171,7 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
     return TrainBench(
         device=device.device_kind, platform=device.platform, n_params=count_params(model_cfg),
         batch=b, seq_len=t, compute_dtype=train_cfg.compute_dtype,
-        attn_impl=resolve_attn_impl(train_cfg.attn_impl, device.platform),
+        profile=runner.runtime.profile_name, attn_impl=runner.runtime.attn_impl,
         remat=train_cfg.remat, steps=steps, compile_s=compile_s, step_s=step_s,
         step_s_mean=statistics.fmean(times), step_s_min=min(times), tokens_per_s=tps,
         flops_per_token_olmo_core=f_oc, flops_per_token_causal=f_c,
@@ -187,7 +189,7 @@ def format_train(r: TrainBench) -> str:
     lines = [
         f"device            {r.device} ({r.platform})",
         f"model             {r.n_params / 1e6:.1f}M params, batch {r.batch} x seq {r.seq_len}, "
-        f"{r.compute_dtype}, attn={r.attn_impl}, remat={r.remat}",
+        f"{r.compute_dtype}, profile={r.profile}, attn={r.attn_impl}, remat={r.remat}",
         f"compile           {r.compile_s:.2f} s",
         f"step (median)     {r.step_s * 1e3:.1f} ms  (mean {r.step_s_mean * 1e3:.1f}, "
         f"min {r.step_s_min * 1e3:.1f}; {r.steps} steps)",

@@ -273,12 +273,13 @@ def local_model(model, tensor: int):
 
 
 def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_devices: int,
-                attn_impl: str, *, only: tuple[str, ...] = ("A", "H", "O"),
+                runtime, *, only: tuple[str, ...] = ("A", "H", "O"),
                 hlo_dir: str | None = None, groups: int = 1) -> dict:
     """Cost analyses of the step's parts as one device runs them, compiled unscanned for that
     device alone (no collectives: XLA's cost model gives collectives no usable time): (A) the loss
     with one layer group, forward + backward; (H) LM head + loss, forward + backward; (O) the
-    optimizer update over this device's 1/n of the state. ``only``: the parts to compile;
+    optimizer update over this device's 1/n of the state, with the model run as ``runtime`` says
+    (an :class:`olmax.model.runtime.Runtime`, its profile resolved). ``only``: the parts to compile;
     ``hlo_dir``: also write each part's optimized HLO text there as ``part_<name>.hlo.txt``;
     ``groups``: layer groups in (A) (two give one group's cost as the difference from one)."""
     import jax
@@ -287,14 +288,12 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     from olmax.model.params import abstract_params
-    from olmax.model.runtime import Runtime
     from olmax.parallel.mesh import MESH_AXES
     from olmax.train.loss import lm_loss, loss_and_sums
     from olmax.train.optim import build_optimizer
     from olmax.train.step import traced_under_mesh
 
     model, train = local_model(cfg.model, tensor), cfg.train
-    runtime = Runtime(train.compute_dtype, attn_impl, train.remat)
     dtype = runtime.compute_dtype
     t, b = train.seq_len, per_device_batch
     mesh = Mesh(np.asarray([device]).reshape(1, 1, 1), MESH_AXES)
@@ -321,7 +320,8 @@ def _part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_de
         out["A"] = cost("A", jax.grad(loss_a), p_group, tok, tok)
 
     def loss_h(h, w, y):
-        return lm_loss(h, w, y, z_loss_multiplier=train.z_loss_multiplier, chunk_size=t)[0] / (b * t)
+        return lm_loss(h, w, y, z_loss_multiplier=train.z_loss_multiplier, chunk_size=t,
+                       kernels=runtime.kernels)[0] / (b * t)
     if "H" in only:
         out["H"] = cost("H", jax.grad(loss_h, argnums=(0, 1)), spec((b, t, model.d_model), dtype),
                         spec((model.d_model, model.padded_vocab_size), dtype), tok)
@@ -354,6 +354,7 @@ class Plan:
     topology: str | None
     num_devices: int
     device_kind: str
+    profile: str
     attn_impl: str
     remat: str
     global_batch_size: int
@@ -414,7 +415,8 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
              "instance_mask": jax.ShapeDtypeStruct((b,), jnp.bool_,
                                                    sharding=st.batch_shardings["instance_mask"])}
     lr = jax.ShapeDtypeStruct((), jnp.float32)
-    where = f"{topology or dev.platform} x{n}, batch {b} x {t}, remat={train.remat}, attn={st.attn_impl}"
+    where = (f"{topology or dev.platform} x{n}, batch {b} x {t}, remat={train.remat}, "
+             f"attn={st.runtime.attn_impl}, profile={st.runtime.profile_name}")
     t0 = time.perf_counter()
     with _filtered_stderr() if topology and dev.platform == "tpu" else contextlib.nullcontext():
         compiled = _compile(st.step_fn.lower(st.abstract_state, batch, lr), f"the step ({where})")
@@ -454,7 +456,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
                 "mfu_olmo_core": None, "mfu_causal": None}
     if parts:
         per_device = b // st.n_micro // data_parallel_size(mesh)
-        pc = _part_costs(cfg, dev, per_device, mesh.shape["tensor"], n, st.attn_impl)
+        pc = _part_costs(cfg, dev, per_device, mesh.shape["tensor"], n, st.runtime)
         a, h, o = pc["A"], pc["H"], pc["O"]
         m = st.n_micro
 
@@ -493,7 +495,8 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     else:
         estimate["method"] = "not computed (parts skipped)"
 
-    return Plan(topology=topology, num_devices=n, device_kind=dev.device_kind, attn_impl=st.attn_impl,
+    return Plan(topology=topology, num_devices=n, device_kind=dev.device_kind,
+                profile=st.runtime.profile_name, attn_impl=st.runtime.attn_impl,
                 remat=train.remat, global_batch_size=b, seq_len=t, memory=memory,
                 flops_per_step=flops, estimate=estimate, collectives=hlo.collectives(prog),
                 compile_s=compile_s, details=details)
@@ -516,7 +519,7 @@ def format_plan(p: Plan) -> str:
         ("target", f"{p.topology or 'local devices'}: {p.num_devices} x {p.device_kind} "
                    f"({d['chips']} chips), mesh {d['mesh']}"),
         ("step", f"batch {p.global_batch_size} x seq {p.seq_len}, {d['n_micro']} micro-batch(es), "
-                 f"attn={p.attn_impl}, remat={p.remat}"),
+                 f"profile={p.profile}, attn={p.attn_impl}, remat={p.remat}"),
         ("compile", f"{p.compile_s:.1f} s"),
         ("memory / device", f"arguments {_gib(m['argument_bytes'])}, outputs {_gib(m['output_bytes'])}, "
                             f"temporaries {_gib(m['temp_bytes'])}, aliased {_gib(m['alias_bytes'])}, "

@@ -24,7 +24,9 @@ hidden states and adds to the head's gradient. Neither pass holds more than one 
 logits are computed once per step (not recomputed in the backward pass), and the backward pass only
 scales the stored gradients by the incoming cotangent. Under ``compute_dtype=bfloat16`` the
 logits' gradient is rounded to bf16 for the two backward GEMMs (fp32 accumulation), as a bf16
-autocast backward does; the head's gradient accumulates in fp32.
+autocast backward does; the head's gradient accumulates in fp32 (by the runtime's kernel set's
+``contract_rows``). How many positions a chunk holds is the platform profile's rule
+(``olmax.platforms.Profile.loss_chunk``).
 """
 
 from __future__ import annotations
@@ -37,25 +39,12 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from olmax.config import ModelConfig
+from olmax.model.kernels import KERNELS, Kernels
 from olmax.model.logical import constrain
-from olmax.model.matmul import contract_rows
 from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, seq_chunks
 from olmax.model.runtime import Runtime
 
 IGNORE_INDEX = -100
-
-# Rows (positions x sequences) of logits per loss chunk on one device when the caller does not
-# choose: 256 rows x 100352 fp32 logits = 103 MB live. Measured on a 2-core CPU (LM head 256 x 100352,
-# 4096 rows per step, fwd+bwd of the fused loss, CPU seconds): 256, 512 and 1024 rows within 5 % of
-# each other, 4096 rows (one chunk) 5-10 % slower and 16x the memory. In the whole bf16 step (shape A
-# of benchmarks/shapes.py, interleaved, AMD EPYC 2 cores) 256 rows run level with 512 (3.37 vs 3.27 s,
-# within the rounds' spread; shape B 4.14 vs 4.11 s) and hold 146 MB less: temporaries 1.41 vs
-# 1.56 GiB (XLA's memory analysis); 128 rows hold more again (1.44 GiB).
-LOSS_CHUNK_ROWS = 256
-# Positions per loss chunk on accelerators (TPU, GPU): the chunking the 7B TPU study compiled
-# (benchmarks/README.md); at 2 x 8192 per device, 2048 rows x 100352 fp32 logits = 822 MB live.
-ACCEL_CHUNK_POSITIONS = 1024
-
 
 class LossSums(NamedTuple):
     """Unnormalised sums over scored positions (fp32)."""
@@ -82,12 +71,6 @@ def loss_denominator(labels: jax.Array, instance_mask: jax.Array | None = None) 
     if instance_mask is not None:
         n = n + jnp.sum(~instance_mask).astype(jnp.float32) * labels.shape[1]
     return n
-
-
-def loss_chunk_positions(rows_per_device: int, rows: int = LOSS_CHUNK_ROWS) -> int:
-    """Chunk length along the sequence so that a chunk holds about ``rows`` positions per device,
-    given the (micro-)batch rows each device holds."""
-    return max(1, rows // max(1, rows_per_device))
 
 
 # One chunk's positions as rows: [N, D] hidden states and [N, V] logits, N = B x c (batch-major, so
@@ -128,7 +111,8 @@ def _logits_grad(e, s, lse, scored, safe, z_loss_multiplier: float, dtype) -> ja
     return constrain(jnp.where(hit, p - 1.0, p).astype(dtype), _ROW_LOGITS)
 
 
-def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, with_grads: bool):
+def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, kernels: Kernels,
+               with_grads: bool):
     b, t, d = h.shape
     wc = w.astype(h.dtype)
     zero = jnp.zeros((), jnp.float32)
@@ -144,7 +128,7 @@ def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, with_gra
             return sums, None
         g = _logits_grad(e, s, lse, scored, safe, z_loss_multiplier, wc.dtype)
         dh = jnp.einsum("nv,dv->nd", g, wc, preferred_element_type=jnp.float32).astype(h.dtype)
-        return sums + (carry[2] + contract_rows(h_i, g),), constrain(dh.reshape(b, c, d), HIDDEN)
+        return sums + (carry[2] + kernels.contract_rows(h_i, g),), constrain(dh.reshape(b, c, d), HIDDEN)
 
     init = (zero, zero) + ((jnp.zeros(w.shape, jnp.float32),) if with_grads else ())
     carry, dh = jax.lax.scan(body, init, (seq_chunks(h, chunk_size), seq_chunks(labels, chunk_size)))
@@ -154,20 +138,20 @@ def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, with_gra
     return sums, constrain(dh.swapaxes(0, 1).reshape(b, t, d), HIDDEN), carry[2]
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fused_loss(h, w, labels, z_loss_multiplier, chunk_size):
-    sums = _scan_loss(h, w, labels, z_loss_multiplier, chunk_size, with_grads=False)
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fused_loss(h, w, labels, z_loss_multiplier, chunk_size, kernels):
+    sums = _scan_loss(h, w, labels, z_loss_multiplier, chunk_size, kernels, with_grads=False)
     return sums.ce + sums.z, sums
 
 
-def _fused_loss_fwd(h, w, labels, z_loss_multiplier, chunk_size):
-    sums, dh, dw = _scan_loss(h.value, w.value, labels.value, z_loss_multiplier, chunk_size,
+def _fused_loss_fwd(h, w, labels, z_loss_multiplier, chunk_size, kernels):
+    sums, dh, dw = _scan_loss(h.value, w.value, labels.value, z_loss_multiplier, chunk_size, kernels,
                               with_grads=True)
     return (sums.ce + sums.z, sums), (dh, dw)
 
 
-def _fused_loss_bwd(z_loss_multiplier, chunk_size, res, cotangents):
-    del z_loss_multiplier, chunk_size
+def _fused_loss_bwd(z_loss_multiplier, chunk_size, kernels, res, cotangents):
+    del z_loss_multiplier, chunk_size, kernels
     dh, dw = res
     g_total, g_sums = cotangents
     if not all(isinstance(x, SymbolicZero) for x in jax.tree.leaves(
@@ -184,21 +168,23 @@ _fused_loss.defvjp(_fused_loss_fwd, _fused_loss_bwd, symbolic_zeros=True)
 
 
 def lm_loss(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multiplier: float,
-            chunk_size: int = 1024) -> tuple[jax.Array, LossSums]:
+            chunk_size: int = 1024, kernels: Kernels = KERNELS["reference"]) -> tuple[jax.Array, LossSums]:
     """``(ce_sum + z_sum, LossSums)`` of final hidden states ``h`` [B, T, D] under the head ``w``
     [D, V] (cast to ``h``'s dtype for the GEMMs); the total is differentiable with respect to ``h``
     and ``w`` (the head's gradient in ``w``'s dtype, accumulated in fp32), the sums are statistics.
 
     Fused and chunked (see the module docstring): chunks of (at most) ``chunk_size`` positions, so
-    at most ``B * chunk_size * V`` fp32 logits are live, in the forward pass only.
+    at most ``B * chunk_size * V`` fp32 logits are live, in the forward pass only. ``kernels``:
+    the kernel set whose ``contract_rows`` forms the head's gradient.
     """
-    return _fused_loss(h, w, labels, float(z_loss_multiplier), int(chunk_size))
+    return _fused_loss(h, w, labels, float(z_loss_multiplier), int(chunk_size), kernels)
 
 
 def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multiplier: float,
-                 chunk_size: int = 1024) -> LossSums:
+                 chunk_size: int = 1024, kernels: Kernels = KERNELS["reference"]) -> LossSums:
     """CE and z-loss sums of final hidden states ``h`` [B, T, D] under the head ``w`` [D, V]."""
-    return lm_loss(h, w, labels, z_loss_multiplier=z_loss_multiplier, chunk_size=chunk_size)[1]
+    return lm_loss(h, w, labels, z_loss_multiplier=z_loss_multiplier, chunk_size=chunk_size,
+                   kernels=kernels)[1]
 
 
 def loss_and_sums(params, tokens: jax.Array, labels: jax.Array, denominator: jax.Array,
@@ -207,5 +193,5 @@ def loss_and_sums(params, tokens: jax.Array, labels: jax.Array, denominator: jax
     """``(ce_sum + z_sum) / denominator`` for one (micro-)batch, and the sums; differentiable."""
     h = hidden_states(params, tokens, cfg, runtime)
     total, sums = lm_loss(h, lm_head_weight(params, cfg), labels, z_loss_multiplier=z_loss_multiplier,
-                          chunk_size=chunk_size)
+                          chunk_size=chunk_size, kernels=runtime.kernels)
     return total / denominator, sums

@@ -6,12 +6,14 @@ The global batch ``tokens`` [B, T] (sharded by rows over ``data x fsdp``) is spl
 loss is divided by the whole batch's scored-token count (OLMo-core normalisation), so the summed
 gradients are the full-batch gradient. Gradients and sums accumulate in fp32; parameters and Adam
 state stay fp32, the forward runs in ``train.compute_dtype`` (:class:`olmax.model.runtime.Runtime`).
+
+The platform profile (``train.profile``, :mod:`olmax.platforms`) is resolved here, once, for the
+devices the step compiles for (the mesh's), and the model reads it from the Runtime.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from functools import cache, partial, wraps
+from functools import partial, wraps
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -20,14 +22,13 @@ import optax
 from jax.sharding import Mesh
 
 from olmax.config import ConfigError, ModelConfig, TrainConfig
-from olmax.model.attention import resolve_attn_impl
 from olmax.model.params import abstract_params, init_params
 from olmax.model.runtime import Runtime
 from olmax.parallel.mesh import data_parallel_size
 from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings, placed_on,
                                      replicated)
-from olmax.train.loss import (ACCEL_CHUNK_POSITIONS, LOSS_CHUNK_ROWS, loss_and_sums, loss_chunk_positions,
-                              loss_denominator, make_labels)
+from olmax.platforms import backend_of, compiler_options
+from olmax.train.loss import loss_and_sums, loss_denominator, make_labels
 from olmax.train.optim import last_step_info
 from olmax.train.state import TrainState, init_train_state
 
@@ -45,34 +46,36 @@ def num_micro_batches(train_cfg: TrainConfig, dp: int) -> int:
     return per_device // mb
 
 
-def _loss_chunk(train_cfg: TrainConfig, n_micro: int, mesh: Mesh | None) -> int:
-    """Loss chunk length (positions). On CPU: about ``LOSS_CHUNK_ROWS`` rows per host, divided
-    among its devices (they share its memory and caches). On accelerators: ``ACCEL_CHUNK_POSITIONS``
-    positions of every sequence a device holds."""
-    if mesh is None:
-        dp, local = 1, jax.local_devices()[:1]
-    else:
-        dp = data_parallel_size(mesh)
-        local = ([d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-                 or list(mesh.devices.flat))      # a topology compiled for ahead of time
-    if local[0].platform != "cpu":
-        return ACCEL_CHUNK_POSITIONS
+def step_devices(mesh: Mesh | None) -> list:
+    """The devices a step compiles for: the mesh's, else this process's first device."""
+    return list(mesh.devices.flat) if mesh is not None else jax.local_devices()[:1]
+
+
+def loss_chunk(train_cfg: TrainConfig, n_micro: int, mesh: Mesh | None, runtime: Runtime) -> int:
+    """Positions per loss chunk: the profile's rule (:meth:`olmax.platforms.Profile.loss_chunk`)
+    for the rows of a micro-batch on each device and the devices of this host."""
+    devices = step_devices(mesh)
+    dp = 1 if mesh is None else data_parallel_size(mesh)
+    local = [d for d in devices if d.process_index == jax.process_index()] or devices
     per_device = max(1, train_cfg.global_batch_size // (n_micro * dp))
-    return loss_chunk_positions(per_device, max(1, LOSS_CHUNK_ROWS // len(local)))
+    return runtime.profile.loss_chunk(per_device, len(local))
 
 
 def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.GradientTransformationExtraArgs,
-                    *, n_micro: int = 1, mesh: Mesh | None = None,
-                    chunk_size: int | None = None) -> Callable:
+                    *, n_micro: int = 1, mesh: Mesh | None = None, chunk_size: int | None = None,
+                    runtime: Runtime | None = None) -> Callable:
     """``step(state, batch, lr) -> (state, metrics)`` (not jitted; see :func:`jit_train_step`).
 
     ``batch``: ``tokens`` int32 [B, T], ``instance_mask`` bool [B]. ``metrics`` (fp32 scalars):
     ``loss`` (CE), ``z_loss``, ``grad_norm`` (pre-clip), ``skipped``, ``num_tokens`` (denominator).
-    ``chunk_size``: positions per loss chunk (default: see :func:`_loss_chunk`).
+    ``runtime``: how the model runs (default: ``train_cfg``'s, its profile resolved for the
+    step's devices). ``chunk_size``: positions per loss chunk (default: :func:`loss_chunk`).
     """
+    if runtime is None:
+        runtime = Runtime.of(train_cfg, step_devices(mesh))
     if chunk_size is None:
-        chunk_size = _loss_chunk(train_cfg, n_micro, mesh)
-    loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=Runtime.of(train_cfg),
+        chunk_size = loss_chunk(train_cfg, n_micro, mesh, runtime)
+    loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=runtime,
                       z_loss_multiplier=train_cfg.z_loss_multiplier, chunk_size=chunk_size)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -122,7 +125,7 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
 
 def traced_under_mesh(fn: Callable, mesh: Mesh) -> Callable:
     """``fn`` traced with ``mesh`` as the context (abstract) mesh, so that code that must place
-    itself on the mesh (e.g. a kernel in ``shard_map``; ``attn_impl=auto``) sees it."""
+    itself on the mesh (e.g. a kernel in ``shard_map``) sees it."""
     @wraps(fn)
     def wrapped(*args, **kwargs):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
@@ -130,33 +133,11 @@ def traced_under_mesh(fn: Callable, mesh: Mesh) -> Callable:
     return wrapped
 
 
-# XLA's CPU backend hands fusions to the YNNPACK library; by default also reductions, which then
-# read materialised inputs: the fp32 copy of every norm's input and its weight broadcast to
-# [B, T, D], kept from the forward pass to the backward. With dot products alone, the step's
-# temporaries at the shapes of benchmarks/shapes.py (bf16, XLA's memory analysis) fall from 1.52 to
-# 1.07 GiB (B) and from 1.41 to 0.72 GiB (A), at an equal or slightly shorter step
-# (benchmarks/README.md).
-CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
-
-
-@cache
-def cpu_compiler_options() -> dict[str, str]:
-    """:data:`CPU_COMPILER_OPTIONS` where this jaxlib knows them (one tiny compile to find out),
-    else none: an XLA without the option compiles the step with its defaults."""
-    try:
-        x = jax.device_put(jnp.zeros((), jnp.float32), jax.devices("cpu")[0])
-        jax.jit(lambda a: a + 1, compiler_options=CPU_COMPILER_OPTIONS).lower(x).compile()
-    except Exception:       # "No such compile option" from an XLA that lacks it
-        return {}
-    return dict(CPU_COMPILER_OPTIONS)
-
-
 def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings: Any = None,
                    mesh: Mesh | None = None) -> Callable:
     """jit with the state donated and, on a mesh, explicit in/out shardings for state and batch;
-    compiled for CPU with :func:`cpu_compiler_options`."""
-    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    options = cpu_compiler_options() if platform == "cpu" else None
+    with the compiler options of the backend that compiles it (:func:`olmax.platforms.compiler_options`)."""
+    options = compiler_options(backend_of(step_devices(mesh)))
     if state_shardings is None:
         return jax.jit(step, donate_argnums=(0,), compiler_options=options)
     rep = replicated(mesh)
@@ -174,7 +155,7 @@ class ShardedTraining(NamedTuple):
     abstract_state: Any          # TrainState of ShapeDtypeStructs carrying those shardings
     batch_shardings: dict        # tokens [B, T] / instance_mask [B], rows over data x fsdp
     n_micro: int
-    attn_impl: str = ""          # the attention implementation the step runs (``auto`` resolved)
+    runtime: Runtime             # how the model runs: profile resolved, ``auto`` attention resolved
 
 
 def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -182,10 +163,9 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
                            key: jax.Array) -> ShardedTraining:
     """Shard parameters by the logical-axis rules, optimizer moments like their parameters,
     counters/skip windows replicated, the batch by rows; jit the step with those shardings.
-    ``train.attn_impl=auto`` is resolved for the platform of the mesh's devices."""
+    ``train.profile`` (and with it ``train.attn_impl=auto``) is resolved for the mesh's devices."""
     n_micro = num_micro_batches(train_cfg, data_parallel_size(mesh))
-    attn_impl = resolve_attn_impl(train_cfg.attn_impl, mesh.devices.flat[0].platform)
-    train_cfg = dataclasses.replace(train_cfg, attn_impl=attn_impl)
+    runtime = Runtime.of(train_cfg, step_devices(mesh))
     p_sh = param_shardings(model_cfg, mesh)
     abs_params = abstract_params(model_cfg)
     abs_opt = jax.eval_shape(tx.init, abs_params)
@@ -201,6 +181,6 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
     def init_state(params=None):
         return make_state(init_p(key) if params is None else params)
 
-    step = make_train_step(model_cfg, train_cfg, tx, n_micro=n_micro, mesh=mesh)
+    step = make_train_step(model_cfg, train_cfg, tx, n_micro=n_micro, mesh=mesh, runtime=runtime)
     return ShardedTraining(jit_train_step(step, state_sh, b_sh, mesh), init_state, state_sh,
-                           abstract_state, b_sh, n_micro, attn_impl)
+                           abstract_state, b_sh, n_micro, runtime)

@@ -36,6 +36,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -149,7 +150,7 @@ class Trainer:
         info = {"olmax_version": olmax.__version__, "git_revision": _git_revision(),
                 "jax_version": jax.__version__, "devices": jax.device_count(),
                 "device_kind": jax.devices()[0].device_kind, "processes": jax.process_count(),
-                "attn_impl": self.attn_impl,
+                "profile": self.runtime.profile_name, "attn_impl": self.runtime.attn_impl,
                 "command": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         write_json_atomic(self.run_dir / "run_info.json", info)
 
@@ -158,6 +159,9 @@ class Trainer:
         self.mesh = make_mesh(cfg.mesh)
         seed = cfg.init.seed if cfg.init.seed is not None else cfg.seed
         st = build_sharded_training(cfg.model, t, self.tx, self.mesh, jax.random.key(seed))
+        # The resolved platform profile is part of the run's config (config.yaml, checkpoint meta).
+        self.runtime = st.runtime
+        self.cfg = cfg = replace(cfg, train=replace(t, profile=st.runtime.profile_name))
         if t.global_batch_size % jax.process_count():
             raise OlmaxError(f"train.global_batch_size {t.global_batch_size} is not divisible by "
                              f"the process count {jax.process_count()}")
@@ -169,7 +173,6 @@ class Trainer:
         self.step_fn, self._init_state = st.step_fn, st.init_state
         self.abstract_state = st.abstract_state
         self.batch_sharding, self.n_micro = st.batch_shardings, st.n_micro
-        self.attn_impl = st.attn_impl
 
     def _global_batch(self, host: dict) -> tuple[dict, str]:
         t = self.cfg.train

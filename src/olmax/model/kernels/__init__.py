@@ -1,0 +1,31 @@
+"""The model's kernel sets: the few functions whose computation differs by platform profile.
+
+Each set gives the same three functions with the same values (up to fp32 summation order):
+
+- ``dense(x, w)``: ``x @ w`` accumulated in fp32, rounded to ``x``'s dtype;
+- ``rms_norm(x, weight, eps)``: OLMo's RMSNorm (fp32 normalisation and weight multiply);
+- ``contract_rows(x, g)``: a weight gradient ``sum_n x[n, :]^T g[n, :]`` in fp32.
+
+``reference`` (:mod:`.reference`) is the plain JAX formulation, differentiated by autodiff: what the
+TPU and GPU profiles run. ``cpu`` (:mod:`.cpu`) writes out the backward passes in the shapes XLA's
+CPU backend runs fast. A profile names its set (``olmax.platforms.Profile.kernels``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from olmax.model.kernels import cpu, reference
+
+
+class Kernels(NamedTuple):
+    name: str
+    dense: Callable
+    rms_norm: Callable
+    contract_rows: Callable
+
+
+KERNELS: dict[str, Kernels] = {
+    "reference": Kernels("reference", reference.dense, reference.rms_norm, reference.contract_rows),
+    "cpu": Kernels("cpu", cpu.dense, cpu.rms_norm, cpu.contract_rows),
+}

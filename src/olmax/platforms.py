@@ -1,0 +1,127 @@
+"""Platform profiles: how the model is computed on each platform, decided once, outside the model.
+
+The model is one set of functions. A few choices of *how* it is computed depend on the hardware
+that runs it; a :class:`Profile` holds all of them, and the model reads the profile it is given
+(through :class:`olmax.model.runtime.Runtime`), never the device it runs on:
+
+=====================  ==========================  =======================================
+choice                 ``cpu``                     ``tpu`` / ``gpu``
+=====================  ==========================  =======================================
+kernels                written-out backward passes autodiff of the reference functions
+                       (``olmax.model.kernels.cpu``)  (``olmax.model.kernels.reference``)
+layer scan             unrolled                    one compiled body (rolled)
+RoPE tables            constants at trace time     computed in the program
+``attn_impl=auto``     ``chunked``                 ``splash`` / ``cudnn``
+loss chunk             256 rows of logits per host 1024 positions per sequence
+=====================  ==========================  =======================================
+
+Why each CPU choice exists (XLA's CPU backend, measured in benchmarks/README.md, "CPU speed"): a
+dense layer's weight gradient written by autodiff contracts over the operands' major dimension,
+which that backend runs as a slow dot; autodiff of RMSNorm keeps several fp32 copies of the input
+for the backward pass; a scanned loop's stacked residuals are copied in and out of their buffers;
+sin/cos of the RoPE tables would be evaluated inside every fused consumer.
+
+A profile is resolved once, from ``train.profile`` (``auto``: the devices' platform) by
+:func:`profile_for`. Any profile can be forced on any device: on CPU, ``tpu`` runs the TPU's
+code path with its splash attention kernel in Pallas interpret mode, and ``gpu`` runs the GPU's
+code path with the attention the GPU path uses when cuDNN is not there (``chunked``). So the code
+an accelerator runs meets the same reference tests as the CPU's.
+
+Compiler options belong to the compiler, not to the profile: :func:`compiler_options` gives
+those of the backend that compiles the program (the CPU's YNNPACK setting only when XLA's CPU
+backend compiles), whatever profile the program was traced with.
+
+A new platform is one row in :data:`PROFILES` (and, where its JAX platform name differs, one
+entry in ``_BACKEND_NAMES``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Iterable
+
+import jax
+import jax.numpy as jnp
+
+from olmax.config import ConfigError
+
+PROFILE_NAMES = ("auto", "cpu", "tpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How the model is computed on one platform (see the module docstring)."""
+
+    name: str
+    kernels: str                      # a key of olmax.model.kernels.KERNELS
+    unroll_layers: bool               # unroll the scan over layer groups
+    rope_tables_at_trace: bool        # RoPE tables of plain positions as trace-time constants
+    attn_auto: str                    # what train.attn_impl=auto means
+    loss_chunk_rows: int | None       # rows of logits per host in one loss chunk, or
+    loss_chunk_positions: int | None  # positions of every sequence in one loss chunk
+
+    def loss_chunk(self, rows_per_device: int, local_devices: int) -> int:
+        """Positions per loss chunk for ``rows_per_device`` sequences on each of a host's
+        ``local_devices`` devices. By rows (CPU): the host's devices share its memory and caches,
+        so they share its rows. By positions (accelerators): the same for any batch."""
+        if self.loss_chunk_rows is None:
+            return int(self.loss_chunk_positions)
+        rows = max(1, self.loss_chunk_rows // max(1, local_devices))
+        return max(1, rows // max(1, rows_per_device))
+
+
+PROFILES: dict[str, Profile] = {
+    "cpu": Profile("cpu", kernels="cpu", unroll_layers=True, rope_tables_at_trace=True,
+                   attn_auto="chunked", loss_chunk_rows=256, loss_chunk_positions=None),
+    "tpu": Profile("tpu", kernels="reference", unroll_layers=False, rope_tables_at_trace=False,
+                   attn_auto="splash", loss_chunk_rows=None, loss_chunk_positions=1024),
+    "gpu": Profile("gpu", kernels="reference", unroll_layers=False, rope_tables_at_trace=False,
+                   attn_auto="cudnn", loss_chunk_rows=None, loss_chunk_positions=1024),
+}
+
+# JAX platform names that share a profile.
+_BACKEND_NAMES = {"cuda": "gpu", "rocm": "gpu"}
+
+
+def backend_of(devices: Iterable | None = None) -> str:
+    """The backend that compiles for ``devices`` (default: JAX's devices): ``cpu``, ``tpu``,
+    ``gpu`` (CUDA and ROCm), or another platform's own name. The devices of a topology compiled
+    for ahead of time count as that topology's platform."""
+    device = next(iter(jax.devices() if devices is None else devices))
+    return _BACKEND_NAMES.get(device.platform, device.platform)
+
+
+def profile_for(name: str, backend: str) -> Profile:
+    """The profile ``name`` (``auto``: that of ``backend``)."""
+    if name not in PROFILE_NAMES:
+        raise ConfigError(f"unknown platform profile '{name}' (known: {', '.join(PROFILE_NAMES)})")
+    key = backend if name == "auto" else name
+    if key not in PROFILES:
+        raise ConfigError(f"no platform profile for the '{backend}' backend: set train.profile to "
+                          f"one of {', '.join(PROFILES)}")
+    return PROFILES[key]
+
+
+# XLA's CPU backend hands fusions to the YNNPACK library; by default reductions too, which then
+# read materialised fp32 inputs kept from the forward pass to the backward (the norms' inputs and
+# broadcast weights). Dot products alone keep the GEMMs fast without those buffers
+# (benchmarks/README.md, "CPU speed").
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+
+
+@cache
+def _cpu_compiler_options() -> dict[str, str]:
+    try:        # one tiny compile: an XLA without the option says "No such compile option"
+        x = jax.device_put(jnp.zeros((), jnp.float32), jax.devices("cpu")[0])
+        jax.jit(lambda a: a + 1, compiler_options=CPU_COMPILER_OPTIONS).lower(x).compile()
+    except Exception:
+        return {}
+    return dict(CPU_COMPILER_OPTIONS)
+
+
+def compiler_options(backend: str) -> dict[str, str] | None:
+    """Compiler options for a program compiled by ``backend``: on CPU
+    :data:`CPU_COMPILER_OPTIONS` where this jaxlib knows them (else XLA's defaults); elsewhere
+    none."""
+    return _cpu_compiler_options() if backend == "cpu" else None
