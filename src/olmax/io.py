@@ -2,8 +2,17 @@
 
 Every output is written atomically: into a temporary file (or folder) beside the target, flushed to
 disk, then renamed into place, so a reader never sees half of it and an interrupted writer leaves
-the previous version (or nothing) behind. Outputs a user names on the command line are refused when
-they already exist unless the caller passes ``overwrite=True`` (``--force``).
+the previous version (or nothing) behind; a failed write (a full disk) is one error naming the
+file. Three rules guard what is already there:
+
+- an output file a user names (``--out``, ``--json``, ``--hlo``, ...) is refused when something
+  exists there unless the command was given ``--force`` (:func:`refuse_existing`); never, even with
+  ``--force``, when it is one of the command's own inputs (the recipe it reads, the metrics it
+  compares) or not a regular file (a folder, a FIFO, a device);
+- a file written *below* a destination folder under a name that comes from data (a mix file's line,
+  a URL's path) must stay below it: :func:`contained` refuses absolute names and ``..`` segments;
+- text a user gives is read as UTF-8, and text that is not is one error naming the file
+  (:func:`read_text`).
 
 The cache (OLMES data, embedded corpus, epoch indices) lives in ``data.cache_dir`` when a run sets
 it, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``.
@@ -18,7 +27,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, Sequence
 
 from olmax.config import OlmaxError
 
@@ -35,31 +44,104 @@ def publish_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
+def write_error(path: str | os.PathLike, e: OSError) -> OlmaxError:
+    """The one line for a write that failed (a full disk, a read-only file system): it names
+    ``path``, the file being written, not a temporary beside it."""
+    return OlmaxError(f"cannot write {path}: {e.strerror or e}")
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A binary file that appears at ``path`` only when the block completes (temp + fsync + rename)."""
+    """A binary file that appears at ``path`` only when the block completes (temp + fsync + rename).
+    An OSError on the way (no space left, no permission) is an OlmaxError naming ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         publish_file(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise write_error(path, e) from None
         raise
 
 
-def refuse_existing(path: str | os.PathLike, overwrite: bool = False, *, flag: str = "") -> Path:
-    """``path`` as a Path; an existing file there is an OlmaxError (naming the command-line
-    ``flag`` that gave it, if any) unless ``overwrite``."""
+def _same_file(a: Path, b: str | os.PathLike) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_existing(path: str | os.PathLike, overwrite: bool = False, *, flag: str = "",
+                    inputs: Sequence[tuple[str | os.PathLike, str]] = ()) -> Path:
+    """``path`` as a Path, checked as an output a user named (the rules of the module notes): an
+    OlmaxError, naming the command-line ``flag`` that gave it, when something exists there and not
+    ``overwrite``; always when it is one of ``inputs`` (``(path, what it is)`` pairs: "the recipe")
+    or exists and is not a regular file."""
     p = Path(path)
-    if p.exists() and not overwrite:
-        raise OlmaxError(f"{flag + ' ' if flag else ''}{p} already exists (remove it or pass --force)")
+    named = f"{flag + ' ' if flag else ''}{p}"
+    for source, what in inputs:
+        if _same_file(p, source):
+            raise OlmaxError(f"{named} is {what} this command reads; write to another file")
+    if not os.path.lexists(p):
+        return p
+    if p.is_dir():
+        raise OlmaxError(f"{named} is a directory; give a file name")
+    if p.exists() and not p.is_file():
+        raise OlmaxError(f"{named} exists and is not a regular file (a FIFO, socket or device); "
+                         f"give another file name")
+    if not overwrite:
+        raise OlmaxError(f"{named} already exists (remove it or pass --force)")
     return p
+
+
+def contained(root: str | os.PathLike, name: str, *, what: str = "") -> Path:
+    """``root / name``, where ``name`` comes from data (a mix line, a URL path) and must stay below
+    ``root``: an absolute name, a ``..`` segment or an empty name is an OlmaxError naming ``what``
+    (the source of the name) and ``root``."""
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    up = ".." in parts or ".." in name.replace("\\", "/").split("/")
+    where = f"{what}: " if what else ""
+    if name.startswith("/") or up:
+        reason = "an absolute path" if name.startswith("/") else "'..' segments"
+        raise OlmaxError(f"{where}{name!r} would be written outside {root} ({reason}); nothing "
+                         f"was written")
+    if not parts:
+        raise OlmaxError(f"{where}{name!r} names no file below {root}")
+    return Path(root).joinpath(*parts)
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The UTF-8 text of ``path`` (a file a user gave); text in another encoding is an OlmaxError
+    naming the file. Other OSErrors (a missing file) are the caller's to word."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise OlmaxError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def env_int(name: str, default: int, *, minimum: int = 1, unit: str = "") -> int:
+    """The integer environment variable ``name`` (``default`` when unset); a value that is not a
+    whole number of at least ``minimum`` is an OlmaxError naming the variable."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise OlmaxError(f"{name}={raw!r}: expected a whole number{' of ' + unit if unit else ''} "
+                         f">= {minimum}")
+    return value
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool = True) -> Path:
