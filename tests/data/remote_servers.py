@@ -15,7 +15,10 @@ class FileServer(ThreadingHTTPServer):
 
     Faults: ``drop`` cuts that many of the next GET bodies in half and closes the connection;
     ``truncated`` ({"/path": n}) keeps listing the full size but has only the first n bytes;
-    ``delay`` sleeps that long per 64 KiB sent. ``log`` records (method, path, range header).
+    ``delay`` sleeps that long per 64 KiB sent; ``fail`` ({"/path": n}) answers the next n
+    requests for a path (HEAD or GET; n < 0: all) with ``fail_status``; ``ignore_range`` answers
+    every GET with the whole file (200), as a server without Range support does. ``log`` records
+    (method, path, range header).
     """
 
     daemon_threads = True
@@ -27,6 +30,9 @@ class FileServer(ThreadingHTTPServer):
         self.dropped = 0
         self.truncated: dict[str, int] = {}
         self.delay = 0.0
+        self.fail: dict[str, int] = {}
+        self.fail_status = 500
+        self.ignore_range = False
         self.log: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
 
@@ -46,8 +52,12 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         srv.log.append((self.command, path, self.headers.get("Range")))
         data = srv.files.get(path)
-        if data is None:
-            self.send_response(404)
+        with srv.lock:
+            failing = srv.fail.get(path, 0) != 0
+            if failing and srv.fail[path] > 0:
+                srv.fail[path] -= 1
+        if data is None or failing:
+            self.send_response(srv.fail_status if failing else 404)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return None, None, None
@@ -69,7 +79,7 @@ class _Handler(BaseHTTPRequestHandler):
         size = len(data)
         have = srv.truncated.get(path, size)
         start, end = 0, size - 1
-        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+        m = None if srv.ignore_range else re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
         if m:
             start = int(m.group(1))
             end = min(int(m.group(2)) if m.group(2) else size - 1, size - 1)

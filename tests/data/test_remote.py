@@ -281,3 +281,173 @@ def test_fetch_a_mix_from_s3(tmp_path, corpus, s3, capsys):
     err = capsys.readouterr().err
     assert f"s3://{BUCKET}/mix/odd.npy: size 6 bytes is not a multiple of 4" in err
     assert not (tmp_path / "copy2").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# What retrying can and cannot fix; what counts as a verified copy; where a fetch may write
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_size_requests_retry_5xx_and_refused_connections(corpus, http):
+    _, names, blobs = corpus
+    files = remote.remote_files()
+    url = f"{http.url}/data/{names[0]}"
+    http.fail[f"/data/{names[0]}"] = 2          # attempt 1: HEAD 500, GET 500; attempt 2: HEAD 200
+    assert files.size(url) == len(blobs[names[0]])
+    stats = [m for m, p, _ in http.log if p == f"/data/{names[0]}"]
+    assert stats == ["HEAD", "GET", "HEAD"], stats
+    always = f"/data/{names[1]}"
+    http.fail[always] = -1
+    with pytest.raises(OlmaxError, match=rf"^{http.url}{always}: size request failed after 6 "
+                                         r"attempts: HTTP 500 Internal Server Error$"):
+        files.size(f"{http.url}{always}")
+    # HEAD and GET per attempt: fsspec falls back to GET when HEAD fails
+    assert [m for m, p, _ in http.log if p == always] == ["HEAD", "GET"] * remote.ATTEMPTS
+    port = _closed_port()
+    with pytest.raises(OlmaxError, match=rf"size request failed after 6 attempts: connection "
+                                         rf"refused \(127\.0\.0\.1:{port}\)$"):
+        files.size(f"http://127.0.0.1:{port}/x.npy")
+    http.log.clear()
+    with pytest.raises(OlmaxError, match=r"^token file not found: .*/data/gone\.npy$"):
+        files.size(f"{http.url}/data/gone.npy")
+    assert [m for m, _, _ in http.log] == ["HEAD", "GET"]   # a 404 is not retried
+    http.fail["/data/denied.npy"], http.fail_status = -1, 403
+    with pytest.raises(OlmaxError, match=r"/data/denied\.npy: access denied \(HTTP 403 Forbidden\)"):
+        files.size(f"{http.url}/data/denied.npy")
+
+
+def test_a_server_ignoring_range_is_named_as_such(corpus, http, capsys):
+    _, names, _ = corpus
+    http.ignore_range = True
+    capsys.readouterr()
+    rc = main(["data", "inspect", "--paths", *[f"{http.url}/data/{n}" for n in names],
+               "--seq-len", str(SEQ), "--global-batch-size", str(BATCH), "--seed", str(SEED),
+               "--batches", "0:2", "--json"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "the server ignores byte ranges (asked for 128 bytes at" in err and "truncated" not in err
+    assert len([1 for m, _, _ in http.log if m == "GET"]) == BATCH   # no retries: one read each
+
+
+def test_cache_never_serves_a_copy_by_its_size(tmp_path, corpus, http, s3):
+    """A zero-filled file of the right size where the cache keeps a file is never read: with an
+    MD5 on the store (S3) it fails the hash; without one (HTTP) it has no verification record."""
+    local, names, blobs = corpus
+    kw = dict(seq_len=SEQ, global_batch_size=BATCH, seed=SEED, tokenizer=DOLMA2)
+    ref = TrainData([str(local / n) for n in names], **kw)
+    cache = tmp_path / "cache"
+    for urls in ([f"s3://{BUCKET}/mix/{n}" for n in names], [f"{http.url}/data/{n}" for n in names]):
+        for u, n in zip(urls, names):
+            fake = remote.cache_path(cache, u)
+            fake.parent.mkdir(parents=True, exist_ok=True)
+            fake.write_bytes(b"\0" * len(blobs[n]))
+        data = TrainData(urls, cache_dir=str(cache), **kw)
+        for b in range(4):
+            assert np.array_equal(data.global_batch(b)["tokens"], ref.global_batch(b)["tokens"])
+        files = remote.remote_files(str(cache))
+        deadline = time.time() + 30   # the background copies replace the fakes, verified
+        while time.time() < deadline and not all(files.cache.entry(u) for u in urls):
+            time.sleep(0.05)
+        assert all(files.cache.entry(u).read_bytes() == blobs[n] for u, n in zip(urls, names))
+    # A verified entry altered in place afterwards (same size) is caught by its record.
+    u = f"{http.url}/data/{names[0]}"
+    entry = files.cache.entry(u)
+    time.sleep(0.01)
+    entry.write_bytes(b"\0" * len(blobs[names[0]]))
+    files.cache._ready.clear()
+    assert files.cache.entry(u) is None and not entry.exists()
+
+
+def test_fetch_keeps_only_verified_copies(tmp_path, corpus, http, s3, capsys):
+    _, names, blobs = corpus
+    for root in (f"s3://{BUCKET}/mix", f"{http.url}/data"):
+        out = tmp_path / root.split(":")[0]
+        zeroed = out / names[1]
+        zeroed.parent.mkdir(parents=True)
+        zeroed.write_bytes(b"\0" * len(blobs[names[1]]))        # right size, wrong bytes
+        capsys.readouterr()
+        assert main(["data", "fetch", *names, "--root", root, "--to", str(out), "--no-progress",
+                     "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert (summary["copied"], summary["already_present"], summary["replaced"]) == (3, 0, 1)
+        assert all((out / n).read_bytes() == blobs[n] for n in names)
+        assert main(["data", "fetch", *names, "--root", root, "--to", str(out), "--no-progress",
+                     "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["already_present"] == 3 and summary["bytes_transferred"] == 0
+
+
+def test_fetch_never_writes_outside_its_destination(tmp_path, corpus, http, capsys):
+    _, names, blobs = corpus
+    http.files["/escaped.npy"] = b"\1" * 64
+    victim = tmp_path / "escaped.npy"
+    victim.write_bytes(b"the user's own file")
+    mix = tmp_path / "mix" / "evil.txt"
+    mix.parent.mkdir()
+    mix.write_text(f"ok,{{TOKENIZER}}/{names[0]}\nx,{{TOKENIZER}}/../../../../escaped.npy\n")
+    out = tmp_path / "deep" / "a" / "b" / "copy"
+    for args, where in (([str(mix), "--mix-tokenizer", "data"], f"{mix}:2: 'data/../../../../"),
+                        (["../../escaped.npy"], "../../escaped.npy: '../../")):
+        capsys.readouterr()
+        rc = main(["data", "fetch", *args, "--root", f"{http.url}/data", "--to", str(out),
+                   "--no-progress"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1, err
+        assert err == (f"olmax data: error: {where}escaped.npy' would be written outside {out} "
+                       f"('..' segments); nothing was written"), err
+    assert victim.read_bytes() == b"the user's own file"
+    assert not (tmp_path / "deep").exists()                  # nothing at all was written
+    assert not [m for m, p, _ in http.log if p == "/escaped.npy"]
+
+
+def test_ctrl_c_stops_a_fetch_at_once_and_the_rerun_resumes(tmp_path):
+    big = {f"/d/big-{i}.npy": np.random.default_rng(i).integers(0, VOCAB, 300_000).astype("<u4").tobytes()
+           for i in range(6)}
+    with file_server(big) as srv:
+        srv.delay = 0.05                                     # ~1.3 MB/s per connection: minutes
+        out = tmp_path / "copy"
+        names = [k.split("/")[-1] for k in big]
+        cmd, env = _fetch_cmd(*names, "--root", f"{srv.url}/d", "--to", str(out), "--workers", "2",
+                              "--no-progress")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline and not list(out.glob("*.part")):
+            time.sleep(0.02)
+        time.sleep(0.3)
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert time.time() - t0 < 8, "Ctrl-C waited for the queued files"
+        assert proc.returncode == 130 and err.strip() == "olmax data: interrupted", err
+        parts = sorted(p.name for p in out.glob("*.part"))
+        assert 1 <= len(parts) <= 2 and not [p for p in out.glob("*.npy")]
+        srv.delay = 0.0
+        proc = subprocess.run(cmd[:-1] + ["--no-progress", "--json"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["copied"] == 6
+        assert all((out / n).read_bytes() == big[f"/d/{n}"] for n in names)
+
+
+def test_gcs_without_a_network_is_one_line_within_seconds(tmp_path):
+    """gs:// with the GCS endpoint at a closed loopback port (gcsfs honours STORAGE_EMULATOR_HOST):
+    six attempts, one line naming the file and the cause, no tracebacks, well under a minute."""
+    pytest.importorskip("gcsfs")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{_closed_port()}")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "olmax.cli", "data", "inspect", "--paths",
+                           "gs://bucket/tokens.npy", "--seq-len", "8", "--global-batch-size", "1",
+                           "--seed", "0", "--batches", "0:1"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert time.time() - t0 < 40
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("olmax data: error: gs://bucket/tokens.npy: size request failed "
+                                  "after 6 attempts: connection refused"), proc.stderr

@@ -10,8 +10,9 @@ start of epoch E and rolls over into later epochs, as in training (step s reads 
 Paths, ``--root`` and mix entries may be ``s3://``, ``gs://`` or ``http(s)://`` URLs (read in place).
 
 ``olmax data fetch (MIX | PATH...) --root URL --to DIR [--workers N]`` copies remote token files
-to DIR (keeping their paths below the root): parallel, resumable after any interruption, each
-file verified against the store's size and checksum; prints a summary of bytes and tokens.
+to DIR (keeping their paths below the root; never outside DIR): parallel, resumable after any
+interruption (Ctrl-C stops at once), each file verified against the store's size and checksum, a
+file already there kept only when it is a verified copy; prints a summary of bytes and tokens.
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ def run_fetch(args: argparse.Namespace) -> int:
         return 0
     gb = 1e9
     rate = summary["bytes_transferred"] / max(summary["seconds"], 1e-9) / 1e6
-    print(f"{summary['files']} files in {args.to}: {summary['copied']} copied, "
+    replaced = (f" ({summary['replaced']} replacing a file there that was not a verified copy)"
+                if summary["replaced"] else "")
+    print(f"{summary['files']} files in {args.to}: {summary['copied']} copied{replaced}, "
           f"{summary['already_present']} already present; {summary['bytes'] / gb:.3f} GB = "
           f"{summary['tokens']:,} tokens ({summary['dtype']}); transferred "
           f"{summary['bytes_transferred'] / gb:.3f} GB in {summary['seconds']:.1f} s ({rate:.1f} MB/s)")

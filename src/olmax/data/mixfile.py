@@ -19,6 +19,7 @@ from typing import Sequence
 
 from olmax.config import ConfigError, OlmaxError
 from olmax.data.remote import is_remote
+from olmax.io import read_text
 
 DEFAULT_MIX_TOKENIZER = "allenai/dolma3-tokenizer"
 
@@ -52,7 +53,7 @@ def read_mix_file(mix: str, *, root: str | None = None, tokenizer: str = DEFAULT
     """Resolved entries of a mix file, in file order. Errors name the mix file and line."""
     mix_path = Path(mix)
     try:
-        text = mix_path.read_text()
+        text = read_text(mix_path)
     except FileNotFoundError:
         raise OlmaxError(f"mix file not found: {mix}") from None
     except OSError as e:

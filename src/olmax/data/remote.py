@@ -11,29 +11,43 @@ remote file is never read at once except by an explicit copy. Filesystems are fs
 application-default credentials, ``GOOGLE_APPLICATION_CREDENTIALS``) and fsspec's HTTP.
 
 Every request is retried (``ATTEMPTS`` tries, exponential back-off from ``BACKOFF_S`` up to
-``MAX_BACKOFF_S``) on any transport error and on a short answer; a file that stays shorter than
-its listed size is one error naming it ("truncated"). A missing file or a denied request is not
-retried.
+``MAX_BACKOFF_S``) on what may pass: a dropped or refused connection, a timeout, an HTTP 5xx (or
+408, 425, 429), a short answer. olmax's loop is the only one: gcsfs's own six-fold retry with
+sleeps of up to 16 s is switched off, so a store that cannot be reached is one error within
+seconds, not minutes. What retrying cannot fix is one error at once, naming the file and the real
+cause: a missing file (HTTP 404/410, ``NoSuchKey``), a denied request (401/403), another 4xx, a
+server that ignores ``Range`` (it answers a ranged read with the whole file). A file that stays
+shorter than its listed size is one error naming it ("truncated").
+
+Verified copies: :func:`download` (``olmax data fetch``, the cache below) writes ``<file>.part``,
+checks the finished copy against the store's size and, where the store states one, its MD5 (an S3
+ETag of a single-part upload, GCS ``md5Hash``, an HTTP ``Content-MD5``), records that check in a
+small file beside the copy (``.<name>.olmax-verified``: the store's size and MD5 and the copy's
+size, inode and mtime) and only then renames it into place. A file counts as a verified copy
+(:func:`verified_copy`) only while that record still describes it, or, lacking one, when its MD5
+equals the one the store states; its size alone never suffices.
 
 Read-through cache: with a cache directory (``data.cache_dir``), each remote file a process reads
 is also copied whole, in the background, to ``<cache>/remote/<scheme>/<host>/<path>`` (one copy
-at a time per process; an ``flock`` keeps two processes from copying the same file). A copy
-becomes an entry only once verified against the store: its size, and its MD5 where the store
-states one (an S3 ETag of a single-part upload, GCS ``md5Hash``); until then, and whenever an
-entry's size no longer matches, reads go to the store. A truncated download is therefore never
-read. :func:`download` is the same verified, resumable copy (``olmax data fetch``).
+at a time per process; an ``flock`` keeps two processes from copying the same file). Reads use an
+entry only once it is a verified copy; until then, and for an entry that is not (or no longer)
+one, which is removed, reads go to the store. A truncated or altered copy is therefore never read.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import queue
+import stat
 import threading
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
@@ -42,7 +56,7 @@ from urllib.parse import urlsplit
 import fsspec
 
 from olmax.config import OlmaxError
-from olmax.io import publish_file
+from olmax.io import contained, env_int, publish_file, write_error, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +64,10 @@ SCHEMES = ("s3", "gs", "gcs", "http", "https")
 ATTEMPTS = 6
 BACKOFF_S = 0.25
 MAX_BACKOFF_S = 8.0
-COPY_CHUNK_BYTES = int(os.environ.get("OLMAX_COPY_CHUNK_BYTES", 8 << 20))  # one request of a copy
+COPY_CHUNK_ENV = "OLMAX_COPY_CHUNK_BYTES"   # bytes per request of a copy (default 8 MiB)
 SIZE_WORKERS = 16
+VERIFIED_SUFFIX = ".olmax-verified"
+RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -95,15 +111,69 @@ def _past_end(e: BaseException) -> bool:
     return getattr(e, "status", None) == 416 or "InvalidRange" in str(e) or " 416" in str(e)
 
 
+def _chain(e: BaseException) -> list[BaseException]:
+    """``e`` and the exceptions it was raised from (or during), outermost first."""
+    out: list[BaseException] = []
+    while e is not None and e not in out and len(out) < 8:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _status(e: BaseException) -> int | None:
+    """The HTTP status a client library's exception carries (aiohttp, gcsfs, botocore)."""
+    for x in _chain(e):
+        code = None
+        if hasattr(x, "request_info"):            # aiohttp's ClientResponseError
+            code = getattr(x, "status", None)
+        elif type(x).__name__ == "HttpError":     # gcsfs
+            code = getattr(x, "code", None)
+        elif isinstance(getattr(x, "response", None), dict):   # botocore's ClientError
+            code = x.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(code, int) and 100 <= code <= 599:
+            return code
+    return None
+
+
+def _cause(e: BaseException) -> str:
+    """The real cause of a failed request, in a few words: ``HTTP 500 Internal Server Error``,
+    ``connection refused (127.0.0.1:9)``, else the innermost exception's first line."""
+    code = _status(e)
+    if code is not None:
+        reason = next((str(getattr(x, "message", "")) for x in _chain(e)
+                       if getattr(x, "status", None) == code and getattr(x, "message", None)), "")
+        return f"HTTP {code} {reason}".strip()
+    chain = _chain(e)
+    if any(isinstance(x, ConnectionRefusedError) or getattr(x, "errno", None) == errno.ECONNREFUSED
+           for x in chain):
+        at = next((f" ({x.host}:{x.port})" for x in chain
+                   if isinstance(getattr(x, "host", None), str) and getattr(x, "port", None)), "")
+        return f"connection refused{at}"
+    return _short(chain[-1])
+
+
 def _final_error(url: str, e: BaseException) -> OlmaxError | None:
-    """The error for what retrying cannot fix (a missing file, a denied request), else None."""
+    """The error for what retrying cannot fix (a missing file, a denied request, another 4xx),
+    else None (a connection error, a 5xx: retried)."""
     if isinstance(e, OlmaxError):
         return e
-    if isinstance(e, FileNotFoundError):
-        return OlmaxError(f"token file not found: {url}")
-    if isinstance(e, PermissionError):
-        return OlmaxError(f"{url}: access denied ({_short(e)})")
+    code = _status(e)
+    if isinstance(e, (FileNotFoundError, PermissionError)) or code is not None:
+        # fsspec's HTTP stat reports every failure as FileNotFoundError: its cause tells
+        if code in (404, 410) or (isinstance(e, FileNotFoundError) and code is None
+                                   and len(_chain(e)) == 1):
+            return OlmaxError(f"token file not found: {url}")
+        if code in (401, 403) or (isinstance(e, PermissionError) and code is None):
+            return OlmaxError(f"{url}: access denied ({_cause(e)})")
+        if code is not None and code < 500 and code not in RETRY_STATUS and code != 416:
+            return OlmaxError(f"{url}: the store refused the request ({_cause(e)})")
     return None
+
+
+def _range_ignored(url: str, start: int, nbytes: int, got: int) -> OlmaxError:
+    return OlmaxError(f"{url}: the server ignores byte ranges (asked for {nbytes} bytes at {start}, "
+                      f"it sent {got}); olmax reads token files in ranges: serve them from a server "
+                      f"that answers Range requests (HTTP 206)")
 
 
 _INFO: dict[str, dict] = {}   # url -> {"size", "md5"}: one metadata request per file and process
@@ -137,14 +207,16 @@ class RemoteFiles:
             fs = self._fs.get(key)
             if fs is None:
                 try:
-                    fs = fsspec.filesystem(proto, skip_instance_cache=True)
+                    fs = _filesystem(proto)
                 except ImportError as e:   # the protocol's implementation (s3fs, gcsfs, aiohttp)
                     raise OlmaxError(f"{url}: reading {proto}:// needs {e.name} "
                                      f"(pip install 'olmax' brings it)") from None
                 self._fs[key] = fs
         return fs
 
-    def _retry(self, url: str, what: str, fn):
+    def _retry(self, url: str, what: str, fn, *, quiet: bool = False):
+        """``fn()``, retried as the module notes say; ``quiet``: attempts are logged at debug
+        level only (a metadata request: its final error says how many were made)."""
         delay = BACKOFF_S
         for attempt in range(1, ATTEMPTS + 1):
             try:
@@ -158,9 +230,10 @@ class RemoteFiles:
                         raise OlmaxError(f"{url}: truncated: {_short(e)} (the file is shorter than "
                                          f"its listed size; after {ATTEMPTS} attempts)") from None
                     raise OlmaxError(f"{url}: {what} failed after {ATTEMPTS} attempts: "
-                                     f"{_short(e)}") from None
-                log.warning("%s: %s failed (attempt %d of %d, retrying in %.2f s): %s",
-                            url, what, attempt, ATTEMPTS, delay, _short(e))
+                                     f"{_cause(e)}") from None
+                (log.debug if quiet else log.warning)(
+                    "%s: %s failed (attempt %d of %d, retrying in %.2f s): %s",
+                    url, what, attempt, ATTEMPTS, delay, _cause(e))
                 time.sleep(delay)
                 delay = min(2 * delay, MAX_BACKOFF_S)
 
@@ -169,7 +242,8 @@ class RemoteFiles:
         """``{"size": bytes, "md5": hex or None}`` (remembered for the process's life)."""
         got = self._info.get(url)
         if got is None:
-            raw = self._retry(url, "stat", lambda: self.filesystem(url).info(url))
+            raw = self._retry(url, "size request", lambda: self.filesystem(url).info(url),
+                              quiet=True)
             if raw.get("type") == "directory":
                 raise OlmaxError(f"{url}: is a directory, not a token file")
             size = raw.get("size")
@@ -202,7 +276,7 @@ class RemoteFiles:
     def glob(self, pattern: str) -> list[str]:
         """The objects matching an s3/gs glob, as URLs, sorted."""
         fs = self.filesystem(pattern)
-        found = self._retry(pattern, "listing", lambda: fs.glob(pattern))
+        found = self._retry(pattern, "listing", lambda: fs.glob(pattern), quiet=True)
         prefix = pattern.split("://", 1)[0] + "://"
         return sorted(f if "://" in f else prefix + f for f in found)
 
@@ -250,6 +324,8 @@ class RemoteFiles:
                     final = _final_error(url, data) if isinstance(data, BaseException) else None
                     if final is not None:
                         raise final
+                    if not isinstance(data, BaseException) and len(data) > n:
+                        raise _range_ignored(url, start, n, len(data))
                     if isinstance(data, BaseException) or len(data) != n:
                         failed.append((i, data))
                     else:
@@ -258,7 +334,7 @@ class RemoteFiles:
                     break
                 i, data = failed[0]
                 url, start, n = ranges[i]
-                why = (_short(data) if isinstance(data, BaseException)
+                why = (_cause(data) if isinstance(data, BaseException)
                        else f"asked for bytes {start}..{start + n}, got {len(data)}")
                 if attempt == ATTEMPTS:
                     if isinstance(data, BaseException) and not _past_end(data):
@@ -279,10 +355,28 @@ class RemoteFiles:
         """One ranged read from the store itself (no cache), retried."""
         def get() -> bytes:
             data = self.filesystem(url).cat_file(url, start=start, end=start + nbytes)
+            if len(data) > nbytes:
+                raise _range_ignored(url, start, nbytes, len(data))
             if len(data) != nbytes:
                 raise _ShortRead(f"asked for bytes {start}..{start + nbytes}, got {len(data)}")
             return bytes(data)
         return self._retry(url, "read", get)
+
+
+def _filesystem(proto: str):
+    """A fresh fsspec filesystem for ``proto``. For GCS: gcsfs's plain ``GCSFileSystem`` (its
+    default class first looks the bucket's layout up through another API, slowly when that API
+    cannot be reached), with gcsfs's own retry loop off (it sleeps up to 31 s per request and
+    logs a traceback when it gives up; olmax's loop retries instead)."""
+    if proto != "gs":
+        return fsspec.filesystem(proto, skip_instance_cache=True)
+    from gcsfs.core import GCSFileSystem   # the package's name is the layout-looking subclass
+
+    fs = GCSFileSystem(skip_instance_cache=True)
+    once = getattr(GCSFileSystem._request, "__wrapped__", None)
+    if once is not None:
+        fs._request = types.MethodType(once, fs)
+    return fs
 
 
 def _md5_of(info: dict, proto: str) -> str | None:
@@ -316,75 +410,149 @@ def _pread(path: Path, start: int, n: int, url: str) -> bytes:
 # Verified, resumable copies
 
 
+class Stopped(Exception):
+    """A copy stopped on request (its ``stop`` event) between two chunks; its part stays."""
+
+
+def _record_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}{VERIFIED_SUFFIX}")
+
+
+def _record(url: str, info: dict, st: os.stat_result) -> dict:
+    return {"url": url, "size": info["size"], "md5": info["md5"],
+            "file": [st.st_size, st.st_ino, st.st_mtime_ns]}
+
+
+def md5_file(path: str | os.PathLike) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verified_copy(files: "RemoteFiles", url: str, path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds the store's ``url``: a regular file of the store's size, described by
+    its verification record (see the module notes), or, lacking a valid record, whose MD5 is the
+    one the store states (the record is then written). Never by its size alone."""
+    path = Path(path)
+    info = files.info(url)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != info["size"]:
+        return False
+    try:
+        if json.loads(_record_path(path).read_text()) == _record(url, info, st):
+            return True
+    except (OSError, ValueError):
+        pass
+    if info["md5"] is None or md5_file(path) != info["md5"]:
+        return False
+    try:
+        write_json_atomic(_record_path(path), _record(url, info, st))
+    except OlmaxError:
+        pass      # a read-only copy: verified now, hashed again next time
+    return True
+
+
+def _discard(path: Path) -> None:
+    for p in (path, _record_path(path)):
+        p.unlink(missing_ok=True)
+
+
 def download(files: RemoteFiles, url: str, dest: str | os.PathLike, *,
-             progress: Callable[[int], None] | None = None, chunk: int | None = None) -> int:
-    """Copy ``url`` to ``dest``, verified, resumable; returns the bytes transferred by this call.
+             progress: Callable[[int], None] | None = None, chunk: int | None = None,
+             stop: threading.Event | None = None) -> int:
+    """Copy ``url`` to ``dest``, verified, resumable; returns the bytes transferred by this call
+    (0 when ``dest`` already is a verified copy).
 
     Bytes go to ``<dest>.part`` in order; a later call (after any crash or ``kill -9``) resumes
     from the part's length, re-hashing what is there. The finished copy must have the store's size
     and, where the store states one, its MD5; otherwise the part is deleted and the call fails
-    naming the file. Only then is it renamed to ``dest``. An ``flock`` on ``<dest>.lock`` keeps
-    two copiers (processes or threads) off the same file: the loser returns -1 at once.
+    naming the file. Only then is its verification record written and the part renamed to
+    ``dest`` (replacing a file there that is not a verified copy). An ``flock`` on
+    ``<dest>.lock`` keeps two copiers (processes or threads) off the same file: the loser returns
+    -1 at once. ``stop``: when set, the copy ends after the chunk in flight (:class:`Stopped`).
+    A failed write (a full disk) is an OlmaxError naming ``dest``.
     """
     dest = Path(dest)
-    chunk = chunk or COPY_CHUNK_BYTES
+    chunk = chunk or env_int(COPY_CHUNK_ENV, 8 << 20, unit="bytes")
     info = files.info(url)
     size, md5 = info["size"], info["md5"]
-    if dest.is_file() and dest.stat().st_size == size:
+    if verified_copy(files, url, dest):
         return 0
-    dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     lock_path = dest.with_name(dest.name + ".lock")
-    with open(lock_path, "a") as lock:
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_path, "a")
+    except OSError as e:
+        raise write_error(dest, e) from None
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return -1
-        have = part.stat().st_size if part.exists() else 0
-        if have > size:
-            part.unlink()
-            have = 0
-        hasher = hashlib.md5() if md5 else None
-        if hasher is not None and have:
-            with open(part, "rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    hasher.update(block)
-        fetched = 0
-        with open(part, "ab") as f:
-            while have < size:
-                n = min(chunk, size - have)
-                data = files.read_direct(url, have, n)
-                f.write(data)
-                if hasher is not None:
-                    hasher.update(data)
-                have += n
-                fetched += n
-                if progress is not None:
-                    progress(n)
-            f.flush()
-            os.fsync(f.fileno())
-        got = part.stat().st_size
-        if got != size or (hasher is not None and hasher.hexdigest() != md5):
-            part.unlink()
-            what = (f"{got} bytes, the store lists {size}" if got != size
-                    else f"MD5 {hasher.hexdigest()}, the store lists {md5}")
-            raise OlmaxError(f"{url}: the downloaded copy fails verification ({what}); "
-                             f"it was removed, run again to download it anew")
-
-        publish_file(str(part), dest)
+        try:
+            fetched = _copy_into(files, url, part, size, md5, chunk, progress, stop)
+            st = os.stat(part)
+            write_json_atomic(_record_path(dest), _record(url, info, st))
+            publish_file(str(part), dest)
+        except OSError as e:
+            raise write_error(dest, e) from None
         lock_path.unlink(missing_ok=True)   # later copiers see the finished file first
     return fetched
 
 
+def _copy_into(files: RemoteFiles, url: str, part: Path, size: int, md5: str | None, chunk: int,
+               progress: Callable[[int], None] | None, stop: threading.Event | None) -> int:
+    """Append the rest of ``url`` to ``part`` and verify it whole; returns the bytes fetched."""
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:
+        part.unlink()
+        have = 0
+    hasher = hashlib.md5() if md5 else None
+    if hasher is not None and have:
+        with open(part, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                hasher.update(block)
+    fetched = 0
+    with open(part, "ab") as f:
+        while have < size:
+            if stop is not None and stop.is_set():
+                raise Stopped(url)
+            n = min(chunk, size - have)
+            data = files.read_direct(url, have, n)
+            f.write(data)
+            if hasher is not None:
+                hasher.update(data)
+            have += n
+            fetched += n
+            if progress is not None:
+                progress(n)
+        f.flush()
+        os.fsync(f.fileno())
+    got = part.stat().st_size
+    if got != size or (hasher is not None and hasher.hexdigest() != md5):
+        part.unlink()
+        what = (f"{got} bytes, the store lists {size}" if got != size
+                else f"MD5 {hasher.hexdigest()}, the store lists {md5}")
+        raise OlmaxError(f"{url}: the downloaded copy fails verification ({what}); "
+                         f"it was removed, run again to download it anew")
+    return fetched
+
+
 def cache_path(root: str | os.PathLike, url: str) -> Path:
-    """Where the cache keeps ``url``: ``<root>/remote/<scheme>/<host>/<path>``."""
+    """Where the cache keeps ``url``: ``<root>/remote/<scheme>/<host>/<path>`` (a path that
+    would leave that folder is an OlmaxError)."""
     parts = urlsplit(url)
     rel = parts.path.lstrip("/")
     if parts.query:
         rel += "?" + parts.query
-    if not rel or ".." in Path(rel).parts:
-        raise OlmaxError(f"{url}: cannot cache a URL without a file path")
-    return Path(root) / "remote" / _protocol(url) / (parts.netloc or "_") / rel
+    return contained(Path(root) / "remote" / _protocol(url) / (parts.netloc or "_"), rel,
+                     what=f"{url} (cached)")
 
 
 class ReadThroughCache:
@@ -400,18 +568,17 @@ class ReadThroughCache:
         self._lock = threading.Lock()
 
     def entry(self, url: str) -> Path | None:
-        """The verified local copy of ``url``, or None (its size must match the store's)."""
+        """The local copy of ``url`` when it is a verified copy (:func:`verified_copy`), else None;
+        a copy that is not is removed (the background copy makes a new one)."""
         path = self._ready.get(url)
         if path is None:
             candidate = cache_path(self.root, url)
-            try:
-                size = candidate.stat().st_size
-            except OSError:
+            if not candidate.exists():
                 return None
-            if size != self.files.size(url):
-                log.warning("%s: cached copy %s has %d bytes, the store lists %d; not used",
-                            url, candidate, size, self.files.size(url))
-                candidate.unlink(missing_ok=True)
+            if not verified_copy(self.files, url, candidate):
+                log.warning("%s: cached copy %s does not match the store (size, MD5) or was never "
+                            "verified; removed, reading the store", url, candidate)
+                _discard(candidate)
                 return None
             self._ready[url] = path = candidate
         return path
@@ -453,4 +620,4 @@ def remote_files(cache_dir: str | os.PathLike | None = None) -> RemoteFiles:
 
 
 __all__ = ["is_remote", "is_pattern", "join", "RemoteFiles", "remote_files", "download", "cache_path",
-           "ReadThroughCache", "SCHEMES"]
+           "ReadThroughCache", "SCHEMES", "Stopped", "verified_copy", "md5_file"]
