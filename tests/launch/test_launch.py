@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -294,13 +295,51 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
         (["k8s", "olmo3_tiny", "--nodes", "1", "--run-dir", "/elsewhere/r"], "--mount-path"),
         (["tpu-vm", "olmo3_tiny", "--topology", "v5p-12"], "v5p-12"),
         (["tpu-vm", "olmo3_tiny", "train.global_batch_size=16", "--topology", "v4-32"], "--run-dir"),
+        (["slurm", "olmo3_tiny", "--nodes", "2", "--gpus-per-node", "0", "--grace", "65536"],
+         "--grace 65536: sbatch --signal takes at most 65535 seconds"),
+        (["k8s", "olmo3_tiny", "--nodes", "2", "--gpus-per-node", "0", "--namespace", "Team_A"],
+         "--namespace 'Team_A'"),
+        (["k8s", "olmo3_tiny", "--nodes", "2", "--gpus-per-node", "0", "--namespace", "a" * 64],
+         "at most 63"),
     ]
-    for argv, needle in cases:
-        assert launch(*argv, "--out", out) == 2, argv
+    for argv, needle in cases:   # --force: the mistake is found, and still nothing is written
+        assert launch(*argv, "--out", out, "--force") == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err, (argv, err)
         assert out.read_text() == "previous\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sbatch"]
+    # The largest grace sbatch takes, and a namespace that is a DNS label, are accepted.
+    assert launch("slurm", "olmo3_tiny", "--nodes", "2", "--gpus-per-node", "0", "--grace", "65535",
+                  "--out", out, "--force") == 0
+    assert "#SBATCH --signal=B:USR1@65535" in out.read_text()
+    assert launch("k8s", "olmo3_tiny", "--nodes", "2", "--gpus-per-node", "0", "--namespace",
+                  "team-a", "--out", tmp_path / "job.yaml") == 0
+
+
+def test_out_never_replaces_without_force_nor_the_recipe(tmp_path, capsys):
+    """--out refuses an existing file (the user's notes) unless --force, and the recipe it was
+    given, a folder or a FIFO even with --force; nothing there changes."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    recipe = tmp_path / "my.yaml"
+    recipe.write_text("model: {preset: olmo3-tiny}\ndata: {embedded: true}\n"
+                      "train: {seq_len: 32, global_batch_size: 8, max_steps: 2}\n")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    cases = [
+        ([recipe, "--out", notes], f"--out {notes} already exists (remove it or pass --force)"),
+        ([recipe, "--out", recipe, "--force"], f"--out {recipe} is the recipe this command reads"),
+        ([recipe, "--out", fifo, "--force"], f"--out {fifo} exists and is not a regular file"),
+        ([recipe, "--out", tmp_path, "--force"], f"--out {tmp_path} is a directory"),
+    ]
+    for argv, line in cases:
+        assert launch("slurm", *argv, "--nodes", "1") == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"olmax launch: error: {line}") and "\n" not in err, err
+    assert notes.read_text() == "my notes\n" and "olmo3-tiny" in recipe.read_text()
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert launch("slurm", recipe, "--out", notes, "--nodes", "1", "--force") == 0
+    assert notes.read_text().startswith("#!/bin/bash")
 
 
 def test_train_exit_code_on_stop(monkeypatch, tmp_path):

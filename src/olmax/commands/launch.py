@@ -66,6 +66,7 @@ Filestore or a gcsfuse mount; required for multi-host slices). The slice is crea
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", help="the file to write (required)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--run-dir", metavar="DIR", help="run directory on shared storage")
     p.add_argument("--name", help="job name (default: olmax-<recipe>)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -174,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     parser = split_options(args)
     if not args.out:
         raise ConfigError("--out FILE is required")
+    launch_job.check_output(args.out, args.recipe, force=args.force)
     target = args.target
     tpu_slice = tpu.parse_topology(args.topology) if getattr(args, "topology", None) else None
     if target == "tpu-vm" and tpu_slice is None:
@@ -221,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         text = tpu.render_vm(job, fit, tpu_slice, tpu_name=args.tpu_name, zone=args.zone,
                              project=args.project, setup=args.setup)
         how = f"bash {args.out}"
-    out = launch_job.write_output(args.out, text, executable=target != "k8s")
+    out = launch_job.write_output(args.out, text, executable=target != "k8s", force=args.force)
     todo = {"slurm": [],
             "k8s": [o for o, v in (("--image", args.image), ("--volume-claim", args.volume_claim))
                     if not v] if target == "k8s" else [],

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import olmax
 from olmax.config import ConfigError, RunConfig
-from olmax.io import write_bytes_atomic
+from olmax.io import refuse_existing, write_bytes_atomic
 from olmax.parallel.mesh import resolve_mesh_shape
 from olmax.data.sources import resolve_mix
 from olmax.train.recipes import load_recipe
@@ -64,12 +64,19 @@ class Fit:
         return text
 
 
+def check_label(value: str, flag: str, limit: int = 63) -> str:
+    """``value`` if it is a DNS label (RFC 1123: what Kubernetes names and namespaces must be) of
+    at most ``limit`` characters, else a ConfigError naming ``flag``."""
+    if not _NAME.fullmatch(value) or len(value) > limit:
+        raise ConfigError(f"{flag} {value!r}: use lower-case letters, digits and '-' (at most "
+                          f"{limit}, starting and ending with a letter or digit)")
+    return value
+
+
 def check_name(name: str) -> str:
-    """Job names become SLURM job names, Kubernetes object names and pod host names."""
-    if not _NAME.fullmatch(name) or len(name) > 52:
-        raise ConfigError(f"--name {name!r}: use lower-case letters, digits and '-' (at most 52, "
-                          "starting and ending with a letter or digit)")
-    return name
+    """Job names become SLURM job names, Kubernetes object names and pod host names (52: room for
+    the pod suffixes Kubernetes adds)."""
+    return check_label(name, "--name", 52)
 
 
 def default_name(recipe: str) -> str:
@@ -142,11 +149,16 @@ def shell_join(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def write_output(path: str | Path, text: str, *, executable: bool = False) -> Path:
+def check_output(path: str | Path, recipe: str, *, force: bool = False) -> Path:
+    """``--out``, checked before anything else is done (:func:`olmax.io.refuse_existing`: an
+    existing file only with ``force``; never the recipe file itself, a folder or a FIFO)."""
+    inputs = [(recipe, "the recipe")] if Path(recipe).is_file() else []
+    return refuse_existing(path, force, flag="--out", inputs=inputs)
+
+
+def write_output(path: str | Path, text: str, *, executable: bool = False,
+                 force: bool = False) -> Path:
     """Write the generated file atomically (a complete file or none)."""
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"--out {p} is a directory")
-    write_bytes_atomic(p, text.encode())
+    p = write_bytes_atomic(path, text.encode(), overwrite=force)
     p.chmod(0o755 if executable else 0o644)
     return p

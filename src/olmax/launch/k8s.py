@@ -18,7 +18,8 @@ from typing import Sequence
 import yaml
 
 from olmax.config import ConfigError
-from olmax.launch.job import GPU_XLA_FLAGS, SET_ME, Fit, Job, comment, provenance, train_argv
+from olmax.launch.job import (GPU_XLA_FLAGS, SET_ME, Fit, Job, check_label, comment, provenance,
+                              train_argv)
 from olmax.launch.tpu import TpuSlice
 
 
@@ -56,6 +57,8 @@ def render(job: Job, fit: Fit, *, tpu: TpuSlice | None = None, image: str | None
         raise ConfigError(f"--port must be 1..65535 (got {port})")
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0 (got {max_restarts})")
+    if namespace is not None:
+        check_label(namespace, "--namespace")
     gpus = 0 if tpu else (job.devices_per_node or 0)
     labels = {"app.kubernetes.io/name": "olmax", "app.kubernetes.io/instance": job.name}
     meta = {"name": job.name, **({"namespace": namespace} if namespace else {}), "labels": labels}

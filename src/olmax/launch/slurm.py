@@ -40,9 +40,15 @@ def _raw_options(kind: str, options: Sequence[str]) -> list[str]:
     return list(options)
 
 
+SIGNAL_MAX_S = 65535   # sbatch --signal=[B:]SIG@TIME: TIME is 0..65535 seconds
+
+
 def render(job: Job, fit: Fit, *, partition: str | None = None, account: str | None = None,
            time_limit: str | None = None, sbatch_options: Sequence[str] = (),
            srun_options: Sequence[str] = (), setup: Sequence[str] = ()) -> str:
+    if job.grace_s > SIGNAL_MAX_S:
+        raise ConfigError(f"--grace {job.grace_s}: sbatch --signal takes at most {SIGNAL_MAX_S} "
+                          f"seconds before the time limit")
     gpus = job.devices_per_node or 0
     sbatch_extra = _raw_options("sbatch", sbatch_options)
     srun_extra = _raw_options("srun", srun_options)
