@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from olmax.cli import main
+from olmax.config import OlmaxError
 from olmax.model.flops import flops_per_token
 from olmax.model.params import count_params
 from olmax.perf import hlo
@@ -88,10 +89,63 @@ def test_gpu_target_names_and_missing_plugin(capsys):
     from olmax.perf.plan import cuda_plugin_installed
 
     assert gpu_targets.parse("h100:8") == ("h100", 8) and gpu_targets.parse("H200") == ("h200", 1)
-    assert gpu_targets.parse("v5p:4x4x4") is None and gpu_targets.parse("h100:x") is None
+    assert gpu_targets.parse("v5p:4x4x4") is None
+    for bad in ("h100:x", "h100:0", "h200:-1"):
+        with pytest.raises(OlmaxError, match=rf"--topology {bad}: the GPU count must be a positive"):
+            gpu_targets.parse(bad)
     assert 'device_description_str: "NVIDIA H200"' in gpu_targets.TARGETS["h200"]
     if cuda_plugin_installed():
         pytest.skip("JAX's CUDA plugin is installed here")
     assert main(["plan", "olmo3_tiny", "--topology", "h100:8"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "needs JAX's CUDA plugin" in err
+
+
+def test_mistyped_topology_is_named_before_any_plugin(capsys):
+    """A name that is no TPU topology or GPU target is refused by its spelling: not answered with
+    "install libtpu" or "install the CUDA plugin", whichever of them is installed."""
+    cases = {"banana:2x2": "no TPU generation 'banana'; known: v2, v3, v4, v5e, v5p, v6e, tpu7x",
+             "v5e:2x2x2x2": "the shape '2x2x2x2' is not AxB or AxBxC",
+             "tpu7x:0x2": "the shape '0x2' is not AxB or AxBxC",
+             "v5p": "the shape '' is not AxB or AxBxC",
+             "h100:eight": "--topology h100:eight: the GPU count must be a positive whole number",
+             "h100:0": "--topology h100:0: the GPU count must be a positive whole number"}
+    for name, why in cases.items():
+        assert main(["plan", "olmo3_tiny", "--topology", name]) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and why in err, err
+        assert "libtpu" not in err and "plugin" not in err, err
+
+
+def test_local_plan_that_does_not_fit_exits_1(tmp_path, capsys):
+    """On the local devices a step larger than the memory compiles (XLA's CPU backend has no
+    limit) but is the same one line and exit status as a topology's compile-time OOM."""
+    out = tmp_path / "plan.json"
+    overrides = ["model.mlp_hidden=1073741824"]       # 4 layers x 3 x 32 x 2^30 fp32: 1.5 TiB
+    assert main(["plan", "olmo3_tiny", *overrides, "--no-parts", "--json", str(out)]) == 1
+    line = capsys.readouterr().out.strip()
+    assert "\n" not in line and line.startswith("olmax plan: does not fit: the step (cpu x1, batch")
+    memory = json.loads(out.read_text())["memory"]
+    need, have = memory["peak_bytes"], memory["hbm_bytes"]
+    assert memory["fits"] is False
+    assert need > 4 * 3 * 32 * 2 ** 30 * 4 > have
+    assert f"needs {need / 2 ** 30:.2f} GiB per device" in line and f"{have / 2 ** 30:.2f} GiB available" in line
+
+
+def test_hlo_and_json_refuse_to_replace(tmp_path, capsys):
+    recipe = tmp_path / "my.yaml"
+    recipe.write_text("model: {preset: olmo3-tiny}\ndata: {embedded: true}\n"
+                      "train: {seq_len: 32, global_batch_size: 2, max_steps: 1}\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    cases = [(["--hlo", str(notes)], f"--hlo {notes} already exists (remove it or pass --force)"),
+             (["--hlo", str(recipe), "--force"],
+              f"--hlo {recipe} is the recipe this command reads; write to another file"),
+             (["--json", str(recipe), "--force"],
+              f"--json {recipe} is the recipe this command reads; write to another file")]
+    for options, line in cases:
+        assert main(["plan", str(recipe), "--no-parts", *options]) == 2
+        assert capsys.readouterr().err.strip() == f"olmax plan: error: {line}"
+    assert notes.read_text() == "mine\n" and "olmo3-tiny" in recipe.read_text()
+    assert main(["plan", str(recipe), "--no-parts", "--hlo", str(notes), "--force"]) == 0
+    assert notes.read_text().startswith("HloModule")

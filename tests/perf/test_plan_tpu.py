@@ -109,3 +109,25 @@ def test_mesh_over_a_topology_is_in_physical_order():
     assert [d.id for d in devices] != [d.id for d in order]
     tensor2 = make_mesh(MeshConfig(fsdp=-1, tensor=2), devices).devices
     assert all(a.coords == b.coords for a, b in tensor2.reshape(-1, 2))   # tensor pairs: one chip
+
+
+def test_cpu_plan_beside_libtpu_prints_nothing_of_libtpus(tmp_path):
+    """libtpu installed, no TPU attached: a plan for the local devices (or a GPU target) starts
+    JAX's backends, libtpu's among them; it is told there is no TPU first, so none of its
+    warnings about accelerator types or worker hostnames reach the terminal."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "JAX_PLATFORMS"))}
+    proc = subprocess.run([sys.executable, "-m", "olmax.cli", "plan", "olmo3_tiny", "--no-parts",
+                           "train.seq_len=32", "train.global_batch_size=2"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "" and "peak vs HBM" in proc.stdout, proc.stderr
+
+
+def test_mistyped_topology_beside_libtpu(capsys):
+    assert main(["plan", "olmo3_tiny", "--topology", "banana:2x2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "unknown TPU topology 'banana:2x2' (no TPU generation 'banana'" in err

@@ -7,8 +7,10 @@ devices -- without allocating any parameter or batch, and report per device: mem
 (arguments, outputs, temporaries, aliasing, generated code; the peak against the device's HBM),
 FLOPs per step (analytic, both conventions, and XLA's count with loop trip counts and kernels), an
 estimated step time with tokens/s/chip and MFU (labelled with its method), the collectives in the
-compiled program, and the compile time. A step that does not fit is one line with the bytes
-needed and available.
+compiled program, and the compile time. A step that does not fit, found when compiling for a
+topology or from the compiled memory on the local devices, is one line with the bytes needed and
+available, and exit status 1. ``--json`` and ``--hlo`` refuse an existing file unless ``--force``
+(and the recipe itself always).
 
 ``--profile`` (the same as the override ``train.profile=...``) compiles another platform's code
 path of the model (``olmax.platforms``); by default the target's own.
@@ -17,10 +19,11 @@ path of the model (``olmax.platforms``); by default the target's own.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from olmax.commands import HELP
 from olmax.io import refuse_existing, write_json_atomic
-from olmax.perf.plan import DoesNotFit, format_plan, plan
+from olmax.perf.plan import DoesNotFit, check_topology_name, format_plan, plan
 from olmax.platforms import PROFILE_NAMES
 from olmax.train.recipes import load_recipe
 
@@ -40,13 +43,17 @@ def add_parser(subparsers) -> None:
                    help="skip compiling the unscanned parts (no XLA FLOPs count, no estimate)")
     p.add_argument("--hlo", dest="hlo_out", help="also write the compiled step's optimized HLO text here")
     p.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
-    p.add_argument("--force", action="store_true", help="replace an existing --json file")
+    p.add_argument("--force", action="store_true", help="replace existing --json and --hlo files")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.json_out:
-        refuse_existing(args.json_out, args.force, flag="--json")
+    recipe = [(args.recipe, "the recipe")] if Path(args.recipe).is_file() else []
+    for flag, out in (("--json", args.json_out), ("--hlo", args.hlo_out)):
+        if out:
+            refuse_existing(out, args.force, flag=flag, inputs=recipe)
+    if args.topology:
+        check_topology_name(args.topology)
     overrides = [*args.overrides, *([f"train.profile={args.profile}"] if args.profile else [])]
     cfg = load_recipe(args.recipe, overrides, find_mix=False)   # the plan reads no data
     try:

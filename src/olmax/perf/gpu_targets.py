@@ -11,6 +11,8 @@ cuDNN and CUDA versions are those the jax 0.12.0.1 CUDA 12 wheels install.
 
 from __future__ import annotations
 
+from olmax.config import OlmaxError
+
 _COMMON = """gpu_device_info {{
   threads_per_block_limit: 1024
   threads_per_warp: 32
@@ -52,10 +54,13 @@ TARGETS = {
 
 
 def parse(name: str) -> tuple[str, int] | None:
-    """``h100:8`` -> ("h100", 8); ``h200`` -> ("h200", 1); None for other names."""
+    """``h100:8`` -> ("h100", 8); ``h200`` -> ("h200", 1); None for names of no GPU here. A GPU
+    name with a count that is not a positive whole number (``h100:eight``, ``h100:0``) is an
+    OlmaxError."""
     kind, _, count = name.lower().partition(":")
     if kind not in TARGETS:
         return None
-    if count and not count.isdigit():
-        return None
+    if count and not (count.isdigit() and int(count) > 0):
+        raise OlmaxError(f"--topology {name}: the GPU count must be a positive whole number "
+                         f"(e.g. {kind}:8)")
     return kind, int(count or 1)

@@ -147,21 +147,51 @@ def gpu_topology_devices(kind: str, count: int) -> list:
     return list(desc.devices)
 
 
-def topology_devices(name: str) -> list:
-    """The devices of a TPU topology such as ``v5p:4x4x4`` or ``tpu7x:2x2x2`` (compilation only).
+TPU_GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v6e", "tpu7x")   # libtpu's topology names
+_TPU_SHAPE = re.compile(r"[1-9]\d*(x[1-9]\d*){1,2}")
+_TOPOLOGY_EXAMPLES = ("examples: v5e:2x2, v5p:2x2x1, v5p:4x4x4, v6e:4x4, tpu7x:2x2x1, tpu7x:2x2x2 "
+                      "(GPUs: h100:8, h200:8)")
 
-    On a host without TPUs libtpu is told so before it loads (no metadata-server lookups, no
-    warnings about accelerator type or worker hostnames, several compiling processes allowed)."""
+
+def check_topology_name(name: str) -> None:
+    """Refuse a ``--topology`` that names no TPU topology or GPU target, by its spelling alone,
+    before any plugin is looked for (so a typo is not answered with "install libtpu")."""
     from olmax.perf import gpu_targets
 
-    gpu = gpu_targets.parse(name)
-    if gpu is not None:
-        return gpu_topology_devices(*gpu)
+    if gpu_targets.parse(name) is not None:
+        return
+    gen, colon, shape = name.partition(":")
+    if gen.lower() not in TPU_GENERATIONS:
+        why = f"no TPU generation '{gen}'; known: {', '.join(TPU_GENERATIONS)}"
+    elif not colon or not _TPU_SHAPE.fullmatch(shape):
+        why = f"the shape '{shape}' is not AxB or AxBxC in positive whole numbers"
+    else:
+        return
+    raise OlmaxError(f"unknown TPU topology '{name}' ({why}); {_TOPOLOGY_EXAMPLES}")
+
+
+def _tell_libtpu_no_tpu() -> None:
+    """On a host without TPUs, tell libtpu so before it loads, whatever the plan's target (JAX
+    initialises every installed backend, libtpu's too, for a CPU or GPU plan): no metadata-server
+    lookups, no warnings about accelerator type or worker hostnames, several compiling processes
+    allowed. Variables already set are kept."""
     if _no_tpu_attached():
         for key, value in {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
                            "TPU_ACCELERATOR_TYPE": "v5litepod-4",  # any valid type: only silences a warning
                            "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}.items():
             os.environ.setdefault(key, value)
+
+
+def topology_devices(name: str) -> list:
+    """The devices of a TPU topology such as ``v5p:4x4x4`` or ``tpu7x:2x2x2`` or a GPU target
+    such as ``h100:8`` (compilation only; :func:`check_topology_name` first)."""
+    from olmax.perf import gpu_targets
+
+    check_topology_name(name)
+    _tell_libtpu_no_tpu()
+    gpu = gpu_targets.parse(name)
+    if gpu is not None:
+        return gpu_topology_devices(*gpu)
     try:
         from jax.experimental import topologies
     except ImportError as e:  # pragma: no cover - every supported jax has it
@@ -176,9 +206,7 @@ def topology_devices(name: str) -> list:
                              f"extra on Python >= 3.12 (PYTHON=python3.12 scripts/bootstrap tpu)") from None
         if "INVALID_ARGUMENT" in msg or "Invalid" in msg or "not divisible" in msg:
             detail = msg.split("INVALID_ARGUMENT:")[-1].strip()
-            raise OlmaxError(f"unknown TPU topology '{name}' ({detail}); examples: v5e:2x2, "
-                             f"v5p:2x2x1, v5p:4x4x4, v6e:4x4, tpu7x:2x2x1, tpu7x:2x2x2 "
-                             f"(GPUs: h100:8, h200:8)") from None
+            raise OlmaxError(f"unknown TPU topology '{name}' ({detail}); {_TOPOLOGY_EXAMPLES}") from None
         raise OlmaxError(f"--topology {name}: {msg}") from None
     return list(desc.devices)
 
@@ -402,6 +430,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     from olmax.train.optim import build_optimizer
     from olmax.train.step import build_sharded_training
 
+    _tell_libtpu_no_tpu()
     devices = topology_devices(topology) if topology else jax.devices()
     mesh = make_mesh(cfg.mesh, devices)
     n = len(devices)
@@ -434,6 +463,8 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
               "alias_bytes": int(alias), "code_bytes": int(code), "peak_bytes": int(peak),
               "hbm_bytes": hbm, "fits": None if hbm is None else bool(peak <= hbm),
               "headroom": None if hbm is None else 1.0 - peak / hbm, "hbm_source": hbm_source}
+    if memory["fits"] is False:   # compiled, but more than the devices have: as an OOM at compile
+        raise DoesNotFit(int(peak), int(hbm), f"the step ({where})")
 
     text = compiled.as_text()
     if hlo_out:
