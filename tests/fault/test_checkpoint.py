@@ -168,6 +168,25 @@ def test_every_checkpoint_unreadable_is_an_error_and_moves_nothing(tmp_path):
     assert ck.all_steps() == [1, 2]
 
 
+def test_newer_format_is_refused_by_name_and_never_moved(tmp_path):
+    """A newest checkpoint written by a later olmax is not corrupt: resuming from the step before
+    it would undo its progress silently. It is refused naming it, and nothing is renamed."""
+    from olmax.checkpoint.format import NewerFormat
+
+    ck, states = saved(tmp_path, [1, 2])
+    ck.close()
+    meta_file = tmp_path / "checkpoints" / "2" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    meta_file.write_text(json.dumps({**meta, "format_version": meta["format_version"] + 1}))
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    ck = Checkpointer(tmp_path / "checkpoints", CheckpointConfig(interval=1))
+    with pytest.raises(NewerFormat, match=rf"^checkpoint {tmp_path / 'checkpoints' / '2'}: "
+                                          r"format_version 2 is newer than this olmax reads \(1\.\.1\)"):
+        ck.restore_latest(abstract(states[2]))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before == ["1", "2"]
+    assert ck.corrupt == []
+
+
 def test_empty_directory_restores_nothing(tmp_path):
     ck = Checkpointer(tmp_path / "checkpoints", CheckpointConfig())
     assert ck.latest_step() is None

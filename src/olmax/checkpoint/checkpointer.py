@@ -40,7 +40,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from olmax.checkpoint.format import (ARRAY_ITEMS, META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, STEP_RE,
-                                     TMP_RE, check_meta, resolve_step_dir, stamp_meta)
+                                     TMP_RE, NewerFormat, check_meta, resolve_step_dir, stamp_meta)
 from olmax.config import CheckpointConfig, OlmaxError
 
 log = logging.getLogger(__name__)
@@ -285,13 +285,17 @@ class Checkpointer:
         A checkpoint that fails to read while an older one reads fine is corrupt: it is reported by
         name and moved aside to ``<step>.corrupt``. If every checkpoint fails, the newest one's error
         is raised (as OlmaxError) and nothing is moved. ``check_meta`` may raise OlmaxError to reject
-        a checkpoint that does not belong to this run (that error is raised directly).
+        a checkpoint that does not belong to this run (that error is raised directly), and so is
+        a checkpoint in a newer format (:class:`~olmax.checkpoint.format.NewerFormat`): it is not
+        corrupt, and resuming from an older step would silently undo the newer run's progress.
         """
         steps = self.all_steps()
         failures: list[tuple[int, str]] = []
         for step in reversed(steps):
             try:
                 meta = self.read_meta(step)
+            except NewerFormat:
+                raise
             except Exception as e:
                 failures.append((step, f"unreadable meta ({_short(e)})"))
                 continue

@@ -12,7 +12,8 @@ single step directory with ``params`` and ``meta`` (``model`` and ``source``;
 :mod:`olmax.checkpoint.params`). Both read the other's.
 
 The version rule: ``format_version`` must be an integer from 1 up to :data:`FORMAT_VERSION`; a
-newer one (written by a later olmax) or none at all is refused with one line naming the step.
+newer one (written by a later olmax: :class:`NewerFormat`) or none at all is refused with one line
+naming the step. A newer checkpoint is never taken for a corrupt one: it is left where it is.
 """
 
 from __future__ import annotations
@@ -58,12 +59,20 @@ def resolve_step_dir(path: str | os.PathLike) -> Path:
     return steps[-1][1]
 
 
+class NewerFormat(OlmaxError):
+    """A checkpoint written in a newer format than this olmax reads (by a later olmax)."""
+
+
 def check_meta(meta: Any, where: str | os.PathLike, step: int | None = None) -> dict:
     """``meta`` if it is an olmax checkpoint's meta this olmax reads (the version rule above);
     with ``step``, its ``step`` entry must agree."""
     if not isinstance(meta, dict) or "format_version" not in meta:
         raise OlmaxError(f"checkpoint {where}: meta has no format_version (not an olmax checkpoint)")
     version = meta["format_version"]
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise NewerFormat(f"checkpoint {where}: format_version {version} is newer than this olmax "
+                          f"reads (1..{FORMAT_VERSION}): a later olmax wrote it; run that olmax, "
+                          f"or another --run-dir (the checkpoint was left as it is)")
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
         raise OlmaxError(f"checkpoint {where}: format_version {version!r} is not one this olmax "
                          f"reads (1..{FORMAT_VERSION}; a newer olmax wrote it?)")
