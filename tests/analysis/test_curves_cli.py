@@ -1,6 +1,7 @@
 """``olmax curves`` and ``olmax data overlap`` from the command line, including bad input."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -34,6 +35,51 @@ def test_curves_cli(tmp_path, capsys):
     assert "no 'step' values" in err and err.count("\n") == 1 and not bad.exists()
     assert main(["curves", a, str(csv), "--map", "step=step_count", "--json", str(bad)]) == 2
     assert "no column 'step_count'" in capsys.readouterr().err and not bad.exists()
+
+
+def _strict_json(text: str):
+    def refuse(constant):
+        raise AssertionError(f"not JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_curves_with_nan_or_inf_report_the_blowup(tmp_path, capsys):
+    """A loss that turns NaN or infinite is a divergence at its first step (whatever the
+    threshold), not "never beyond"; the measures cover the finite points; the JSON stays JSON."""
+    base = np.linspace(5, 3, 50)            # step 30: 5 - 2 * 29 / 49 = 3.81633 (the finite min)
+    ref = _run(tmp_path, "ref", base)
+    for name, value in (("nan", np.nan), ("inf", np.inf)):
+        other = _run(tmp_path, name, np.where(np.arange(50) >= 30, value, base))  # steps 31..50
+        js = tmp_path / f"{name}.json"
+        assert main(["curves", ref, other, "--json", str(js)]) == 0
+        out = capsys.readouterr().out
+        assert f"first step beyond relative 0.01: 31 (a non-finite value)" in out, out
+        assert f"{name}: 50 points, final loss n/a, min 3.81633; 20 non-finite, first {value} at step 31" in out
+        s = _strict_json(js.read_text())
+        comp = s["comparisons"][0]
+        assert (comp["first_divergence"], comp["divergence_reason"], comp["non_finite_points"]) == (
+            31.0, "non-finite", 20)
+        assert comp["max_abs_diff"] == 0.0 and comp["max_rel_diff"] == 0.0     # steps 1..30 agree
+        assert s["runs"][1]["non_finite"] == {"points": 20, "first_x": 31.0, "first_value": str(value)}
+    # Both runs NaN from the start: no measure at all, still the blowup at step 1.
+    a, b = _run(tmp_path, "a", [np.nan] * 3), _run(tmp_path, "b", [np.nan] * 3)
+    js = tmp_path / "both.json"
+    assert main(["curves", a, b, "--smooth", "0.5", "--json", str(js)]) == 0
+    assert "mean |diff| n/a (max n/a)" in capsys.readouterr().out
+    comp = _strict_json(js.read_text())["comparisons"][0]
+    assert comp["first_divergence"] == 1.0 and comp["mean_rel_diff"] is None
+
+
+def test_curves_outputs_never_replace_a_source(tmp_path, capsys):
+    a = _run(tmp_path, "a", np.linspace(5, 3, 10))
+    b = tmp_path / "b.jsonl"
+    b.write_text((Path(a) / "metrics.jsonl").read_text())
+    before = b.read_text()
+    for flag, target in (("--json", b), ("--out", Path(a) / "metrics.jsonl")):
+        assert main(["curves", a, str(b), flag, str(target), "--force"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"olmax curves: error: {flag} {target} is a metrics file this command reads; write to another file"
+    assert b.read_text() == before
 
 
 def test_data_overlap_cli(tmp_path, capsys):

@@ -13,6 +13,12 @@ applied to both runs on the aligned points (so both have the same lag) for the d
 Reported: mean/max absolute and relative difference overall and over ``windows`` equal slices of
 the aligned range, and the first x where the (smoothed) difference exceeds ``threshold`` (relative to
 the reference's value unless ``relative=False``).
+
+A NaN or infinite value (a loss that blew up) is kept, never skipped: the first aligned x where
+either run's value is not finite is a divergence whatever the threshold (``first_divergence``,
+with ``divergence_reason`` "non-finite"), each run reports its non-finite points, and the
+difference measures and the smoothing cover the points where both runs are finite (a measure
+with no such point is null, so the summary stays valid JSON).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from olmax.config import OlmaxError
-from olmax.io import write_bytes_atomic
+from olmax.io import read_text, write_bytes_atomic
 
 
 @dataclass
@@ -40,7 +46,8 @@ class Curve:
     source: str
 
 
-def _metrics_file(path: Path) -> Path:
+def metrics_file(path: Path) -> Path:
+    """The metrics file a source names: a run directory's ``metrics.jsonl``, else the file."""
     if path.is_dir():
         f = path / "metrics.jsonl"
         if not f.is_file():
@@ -53,11 +60,12 @@ def _metrics_file(path: Path) -> Path:
 
 def read_rows(path: str | os.PathLike, columns: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Rows of a run dir / ``.jsonl`` / ``.csv`` with ``columns`` (ours -> theirs) renamed to ours."""
-    f = _metrics_file(Path(path))
+    f = metrics_file(Path(path))
     rename = {theirs: ours for ours, theirs in (columns or {}).items()}
     rows: list[dict[str, Any]] = []
+    text = read_text(f)
     if f.suffix == ".csv":
-        with open(f, newline="") as fh:
+        with io.StringIO(text, newline="") as fh:
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
             missing = [theirs for theirs in rename if theirs not in header]
@@ -66,7 +74,7 @@ def read_rows(path: str | os.PathLike, columns: Mapping[str, str] | None = None)
             for r in reader:
                 rows.append({rename.get(k, k): _number(v) for k, v in r.items()})
         return rows
-    with open(f) as fh:
+    with io.StringIO(text) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -111,7 +119,7 @@ def load_curve(path: str | os.PathLike, metric: str = "loss", x: str = "step", *
 
 def ema(y: np.ndarray, alpha: float | None) -> np.ndarray:
     """TensorBoard-style EMA (``alpha`` = weight of the past, 0 or None = no smoothing)."""
-    if not alpha:
+    if not alpha or not len(y):
         return np.asarray(y, float)
     if not 0 <= alpha < 1:
         raise OlmaxError(f"smoothing must be in [0, 1) (got {alpha})")
@@ -135,28 +143,50 @@ def align(ref: Curve, other: Curve) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     return ref.x[keep], ref.y[keep], np.interp(ref.x[keep], other.x, other.y), True
 
 
-def _stats(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
-    d = np.abs(b - a)
+def _finite_or_none(values: np.ndarray, reduce) -> float | None:
+    values = values[np.isfinite(values)]
+    return float(reduce(values)) if len(values) else None
+
+
+def _stats(a: np.ndarray, b: np.ndarray) -> dict[str, float | None]:
+    """Mean/max absolute and relative differences over the points where both are finite."""
+    both = np.isfinite(a) & np.isfinite(b)
+    d = np.abs(b[both] - a[both])
     with np.errstate(divide="ignore", invalid="ignore"):
-        r = d / np.abs(a)
-    return {"mean_abs_diff": float(d.mean()), "max_abs_diff": float(d.max()),
-            "mean_rel_diff": float(np.mean(r)), "max_rel_diff": float(np.max(r))}
+        r = d / np.abs(a[both])
+    return {"mean_abs_diff": _finite_or_none(d, np.mean), "max_abs_diff": _finite_or_none(d, np.max),
+            "mean_rel_diff": _finite_or_none(r, np.mean), "max_rel_diff": _finite_or_none(r, np.max)}
+
+
+def non_finite(c: Curve) -> dict[str, Any] | None:
+    """Where ``c`` holds NaN or infinite values: how many, the first x and its value; else None."""
+    bad = np.flatnonzero(~np.isfinite(c.y))
+    if not len(bad):
+        return None
+    return {"points": int(len(bad)), "first_x": float(c.x[bad[0]]), "first_value": str(c.y[bad[0]])}
 
 
 def compare(ref: Curve, other: Curve, *, smooth: float | None = None, threshold: float = 0.01,
             relative: bool = True, windows: int = 10) -> dict[str, Any]:
     """Differences of ``other`` against ``ref`` (see the module docstring)."""
     x, a, b, interpolated = align(ref, other)
-    sa, sb = ema(a, smooth), ema(b, smooth)   # smoothed on the aligned points: same lag for both
+    both = np.isfinite(a) & np.isfinite(b)
     out: dict[str, Any] = {"run": other.name, "reference": ref.name, "aligned_points": int(len(x)),
                            "x_range": [float(x[0]), float(x[-1])], "interpolated": interpolated,
                            **_stats(a, b)}
+    # smoothed on the aligned points where both are finite: the same lag for both runs
+    sa, sb = ema(a[both], smooth), ema(b[both], smooth)
     d = np.abs(sb - sa)
     with np.errstate(divide="ignore", invalid="ignore"):
         measure = d / np.abs(sa) if relative else d
-    beyond = np.flatnonzero(measure > threshold)
+    beyond = x[both][np.flatnonzero(measure > threshold)]
+    blown = x[~both]
+    first = min([float(v[0]) for v in (beyond, blown) if len(v)], default=None)
     out["threshold"] = {"value": threshold, "relative": relative, "smoothed": bool(smooth)}
-    out["first_divergence"] = float(x[beyond[0]]) if len(beyond) else None
+    out["first_divergence"] = first
+    out["divergence_reason"] = (None if first is None else
+                                "non-finite" if len(blown) and first == blown[0] else "threshold")
+    out["non_finite_points"] = int(len(blown))
     parts = np.array_split(np.arange(len(x)), min(windows, len(x)))
     out["windows"] = [{"x_start": float(x[p[0]]), "x_end": float(x[p[-1]]), **_stats(a[p], b[p])}
                       for p in parts if len(p)]
@@ -168,7 +198,9 @@ def compare_runs(curves: Sequence[Curve], **kw: Any) -> dict[str, Any]:
         raise OlmaxError("no runs to compare")
     return {"metric": kw.pop("metric", None), "x": kw.pop("x", None),
             "runs": [{"name": c.name, "source": c.source, "points": int(len(c.x)),
-                      "final": float(c.y[-1]), "min": float(np.min(c.y))} for c in curves],
+                      "final": float(c.y[-1]) if np.isfinite(c.y[-1]) else None,
+                      "min": _finite_or_none(c.y, np.min), "non_finite": non_finite(c)}
+                     for c in curves],
             "comparisons": [compare(curves[0], c, **kw) for c in curves[1:]]}
 
 

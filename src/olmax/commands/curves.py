@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from olmax.analysis.curves import compare_runs, load_curve, plot_comparison
+from pathlib import Path
+
+from olmax.analysis.curves import compare_runs, load_curve, metrics_file, plot_comparison
 from olmax.commands import HELP
 from olmax.config import ConfigError
-from olmax.io import write_json_atomic
+from olmax.io import refuse_existing, write_json_atomic
 
 
 def add_parser(subparsers) -> None:
@@ -47,6 +49,10 @@ def parse_map(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _num(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.smooth is not None and not 0 <= args.smooth < 1:
         raise ConfigError(f"--smooth must be in [0, 1) (got {args.smooth})")
@@ -55,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if args.label and len(args.label) != len(args.sources):
         raise ConfigError(f"--label given {len(args.label)} times for {len(args.sources)} sources")
     columns = parse_map(args.map)
+    inputs = [(metrics_file(Path(src)), "a metrics file") for src in args.sources]
+    for flag, out in (("--json", args.json_out), ("--out", args.out)):
+        if out:
+            refuse_existing(out, args.force, flag=flag, inputs=inputs)
     curves = [load_curve(src, args.metric, args.x, columns=columns,
                          name=args.label[i] if args.label else None) for i, src in enumerate(args.sources)]
     names = [c.name for c in curves]
@@ -64,14 +74,19 @@ def run(args: argparse.Namespace) -> int:
     summary = compare_runs(curves, metric=args.metric, x=args.x, smooth=args.smooth,
                            threshold=args.threshold, relative=not args.absolute, windows=args.windows)
     for r in summary["runs"]:
-        print(f"{r['name']}: {r['points']} points, final {args.metric} {r['final']:.6g}, min {r['min']:.6g}")
+        bad = r["non_finite"]
+        print(f"{r['name']}: {r['points']} points, final {args.metric} {_num(r['final'], '.6g')}, "
+              f"min {_num(r['min'], '.6g')}" + (f"; {bad['points']} non-finite, first {bad['first_value']} "
+                                                 f"at {args.x} {bad['first_x']:g}" if bad else ""))
     for c in summary["comparisons"]:
         div = c["first_divergence"]
         kind = "relative" if c["threshold"]["relative"] else "absolute"
+        why = " (a non-finite value)" if c["divergence_reason"] == "non-finite" else ""
         print(f"{c['run']} vs {c['reference']}: {c['aligned_points']} aligned points"
-              f"{' (interpolated)' if c['interpolated'] else ''}, mean |diff| {c['mean_abs_diff']:.4g} "
-              f"(max {c['max_abs_diff']:.4g}), mean rel {c['mean_rel_diff']:.3%} (max {c['max_rel_diff']:.3%}); "
-              + (f"first {args.x} beyond {kind} {args.threshold:g}: {div:g}" if div is not None
+              f"{' (interpolated)' if c['interpolated'] else ''}, mean |diff| "
+              f"{_num(c['mean_abs_diff'], '.4g')} (max {_num(c['max_abs_diff'], '.4g')}), mean rel "
+              f"{_num(c['mean_rel_diff'], '.3%')} (max {_num(c['max_rel_diff'], '.3%')}); "
+              + (f"first {args.x} beyond {kind} {args.threshold:g}: {div:g}{why}" if div is not None
                  else f"never beyond {kind} {args.threshold:g}"))
     if args.json_out:
         write_json_atomic(args.json_out, summary, overwrite=args.force)
