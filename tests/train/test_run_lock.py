@@ -89,6 +89,26 @@ def test_a_live_holder_on_another_host_is_respected_until_its_heartbeat_stops(tm
         assert "no heartbeat for" in lock.took_over
 
 
+def test_an_unreadable_lock_file_is_named_and_taken_over_once_stale(tmp_path):
+    """A lock file that is not olmax's JSON (here: not even UTF-8) is named while it is fresh and
+    taken over once it has not changed for the stale time, like a holder that stopped beating."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_NAME).write_bytes(b"\xff\xfe\x00garbage\xe9")
+    with pytest.raises(RunDirInUse) as e:
+        RunDirLock(run, stale_after=60).acquire()
+    assert str(e.value).startswith(f"run directory {run} holds a lock file olmax cannot read, "
+                                   f"{run / LOCK_NAME} (not the JSON olmax train writes; changed ")
+    assert "taken over 60 s after its last change" in str(e.value)
+    assert (run / LOCK_NAME).read_bytes() == b"\xff\xfe\x00garbage\xe9"
+    old = time.time() - 120
+    os.utime(run / LOCK_NAME, (old, old))
+    with RunDirLock(run, stale_after=60) as lock:
+        assert lock.took_over.startswith("took over a stale lock of an unknown holder (an "
+                                         "unreadable lock file for 1")
+        assert json.loads((run / LOCK_NAME).read_text())["token"] == lock.token
+
+
 def test_heartbeat_keeps_the_lock_fresh_and_notices_a_takeover(tmp_path):
     run = tmp_path / "run"
     lock = RunDirLock(run, heartbeat=0.05, stale_after=60).acquire()

@@ -67,9 +67,11 @@ class RunDirLockLost(OlmaxError):
 
 
 def _read_text(path: str) -> str | None:
+    """The file's text (bytes that are not UTF-8 replaced: a lock file olmax did not write is
+    judged like any other unreadable one), or None when it cannot be read."""
     try:
-        with open(path) as f:
-            return f.read()
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
     except OSError:
         return None
 
@@ -184,12 +186,19 @@ class RunDirLock(Callback):
                 self._cleanup_dir()
                 raise RunDirInUse(self._in_use_message(holder))
             if self._take_over(holder):
-                self.took_over = f"took over a stale lock of {describe(holder)} ({why})"
+                who = describe(holder) if holder else "an unknown holder"
+                self.took_over = f"took over a stale lock of {who} ({why})"
         self._cleanup_dir()
         raise RunDirInUse(f"run directory {self.run_dir} is contended: could not take its lock "
                           f"({self.path}) after several tries")
 
     def _in_use_message(self, holder: dict) -> str:
+        if not holder:
+            age = self._heartbeat_age()
+            return (f"run directory {self.run_dir} holds a lock file olmax cannot read, {self.path} "
+                    f"(not the JSON olmax train writes; changed {age or 0:.0f} s ago); it is taken "
+                    f"over {self.stale_after:.0f} s after its last change, or remove it if no "
+                    f"olmax train uses {self.run_dir}")
         since = f" since {holder['started']}" if holder.get("started") else ""
         text = (f"run directory {self.run_dir} is in use by olmax train {describe(holder)}{since}; "
                 f"use another --run-dir or stop that run")
