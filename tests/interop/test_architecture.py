@@ -82,7 +82,9 @@ def test_override_only_when_asked_and_never_for_shapes(sources):
                                                    "init.allow_architecture_override=true"])
     assert cfg.model.rope_theta == 500_000.0 and cfg.model.norm_eps == SOURCE.norm_eps
     for field in ("model.d_model=64", "model.n_layers=2", "model.vocab_size=100"):
-        with pytest.raises(OlmaxError, match="other shapes"):
+        with pytest.raises(OlmaxError, match=r"other shapes; leave these fields out \(or drop the "
+                                             r"recipe's model section: model=null\) to take the "
+                                             r"checkpoint's\)$"):
             load_recipe(str(sources / "bare.yaml"), [hf, field, "init.allow_architecture_override=true"])
     with pytest.raises(OlmaxError, match="model.padded_vocab_size is 256 .* but 128"):
         load_recipe(str(sources / "bare.yaml"), [f"init.checkpoint={sources / 'imported'}",

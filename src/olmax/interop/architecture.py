@@ -36,6 +36,8 @@ ARCH_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig)
 SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
                 "vocab_size", "qk_norm", "tie_embeddings")
 OVERRIDE_KEY = "init.allow_architecture_override"
+LEAVE_OUT = ("leave these fields out (or drop the recipe's model section: model=null) to take the "
+             "checkpoint's")
 
 
 def _value(cfg: ModelConfig, name: str) -> Any:
@@ -100,13 +102,11 @@ def reconcile(source: ModelConfig, given: Mapping[str, Any], *, allow_override: 
     shapes = [f for f in diff if f in shape_fields]
     if shapes:
         raise OlmaxError(f"{key}: {describe(source, model, shapes, where, 'the recipe')} (the "
-                         f"weights have other shapes; leave these fields out to take the "
-                         f"checkpoint's)")
+                         f"weights have other shapes; {LEAVE_OUT})")
     if diff and not allow_override:
         raise OlmaxError(f"{key}: {describe(source, model, diff, where, 'the recipe')}; the "
-                         f"architecture comes from the checkpoint: leave these fields out (or drop "
-                         f"the recipe's model section: model=null), or set {OVERRIDE_KEY}=true to "
-                         f"train with the recipe's values")
+                         f"architecture comes from the checkpoint: {LEAVE_OUT}, or set "
+                         f"{OVERRIDE_KEY}=true to train with the recipe's values")
     return model
 
 

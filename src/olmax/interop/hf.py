@@ -50,7 +50,7 @@ from olmax.checkpoint.params import (StreamedArray, load_meta, load_model_config
 from olmax.config import ConfigError, ModelConfig, OlmaxError, YarnConfig
 from olmax.interop import vocab_padding
 from olmax.interop.vocab_padding import padding_rows
-from olmax.io import atomic_output_dir, check_output_dir
+from olmax.io import atomic_output_dir, check_output_dir, read_text
 from olmax.model.finite import raise_non_finite, tensor_problem
 from olmax.model.params import HFTensor, Param, hf_tensors, param_shapes, params_of
 from olmax.model.runtime import dtype_of
@@ -114,7 +114,7 @@ def read_hf_config(hf_dir: str | os.PathLike) -> dict:
     if not path.is_file():
         raise OlmaxError(f"{path}: missing (not a Hugging Face model directory)")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise OlmaxError(f"{path}: invalid JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(data, dict):
