@@ -46,10 +46,22 @@ def _strict_json(text: str):
 def test_curves_with_nan_or_inf_report_the_blowup(tmp_path, capsys):
     """A loss that turns NaN or infinite is a divergence at its first step (whatever the
     threshold), not "never beyond"; the measures cover the finite points; the JSON stays JSON."""
+    from olmax.config import LoggingConfig
+    from olmax.train.run_log import MetricsLogger
+
     base = np.linspace(5, 3, 50)            # step 30: 5 - 2 * 29 / 49 = 3.81633 (the finite min)
     ref = _run(tmp_path, "ref", base)
+    # NaN as the trainer's own logger writes it (the string "nan"); Inf as a JSON Infinity token
+    nan_run = tmp_path / "nan"
+    nan_run.mkdir()
+    logger = MetricsLogger(nan_run, LoggingConfig(tensorboard=False))
+    for i, v in enumerate(np.where(np.arange(50) >= 30, np.nan, base)):
+        logger.log(i + 1, {"loss": np.float32(v) if np.isnan(v) else float(v)})
+    logger.close()
+    assert '"loss": "nan"' in (nan_run / "metrics.jsonl").read_text()
     for name, value in (("nan", np.nan), ("inf", np.inf)):
-        other = _run(tmp_path, name, np.where(np.arange(50) >= 30, value, base))  # steps 31..50
+        other = (str(nan_run) if name == "nan" else
+                 _run(tmp_path, name, np.where(np.arange(50) >= 30, value, base)))  # steps 31..50
         js = tmp_path / f"{name}.json"
         assert main(["curves", ref, other, "--json", str(js)]) == 0
         out = capsys.readouterr().out

@@ -14,7 +14,8 @@ Reported: mean/max absolute and relative difference overall and over ``windows``
 the aligned range, and the first x where the (smoothed) difference exceeds ``threshold`` (relative to
 the reference's value unless ``relative=False``).
 
-A NaN or infinite value (a loss that blew up) is kept, never skipped: the first aligned x where
+A NaN or infinite value (a loss that blew up; ``metrics.jsonl`` holds it as the string "nan" or
+"inf") is kept, never skipped: the first aligned x where
 either run's value is not finite is a divergence whatever the threshold (``first_divergence``,
 with ``divergence_reason`` "non-finite"), each run reports its non-finite points, and the
 difference measures and the smoothing cover the points where both runs are finite (a measure
@@ -96,6 +97,17 @@ def _number(v: str | None) -> Any:
         return v
 
 
+_NON_FINITE_WORDS = ("nan", "inf", "-inf", "infinity", "-infinity")
+
+
+def _non_finite_word(v: Any) -> Any:
+    """``v``, or the float it spells when it is "nan" / "inf" (how ``metrics.jsonl`` stores a
+    non-finite value: JSON has no literal for them)."""
+    if isinstance(v, str) and v.strip().lower() in _NON_FINITE_WORDS:
+        return float(v)
+    return v
+
+
 def load_curve(path: str | os.PathLike, metric: str = "loss", x: str = "step", *,
                columns: Mapping[str, str] | None = None, name: str | None = None) -> Curve:
     rows = read_rows(path, columns)
@@ -106,7 +118,7 @@ def load_curve(path: str | os.PathLike, metric: str = "loss", x: str = "step", *
                              f"{', ...' if len(have) > 20 else ''}); map a column with --map {key}=COLUMN")
     points: dict[float, float] = {}
     for r in rows:
-        xv, yv = r.get(x), r.get(metric)
+        xv, yv = r.get(x), _non_finite_word(r.get(metric))
         if isinstance(xv, (int, float)) and isinstance(yv, (int, float)) and math.isfinite(float(xv)):
             points[float(xv)] = float(yv)
     if not points:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from olmax.config import LoggingConfig
-from olmax.io import write_bytes_atomic
+from olmax.io import write_bytes_atomic, write_error
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,11 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as e:   # a full disk: name the file
+            raise write_error(self.path, e) from None
         numeric = {k: v for k, v in record.items()
                    if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None:
