@@ -1,10 +1,13 @@
 """Ordinary mistakes, run through the ``olmax`` command line; each must end in one clean line.
 
 Every case below is a real command on real (tiny) files: a Hugging Face directory, olmax
-checkpoints, token files, recipes. *Clean* means: a non-zero exit status, nothing on stdout, and
-exactly one line on stderr, ``olmax COMMAND: error: ...``, with the message the case expects
-(the file, key or value at fault). The table in ``docs/bad-inputs.md`` is this list with what
-olmax printed; regenerate it with
+checkpoints, token files, recipes, and HTTP servers on 127.0.0.1 (one answering 500, one ignoring
+``Range``; a closed port stands for a store that cannot be reached). *Clean* means: a non-zero
+exit status, nothing on stdout, and exactly one line on stderr, ``olmax COMMAND: error: ...``,
+with the message the case expects (the file, key or value at fault); for a case whose answer is a
+result rather than an error (a plan that does not fit) one line on stdout instead, and nothing on
+stderr. Either way nothing that existed before the case was changed or removed. The table in
+``docs/bad-inputs.md`` is this list with what olmax printed; regenerate it with
 
     PYTHONPATH=src python tests/cli/bad_inputs.py --write docs/bad-inputs.md
 
@@ -29,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -48,6 +52,7 @@ class Case:
     argv: list[str]              # the olmax command line (relative paths, run in the scratch dir)
     expect: str                  # a regex the error line must match (after "error: ")
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    result: bool = False         # the answer is one line on stdout (``olmax CMD: ...``), not an error
 
 
 def _render(line: str) -> str:
@@ -73,9 +78,19 @@ class Result:
         lines = self.lines()
         return lines[-1].strip() if lines else ""
 
+    def result_line(self) -> str:
+        lines = [ln for ln in self.stdout.splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else ""
+
     def clean(self, case: Case) -> bool:
         lines = self.lines()
-        if not isinstance(self.rc, int) or self.rc == 0 or self.stdout.strip() or len(lines) != 1:
+        if not isinstance(self.rc, int) or self.rc == 0:
+            return False
+        if case.result:
+            out = [ln for ln in self.stdout.splitlines() if ln.strip()]
+            m = re.match(r"olmax( [a-z-]+)*: (.*)$", out[0]) if len(out) == 1 and not lines else None
+            return bool(m) and re.search(case.expect, m.group(2)) is not None
+        if self.stdout.strip() or len(lines) != 1:
             return False
         m = re.match(r"olmax( [a-z-]+)*: error: (.*)$", lines[0])
         return bool(m) and re.search(case.expect, m.group(2)) is not None
@@ -231,6 +246,7 @@ def make_workspace(root: Path) -> dict[str, str]:
         json.dumps({"step": i, "loss": 3.0 / i, "tokens": 128 * i}) + "\n" for i in range(1, 6)))
     (root / "nodocs").mkdir()
     (root / "nodocs" / "weights.bin").write_bytes(b"\0" * 16)
+    _newer_surfaces(root, cfg, params, tokens, recipe)
     held = root / "run-held"
     held.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
@@ -240,7 +256,78 @@ def make_workspace(root: Path) -> dict[str, str]:
     (held / ".olmax-lock").write_text(json.dumps({**me, "pid": holder.pid, "proc_start": None,
                                               "token": "0" * 32, "started": "2026-01-01T00:00:00Z",
                                               "command": ["olmax", "train"]}) + "\n")
-    return {"holder_pid": str(holder.pid)}
+    return {"holder_pid": str(holder.pid), **_servers(root)}
+
+
+def _servers(root: Path) -> dict[str, str]:
+    """HTTP servers on 127.0.0.1 for the remote cases: one serving the token file (and answering
+    500 under /fail/), one that ignores Range; a closed port. Stopped by :func:`run_all`."""
+    sys.path.insert(0, str(ROOT / "tests" / "data"))
+    from remote_servers import FileServer
+
+    data = (root / "tokens.npy").read_bytes()
+    servers = {"http": FileServer({"/data/tokens.npy": data, "/fail/tokens.npy": data}),
+               "norange": FileServer({"/data/tokens.npy": data})}
+    servers["http"].fail["/fail/tokens.npy"] = -1
+    servers["norange"].ignore_range = True
+    for srv in servers.values():
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        _SERVERS.append(srv)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    return {"@HTTP": servers["http"].url, "@NORANGE": servers["norange"].url,
+            "@CLOSED": f"http://127.0.0.1:{closed}"}
+
+
+_SERVERS: list = []
+
+
+def _newer_surfaces(root: Path, cfg, params, tokens, recipe: dict) -> None:
+    """Files for the cases of data fetch, remote reads, launch, plan, the run lock, curves and
+    recipe YAML."""
+    import yaml
+
+    from olmax.checkpoint.checkpointer import Checkpointer
+    from olmax.config import CheckpointConfig, OptimConfig, to_dict
+    from olmax.train.optim import build_optimizer
+    from olmax.train.state import init_train_state
+
+    # A mix line that climbs out of the destination onto a user's file there.
+    (root / "evil-mix.txt").write_text("ok,{TOKENIZER}/tokens.npy\nx,{TOKENIZER}/../../../../escaped.npy\n")
+    (root / "deep").mkdir()
+    (root / "deep" / "escaped.npy").write_text("the user's own file\n")
+    (root / "latin1-mix.txt").write_bytes("caf\xe9,{TOKENIZER}/tokens.npy\n".encode("latin-1"))
+    # Recipes: an alias bomb (9^9 values from 400 bytes), a section given twice, not UTF-8, too big.
+    levels = [f"l{i}" for i in range(10)]
+    bomb = [f"{levels[0]}: &{levels[0]} [{', '.join(['x'] * 9)}]"]
+    bomb += [f"{b}: &{b} [{', '.join(['*' + a] * 9)}]" for a, b in zip(levels, levels[1:])]
+    (root / "bomb.yaml").write_text("\n".join(bomb) + "\n")
+    (root / "bomb-override.txt").write_text("{" + ", ".join(bomb) + "}")
+    dup = yaml.safe_dump(recipe) + "train:\n  max_steps: 1000\n"
+    (root / "dup.yaml").write_text(dup)
+    (root / "latin1.yaml").write_bytes(yaml.safe_dump({**recipe, "data": {"root": "caf\xe9"}},
+                                                      allow_unicode=True).encode("latin-1"))
+    (root / "big.yaml").write_text("# " + "x" * (4 << 20) + "\n" + yaml.safe_dump(recipe))
+    # A run whose newest checkpoint a later olmax wrote (format_version 2).
+    tx = build_optimizer(OptimConfig())
+    ck = Checkpointer(root / "run-newer" / "checkpoints", CheckpointConfig(interval=1, async_save=False),
+                      report=lambda m: None)
+    for step in (1, 2):
+        ck.save(step, init_train_state(params, tx), {"model": to_dict(cfg), "data_position": step,
+                                                     "seed": 1}, force=True)
+    ck.close()
+    meta = root / "run-newer" / "checkpoints" / "2" / "meta" / "metadata"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "format_version": 2}))
+    # A run directory whose lock file is not olmax's (not even UTF-8), fresh.
+    (root / "run-badlock").mkdir()
+    (root / "run-badlock" / ".olmax-lock").write_bytes(b"\xff\xfe\x00garbage\xe9\n")
+    # Outputs that must survive: a user's notes, a FIFO.
+    (root / "notes.txt").write_text("my notes\n")
+    os.mkfifo(root / "pipe")
+    # Metrics that are not UTF-8.
+    (root / "run-latin").mkdir()
+    (root / "run-latin" / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.0, "note": "caf\xe9"}\n')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -491,6 +578,100 @@ def cases() -> list[Case]:
           r"unknown config key 'trian'"),
         C("quickstart", "--run-dir that is an existing file", ["quickstart", "--run-dir", "afile"],
           r"run directory afile exists and is not a directory"),
+        # -- the newer surfaces: data fetch, remote reads, recipes, checkpoints, launch, plan, curves
+        C("data", "fetch: a mix line that climbs out of --to onto a user's file",
+          ["data", "fetch", "evil-mix.txt", "--root", "@HTTP/data", "--to", "deep/a/b", "--no-progress"],
+          r"^evil-mix.txt:2: 'allenai/dolma3-tokenizer/../../../../escaped.npy' would be written "
+          r"outside deep/a/b \('\.\.' segments\); nothing was written$"),
+        C("data", "fetch: a path with '..' below --root",
+          ["data", "fetch", "../escaped.npy", "--root", "@HTTP/data", "--to", "fetched", "--no-progress"],
+          r"would be written outside fetched"),
+        C("data", "fetch: a mix file that is not UTF-8",
+          ["data", "fetch", "latin1-mix.txt", "--root", "@HTTP/data", "--to", "fetched"],
+          r"^latin1-mix.txt: not UTF-8 text"),
+        C("data", "fetch: OLMAX_COPY_CHUNK_BYTES with a unit",
+          ["data", "fetch", "tokens.npy", "--root", "@HTTP/data", "--to", "fetched", "--no-progress"],
+          r"^OLMAX_COPY_CHUNK_BYTES='8MiB': expected a whole number of bytes",
+          env={"OLMAX_COPY_CHUNK_BYTES": "8MiB"}),
+        C("data", "remote token file the server does not have (404: not retried)",
+          ["data", "inspect", "--paths", "@HTTP/data/missing.npy", "--seq-len", "32",
+           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          r"^token file not found: http://127.0.0.1:\d+/data/missing.npy$"),
+        C("data", "server answering HTTP 500 to the size request",
+          ["data", "inspect", "--paths", "@HTTP/fail/tokens.npy", "--seq-len", "32",
+           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          r"/fail/tokens.npy: size request failed after 6 attempts: HTTP 500 Internal Server Error$"),
+        C("data", "nothing listening on the port",
+          ["data", "inspect", "--paths", "@CLOSED/tokens.npy", "--seq-len", "32",
+           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          r"size request failed after 6 attempts: connection refused \(127.0.0.1:\d+\)$"),
+        C("data", "server that ignores Range",
+          ["data", "inspect", "--paths", "@NORANGE/data/tokens.npy", "--seq-len", "32",
+           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          r"/data/tokens.npy: the server ignores byte ranges \(asked for 128 bytes at \d+, it sent 16384\)"),
+        C("data", "gs:// with no network (the GCS endpoint a closed port)",
+          ["data", "inspect", "--paths", "gs://bucket/tokens.npy", "--seq-len", "32",
+           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          r"^gs://bucket/tokens.npy: size request failed after 6 attempts: connection refused",
+          env={"STORAGE_EMULATOR_HOST": "@CLOSED"}),
+        C("train", "recipe with a YAML alias bomb", ["train", "bomb.yaml", "--run-dir", "RUN"],
+          r"^bomb.yaml: more than 1,000,000 values once its YAML aliases are expanded"),
+        C("train", "override with a YAML alias bomb", [*TRAIN, "data.paths=@BOMB"],
+          r"^override 'data.paths': more than 1,000,000 values"),
+        C("train", "recipe with a section given twice", ["train", "dup.yaml", "--run-dir", "RUN"],
+          r"^dup.yaml line \d+: invalid YAML \(duplicate key 'train' \(first given at line \d+\)\)$"),
+        C("train", "override with a key given twice", [*TRAIN, "train={seq_len: 32, seq_len: 64}"],
+          r"^override 'train': duplicate key 'seq_len'"),
+        C("train", "recipe that is not UTF-8", ["train", "latin1.yaml", "--run-dir", "RUN"],
+          r"^latin1.yaml: not UTF-8 text \(invalid continuation byte at byte \d+\)$"),
+        C("train", "recipe larger than 4 MiB", ["train", "big.yaml", "--run-dir", "RUN"],
+          r"^big.yaml: [\d,]+ bytes, more than a recipe may hold \(4,194,304\)$"),
+        C("train", "newest checkpoint written by a later olmax (format_version 2)",
+          ["train", "tiny.yaml", "--run-dir", "run-newer"],
+          r"^checkpoint \S*run-newer/checkpoints/2: format_version 2 is newer than this olmax reads"),
+        C("train", "run directory whose lock file is not UTF-8",
+          ["train", "tiny.yaml", "--run-dir", "run-badlock"],
+          r"^run directory run-badlock holds a lock file olmax cannot read, run-badlock/.olmax-lock"),
+        C("init", "a packaged recipe from init.hf_dir with other shapes",
+          ["train", "olmo3_tiny", "--run-dir", "RUN", "init.hf_dir=hf"],
+          r"model.d_model is 64 in the recipe but 32 in hf/config.json.*model=null"),
+        C("launch", "--out that holds the user's notes", ["launch", "slurm", "tiny.yaml", "--nodes", "1",
+                                                         "--gpus-per-node", "0", "--out", "notes.txt"],
+          r"^--out notes.txt already exists \(remove it or pass --force\)$"),
+        C("launch", "--out that is the recipe itself, with --force",
+          ["launch", "slurm", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "0", "--out", "tiny.yaml",
+           "--force"], r"^--out tiny.yaml is the recipe this command reads"),
+        C("launch", "--out that is a FIFO, with --force",
+          ["launch", "k8s", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "0", "--out", "pipe", "--force"],
+          r"^--out pipe exists and is not a regular file"),
+        C("launch", "--grace beyond what sbatch --signal takes",
+          ["launch", "slurm", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "0", "--grace", "70000",
+           "--out", "OUT.sh"], r"^--grace 70000: sbatch --signal takes at most 65535 seconds"),
+        C("launch", "--namespace that is not a DNS label",
+          ["launch", "k8s", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "0", "--namespace", "Team_A",
+           "--out", "OUT.yaml"], r"^--namespace 'Team_A': use lower-case letters"),
+        C("plan", "--hlo that is the recipe itself, with --force",
+          ["plan", "tiny.yaml", "--no-parts", "--hlo", "tiny.yaml", "--force"],
+          r"^--hlo tiny.yaml is the recipe this command reads"),
+        C("plan", "--hlo that holds the user's notes", ["plan", "tiny.yaml", "--no-parts", "--hlo", "notes.txt"],
+          r"^--hlo notes.txt already exists"),
+        C("plan", "--topology of no accelerator", ["plan", "tiny.yaml", "--topology", "banana:2x2"],
+          r"^unknown TPU topology 'banana:2x2' \(no TPU generation 'banana'"),
+        C("plan", "--topology with a four-part shape", ["plan", "tiny.yaml", "--topology", "v5e:2x2x2x2"],
+          r"^unknown TPU topology 'v5e:2x2x2x2' \(the shape '2x2x2x2' is not AxB or AxBxC"),
+        C("plan", "--topology with a GPU count in words", ["plan", "tiny.yaml", "--topology", "h100:eight"],
+          r"^--topology h100:eight: the GPU count must be a positive whole number"),
+        C("plan", "--topology with no GPUs", ["plan", "tiny.yaml", "--topology", "h100:0"],
+          r"^--topology h100:0: the GPU count must be a positive whole number"),
+        C("plan", "a step larger than the local devices' memory (a result: exit 1)",
+          ["plan", "tiny.yaml", "--no-parts", "model.mlp_hidden=1073741824"],
+          r"^does not fit: the step \(cpu x1, .*\) needs [\d.]+ GiB per device .*, [\d.]+ GiB available$",
+          result=True),
+        C("curves", "metrics file that is not UTF-8", ["curves", "run-latin"],
+          r"^run-latin/metrics.jsonl: not UTF-8 text"),
+        C("curves", "--json that is a compared metrics file, with --force",
+          ["curves", "run-good", "run-latin", "--json", "run-good/metrics.jsonl", "--force"],
+          r"^--json run-good/metrics.jsonl is a metrics file this command reads"),
     ]
     return out
 
@@ -572,33 +753,77 @@ def run_case(case: Case) -> Result:
 def normalise(text: str, workdir: Path, names: dict[str, str]) -> str:
     text = text.replace(str(workdir.resolve()) + "/", "").replace(str(workdir.resolve()), ".")
     text = text.replace(str(workdir) + "/", "").replace(str(workdir), ".")
+    text = re.sub(r"\b127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
+    text = re.sub(r"\bchanged \d+ s ago\b", "changed N s ago", text)
+    text = re.sub(r"\b\d+\.\d\d GiB available\b", "MEM GiB available", text)   # this host's memory
     text = re.sub(r"\bpid \d+ on host \S+", "pid PID on host HOST", text)
     text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "TIME", text)
     text = re.sub(r"/tmp/[^ ]*?\.tmp-[A-Za-z0-9_]+", "TMP", text)
     return text
 
 
+def _snapshot(root: Path) -> dict[str, tuple]:
+    """Every file (size, mtime, kind) and folder below ``root``, by relative path."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            kind = "dir" if name in dirnames else "file"
+            out[os.path.relpath(p, root)] = (kind,) if kind == "dir" else (kind, st.st_mode, st.st_size,
+                                                                         st.st_mtime_ns)
+    return out
+
+
+def _destroyed(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """What a case removed or changed of what existed before it."""
+    return sorted(f"{path} ({'removed' if path not in after else 'changed'})"
+                  for path, was in before.items() if after.get(path) != was)
+
+
+def _substitute(text: str, names: dict[str, str]) -> str:
+    for key in ("@HTTP", "@NORANGE", "@CLOSED"):
+        text = text.replace(key, names[key])
+    return text.replace("@BOMB", BOMB_OVERRIDE) if "@BOMB" in text else text
+
+
 def run_all(workdir: Path, select: Callable[[Case], bool] = lambda c: True) -> list[dict]:
     names = make_workspace(workdir)
+    global BOMB_OVERRIDE
+    BOMB_OVERRIDE = (workdir / "bomb-override.txt").read_text()
     rows = []
     try:
         for case in cases():
             if not select(case):
                 continue
-            case = dataclasses.replace(case, argv=[a.replace("RUN", f"run-{len(rows) + 1}").replace(
-                "OUT", f"out-{len(rows) + 1}") for a in case.argv])
+            case = dataclasses.replace(case, argv=[_substitute(a, names).replace(
+                "RUN", f"run-{len(rows) + 1}").replace("OUT", f"out-{len(rows) + 1}") for a in case.argv],
+                env={k: _substitute(v, names) for k, v in case.env.items()})
+            before = _snapshot(workdir)
             r = run_case(case)
+            destroyed = _destroyed(before, _snapshot(workdir))
             pwned = sorted(p.name for p in workdir.glob("PWNED*"))
+            shown = [a.replace(BOMB_OVERRIDE, "<alias bomb: 9^10 values>") for a in case.argv]
             rows.append({"group": case.group, "mistake": case.mistake,
-                         "command": "olmax " + " ".join(case.argv), "expect": case.expect,
-                         "rc": r.rc, "clean": r.clean(case) and not pwned,
+                         "command": normalise("olmax " + " ".join(shown), workdir, names),
+                         "expect": case.expect, "rc": r.rc,
+                         "clean": r.clean(case) and not pwned and not destroyed,
                          "lines": len(r.lines()), "stdout": normalise(r.stdout, workdir, names),
-                         "output": normalise(r.error_line(), workdir, names),
+                         "output": normalise(r.result_line() if case.result else r.error_line(),
+                                             workdir, names),
                          "stderr": normalise(r.stderr, workdir, names)[-3000:],
-                         "seconds": round(r.seconds, 2), "code_executed": pwned})
+                         "seconds": round(r.seconds, 2), "code_executed": pwned,
+                         "destroyed": destroyed})
     finally:
         os.kill(int(names["holder_pid"]), signal.SIGKILL)
+        for srv in _SERVERS:
+            srv.shutdown()
+            srv.server_close()
+        _SERVERS.clear()
     return rows
+
+
+BOMB_OVERRIDE = ""
 
 
 def _cell(text: str) -> str:
@@ -610,16 +835,19 @@ def markdown(rows: list[dict]) -> str:
     out = [
         "# Bad inputs: what olmax prints",
         "",
-        "Ordinary mistakes, each run through the `olmax` command line on real (tiny) files. Every one",
-        "must end in **one line** on stderr naming the file, key or value at fault, a non-zero exit",
-        "status and nothing else (no traceback; `--debug` or `OLMAX_DEBUG=1` adds one). Nothing in",
-        "these files is ever executed (a pickled `pytorch_model.bin` and a YAML `!!python` tag are",
-        "refused before they are read) and no output is half-written.",
+        "Ordinary mistakes, each run through the `olmax` command line on real (tiny) files and, for",
+        "remote token files, real HTTP servers on 127.0.0.1 (one answering 500, one ignoring `Range`;",
+        "a closed port stands for a store that cannot be reached). Every one must end in **one line**",
+        "on stderr naming the file, key or value at fault, a non-zero exit status and nothing else (no",
+        "traceback; `--debug` or `OLMAX_DEBUG=1` adds one); a plan that does not fit is a result, one",
+        "line on stdout and exit status 1. Nothing in these files is ever executed (a pickled",
+        "`pytorch_model.bin` and a YAML `!!python` tag are refused before they are read), no output is",
+        "half-written, and no file that existed before a case is changed or removed by it.",
         "",
         "Generated by `tests/cli/bad_inputs.py` (`PYTHONPATH=src python tests/cli/bad_inputs.py --write",
         "docs/bad-inputs.md`), which runs them; `tests/cli/test_bad_inputs.py` checks every case and that",
         "this table is current. Paths are relative to the scratch directory the cases run in; `PID`,",
-        "`HOST` and `TIME` stand for the values of the run.",
+        "`HOST`, `TIME`, `PORT`, `N` and `MEM` (the host's memory) stand for the values of the run.",
         "",
         f"**{len(rows)} mistakes tried, {clean} end in one clean line.**",
         "",
