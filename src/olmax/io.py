@@ -204,12 +204,16 @@ def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
+def hash_into(hasher: Any, path: str | os.PathLike) -> Any:
+    """``hasher`` (a ``hashlib`` object) fed the bytes of ``path``, read 4 MiB at a time."""
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+            hasher.update(chunk)
+    return hasher
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    return hash_into(hashlib.sha256(), path).hexdigest()
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -338,6 +338,15 @@ TRAIN = ["train", "tiny.yaml", "--run-dir", "RUN"]
 HELDOUT = "tokenized/part-00000-0000.npy"
 
 
+def LAUNCH(target: str) -> list[str]:
+    return ["launch", target, "tiny.yaml", "--nodes", "1", "--gpus-per-node", "0"]
+
+
+def INSPECT(*paths: str) -> list[str]:
+    return ["data", "inspect", "--paths", *paths, "--seq-len", "32", "--global-batch-size", "2",
+            "--seed", "1", "--batches", "0:1"]
+
+
 def EVAL(checkpoint: str, *options: str, heldout: str = HELDOUT) -> list[str]:
     return ["eval", checkpoint, "--heldout", heldout, *options, "--json", "OUT.json"]
 
@@ -594,24 +603,19 @@ def cases() -> list[Case]:
           r"^OLMAX_COPY_CHUNK_BYTES='8MiB': expected a whole number of bytes",
           env={"OLMAX_COPY_CHUNK_BYTES": "8MiB"}),
         C("data", "remote token file the server does not have (404: not retried)",
-          ["data", "inspect", "--paths", "@HTTP/data/missing.npy", "--seq-len", "32",
-           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          INSPECT("@HTTP/data/missing.npy"),
           r"^token file not found: http://127.0.0.1:\d+/data/missing.npy$"),
         C("data", "server answering HTTP 500 to the size request",
-          ["data", "inspect", "--paths", "@HTTP/fail/tokens.npy", "--seq-len", "32",
-           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          INSPECT("@HTTP/fail/tokens.npy"),
           r"/fail/tokens.npy: size request failed after 6 attempts: HTTP 500 Internal Server Error$"),
         C("data", "nothing listening on the port",
-          ["data", "inspect", "--paths", "@CLOSED/tokens.npy", "--seq-len", "32",
-           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          INSPECT("@CLOSED/tokens.npy"),
           r"size request failed after 6 attempts: connection refused \(127.0.0.1:\d+\)$"),
         C("data", "server that ignores Range",
-          ["data", "inspect", "--paths", "@NORANGE/data/tokens.npy", "--seq-len", "32",
-           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          INSPECT("@NORANGE/data/tokens.npy"),
           r"/data/tokens.npy: the server ignores byte ranges \(asked for 128 bytes at \d+, it sent 16384\)"),
         C("data", "gs:// with no network (the GCS endpoint a closed port)",
-          ["data", "inspect", "--paths", "gs://bucket/tokens.npy", "--seq-len", "32",
-           "--global-batch-size", "2", "--seed", "1", "--batches", "0:1"],
+          INSPECT("gs://bucket/tokens.npy"),
           r"^gs://bucket/tokens.npy: size request failed after 6 attempts: connection refused",
           env={"STORAGE_EMULATOR_HOST": "@CLOSED"}),
         C("train", "recipe with a YAML alias bomb", ["train", "bomb.yaml", "--run-dir", "RUN"],
@@ -635,21 +639,20 @@ def cases() -> list[Case]:
         C("init", "a packaged recipe from init.hf_dir with other shapes",
           ["train", "olmo3_tiny", "--run-dir", "RUN", "init.hf_dir=hf"],
           r"model.d_model is 64 in the recipe but 32 in hf/config.json.*model=null"),
-        C("launch", "--out that holds the user's notes", ["launch", "slurm", "tiny.yaml", "--nodes", "1",
-                                                         "--gpus-per-node", "0", "--out", "notes.txt"],
+        C("launch", "--out that holds the user's notes", [*LAUNCH("slurm"), "--out", "notes.txt"],
           r"^--out notes.txt already exists \(remove it or pass --force\)$"),
         C("launch", "--out that is the recipe itself, with --force",
-          ["launch", "slurm", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "0", "--out", "tiny.yaml",
-           "--force"], r"^--out tiny.yaml is the recipe this command reads"),
+          [*LAUNCH("slurm"), "--out", "tiny.yaml", "--force"],
+          r"^--out tiny.yaml is the recipe this command reads"),
         C("launch", "--out that is a FIFO, with --force",
-          ["launch", "k8s", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "0", "--out", "pipe", "--force"],
+          [*LAUNCH("k8s"), "--out", "pipe", "--force"],
           r"^--out pipe exists and is not a regular file"),
         C("launch", "--grace beyond what sbatch --signal takes",
-          ["launch", "slurm", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "0", "--grace", "70000",
-           "--out", "OUT.sh"], r"^--grace 70000: sbatch --signal takes at most 65535 seconds"),
+          [*LAUNCH("slurm"), "--grace", "70000", "--out", "OUT.sh"],
+          r"^--grace 70000: sbatch --signal takes at most 65535 seconds"),
         C("launch", "--namespace that is not a DNS label",
-          ["launch", "k8s", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "0", "--namespace", "Team_A",
-           "--out", "OUT.yaml"], r"^--namespace 'Team_A': use lower-case letters"),
+          [*LAUNCH("k8s"), "--namespace", "Team_A", "--out", "OUT.yaml"],
+          r"^--namespace 'Team_A': use lower-case letters"),
         C("plan", "--hlo that is the recipe itself, with --force",
           ["plan", "tiny.yaml", "--no-parts", "--hlo", "tiny.yaml", "--force"],
           r"^--hlo tiny.yaml is the recipe this command reads"),

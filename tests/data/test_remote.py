@@ -86,6 +86,16 @@ def _inspect(capsys, *args) -> list[dict]:
     return json.loads(capsys.readouterr().out)
 
 
+def _inspect_fails(capsys, paths: list[str], batches: str) -> str:
+    """``data inspect`` of ``paths`` exits 2 with one line on stderr; that line."""
+    capsys.readouterr()
+    rc = main(["data", "inspect", "--paths", *paths, "--seq-len", str(SEQ), "--global-batch-size",
+               str(BATCH), "--seed", str(SEED), "--batches", batches, "--json"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
 def test_same_batches_from_s3_http_and_local(tmp_path, corpus, http, s3, capsys):
     local, names, _ = corpus
     want = _inspect(capsys, "--paths", *[str(local / n) for n in names])
@@ -132,12 +142,7 @@ def test_truncated_remote_file_is_one_error_naming_it(corpus, http, capsys):
     _, names, blobs = corpus
     victim = f"/data/{names[2]}"
     http.truncated[victim] = len(blobs[names[2]]) // 2       # listed whole, half there
-    capsys.readouterr()
-    rc = main(["data", "inspect", "--paths", *[f"{http.url}/data/{n}" for n in names],
-               "--seq-len", str(SEQ), "--global-batch-size", str(BATCH), "--seed", str(SEED),
-               "--batches", "0:20", "--json"])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and len(err.splitlines()) == 1, err
+    err = _inspect_fails(capsys, [f"{http.url}/data/{n}" for n in names], "0:20")
     assert f"{http.url}{victim}: truncated" in err, err
     # A size that is no whole number of tokens is named too.
     http.files["/odd.npy"] = b"\0" * 10
@@ -326,12 +331,7 @@ def test_size_requests_retry_5xx_and_refused_connections(corpus, http):
 def test_a_server_ignoring_range_is_named_as_such(corpus, http, capsys):
     _, names, _ = corpus
     http.ignore_range = True
-    capsys.readouterr()
-    rc = main(["data", "inspect", "--paths", *[f"{http.url}/data/{n}" for n in names],
-               "--seq-len", str(SEQ), "--global-batch-size", str(BATCH), "--seed", str(SEED),
-               "--batches", "0:2", "--json"])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and len(err.splitlines()) == 1, err
+    err = _inspect_fails(capsys, [f"{http.url}/data/{n}" for n in names], "0:2")
     assert "the server ignores byte ranges (asked for 128 bytes at" in err and "truncated" not in err
     assert len([1 for m, _, _ in http.log if m == "GET"]) == BATCH   # no retries: one read each
 

@@ -56,7 +56,7 @@ from urllib.parse import urlsplit
 import fsspec
 
 from olmax.config import OlmaxError
-from olmax.io import contained, env_int, publish_file, write_error, write_json_atomic
+from olmax.io import contained, env_int, hash_into, publish_file, write_error, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -423,14 +423,6 @@ def _record(url: str, info: dict, st: os.stat_result) -> dict:
             "file": [st.st_size, st.st_ino, st.st_mtime_ns]}
 
 
-def md5_file(path: str | os.PathLike) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def verified_copy(files: "RemoteFiles", url: str, path: str | os.PathLike) -> bool:
     """Whether ``path`` holds the store's ``url``: a regular file of the store's size, described by
     its verification record (see the module notes), or, lacking a valid record, whose MD5 is the
@@ -448,7 +440,7 @@ def verified_copy(files: "RemoteFiles", url: str, path: str | os.PathLike) -> bo
             return True
     except (OSError, ValueError):
         pass
-    if info["md5"] is None or md5_file(path) != info["md5"]:
+    if info["md5"] is None or hash_into(hashlib.md5(), path).hexdigest() != info["md5"]:
         return False
     try:
         write_json_atomic(_record_path(path), _record(url, info, st))
@@ -513,11 +505,7 @@ def _copy_into(files: RemoteFiles, url: str, part: Path, size: int, md5: str | N
     if have > size:
         part.unlink()
         have = 0
-    hasher = hashlib.md5() if md5 else None
-    if hasher is not None and have:
-        with open(part, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                hasher.update(block)
+    hasher = None if not md5 else hash_into(hashlib.md5(), part) if have else hashlib.md5()
     fetched = 0
     with open(part, "ab") as f:
         while have < size:
@@ -620,4 +608,4 @@ def remote_files(cache_dir: str | os.PathLike | None = None) -> RemoteFiles:
 
 
 __all__ = ["is_remote", "is_pattern", "join", "RemoteFiles", "remote_files", "download", "cache_path",
-           "ReadThroughCache", "SCHEMES", "Stopped", "verified_copy", "md5_file"]
+           "ReadThroughCache", "SCHEMES", "Stopped", "verified_copy"]
