@@ -319,7 +319,7 @@ def test_overrides_load_with_their_recipes(blocks, tmp_path):
                 continue
             seen.add((ro[0], tuple(ro[1])))
             rc = main(["launch", "slurm", ro[0], *ro[1], "--nodes", "1", "--gpus-per-node", "0",
-                       "--out", str(tmp_path / "check.sbatch")])
+                       "--out", str(tmp_path / "check.sbatch"), "--force"])
             assert rc == 0, f"line {b.line}: {ro[0]} {' '.join(ro[1])} does not load"
     assert len(seen) >= 5
 

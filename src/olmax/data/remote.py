@@ -152,6 +152,14 @@ def _cause(e: BaseException) -> str:
     return _short(chain[-1])
 
 
+def _connection_trouble(e: BaseException) -> bool:
+    """Whether ``e`` was raised from a failed connection or a timeout (what a retry may cure)."""
+    return any(isinstance(x, (ConnectionError, TimeoutError)) or
+               (type(x).__module__.startswith("aiohttp") and
+                any(w in type(x).__name__ for w in ("Connect", "Disconnected", "Timeout", "Payload")))
+               for x in _chain(e)[1:])
+
+
 def _final_error(url: str, e: BaseException) -> OlmaxError | None:
     """The error for what retrying cannot fix (a missing file, a denied request, another 4xx),
     else None (a connection error, a 5xx: retried)."""
@@ -161,7 +169,7 @@ def _final_error(url: str, e: BaseException) -> OlmaxError | None:
     if isinstance(e, (FileNotFoundError, PermissionError)) or code is not None:
         # fsspec's HTTP stat reports every failure as FileNotFoundError: its cause tells
         if code in (404, 410) or (isinstance(e, FileNotFoundError) and code is None
-                                   and len(_chain(e)) == 1):
+                                   and not _connection_trouble(e)):
             return OlmaxError(f"token file not found: {url}")
         if code in (401, 403) or (isinstance(e, PermissionError) and code is None):
             return OlmaxError(f"{url}: access denied ({_cause(e)})")
