@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from olmax.config import OlmaxError
-from olmax.io import contained, env_int, read_text, refuse_existing, write_text_atomic
+from olmax.io import (as_inputs, contained, env_int, read_text, refuse_existing,
+                      write_text_atomic)
 
 
 def test_an_output_replaces_only_a_regular_file_and_only_with_force(tmp_path):
@@ -39,6 +40,9 @@ def test_an_output_replaces_only_a_regular_file_and_only_with_force(tmp_path):
             refuse_existing(path, force, flag="--out", inputs=[(recipe, "the recipe")])
         assert message in str(e.value) and str(e.value).startswith("--out "), str(e.value)
     assert notes.read_text() == "mine" and recipe.read_text() == "model: {}"
+    # inputs as commands name them: LABEL=PATH,PATH entries split, only local files kept
+    assert as_inputs([f"set={notes},{tmp_path / 'gone.npy'}", "embedded", str(recipe)], "an input") == [
+        (str(notes), "an input"), (str(recipe), "an input")]
 
 
 def test_names_from_data_stay_below_their_folder(tmp_path):

@@ -79,6 +79,13 @@ def _same_file(a: Path, b: str | os.PathLike) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def as_inputs(paths: Sequence[str], what: str) -> list[tuple[str, str]]:
+    """``(path, what)`` for each of ``paths`` that is a local file (entries written
+    ``LABEL=PATH,PATH`` are split), for :func:`refuse_existing`'s ``inputs``."""
+    names = [name for p in paths for name in str(p).split("=", 1)[-1].split(",")]
+    return [(name, what) for name in names if os.path.isfile(name)]
+
+
 def refuse_existing(path: str | os.PathLike, overwrite: bool = False, *, flag: str = "",
                     inputs: Sequence[tuple[str | os.PathLike, str]] = ()) -> Path:
     """``path`` as a Path, checked as an output a user named (the rules of the module notes): an

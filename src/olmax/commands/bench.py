@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from olmax.commands import HELP
-from olmax.io import refuse_existing, write_json_atomic
+from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.perf.bench import bench_train, format_train, matmul_ceiling
 from olmax.train.recipes import load_recipe
 
@@ -46,7 +46,8 @@ def add_parser(subparsers) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     if args.json_out:   # refused before spending minutes on the benchmark
-        refuse_existing(args.json_out, args.force, flag="--json")
+        refuse_existing(args.json_out, args.force, flag="--json",
+                        inputs=as_inputs([args.recipe], "the recipe"))
     cfg = load_recipe(args.recipe, args.overrides)
     ceiling = None
     if not args.no_ceiling:

@@ -18,7 +18,7 @@ from olmax.data.sources import (data_config_for, heldout_sets, is_heldout_entry,
 from olmax.data.tokenizer import get_tokenizer
 from olmax.eval.contamination import documents_from_token_files, downstream_documents, overlap
 from olmax.eval.tasks import expand_tasks, get_task
-from olmax.io import refuse_existing, write_json_atomic
+from olmax.io import as_inputs, refuse_existing, write_json_atomic
 
 
 def add_overlap_parser(data_subparsers) -> None:
@@ -42,7 +42,8 @@ def add_overlap_parser(data_subparsers) -> None:
 
 def run_overlap(args: argparse.Namespace) -> int:
     if args.json_out:
-        refuse_existing(args.json_out, args.force)
+        refuse_existing(args.json_out, args.force, flag="--json",
+                        inputs=as_inputs([*args.train, *args.eval], "a file the overlap reads"))
     held = [e for e in args.eval if is_heldout_entry(e)]
     tasks = expand_tasks([e for e in args.eval if not is_heldout_entry(e)])
     for t in tasks:

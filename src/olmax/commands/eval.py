@@ -18,7 +18,7 @@ from olmax.data.tokenizer import get_tokenizer
 from olmax.eval.runner import EvalSuite, load_model, log_metrics
 from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
-from olmax.io import refuse_existing, write_json_atomic
+from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.model.runtime import Runtime
 
 
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
                         ("--max-length", args.max_length), ("--batch-size", args.batch_size)):
         if value is not None and value <= 0:
             raise ConfigError(f"{flag} must be positive (got {value})")
-    refuse_existing(args.json_out, args.force)
+    refuse_existing(args.json_out, args.force, flag="--json",
+                    inputs=as_inputs(args.heldout, "a held-out file"))
     for name in expand_tasks(args.tasks):  # unknown names fail before the model is loaded
         get_task(name)
     model = load_model(args.checkpoint)

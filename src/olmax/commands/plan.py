@@ -19,10 +19,9 @@ path of the model (``olmax.platforms``); by default the target's own.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from olmax.commands import HELP
-from olmax.io import refuse_existing, write_json_atomic
+from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.perf.plan import DoesNotFit, check_topology_name, format_plan, plan
 from olmax.platforms import PROFILE_NAMES
 from olmax.train.recipes import load_recipe
@@ -48,7 +47,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    recipe = [(args.recipe, "the recipe")] if Path(args.recipe).is_file() else []
+    recipe = as_inputs([args.recipe], "the recipe")
     for flag, out in (("--json", args.json_out), ("--hlo", args.hlo_out)):
         if out:
             refuse_existing(out, args.force, flag=flag, inputs=recipe)

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import olmax
 from olmax.config import ConfigError, RunConfig
-from olmax.io import refuse_existing, write_bytes_atomic
+from olmax.io import as_inputs, refuse_existing, write_bytes_atomic
 from olmax.parallel.mesh import resolve_mesh_shape
 from olmax.data.sources import resolve_mix
 from olmax.train.recipes import load_recipe
@@ -152,8 +152,7 @@ def shell_join(argv: Sequence[str]) -> str:
 def check_output(path: str | Path, recipe: str, *, force: bool = False) -> Path:
     """``--out``, checked before anything else is done (:func:`olmax.io.refuse_existing`: an
     existing file only with ``force``; never the recipe file itself, a folder or a FIFO)."""
-    inputs = [(recipe, "the recipe")] if Path(recipe).is_file() else []
-    return refuse_existing(path, force, flag="--out", inputs=inputs)
+    return refuse_existing(path, force, flag="--out", inputs=as_inputs([recipe], "the recipe"))
 
 
 def write_output(path: str | Path, text: str, *, executable: bool = False,
