@@ -678,6 +678,12 @@ def cases() -> list[Case]:
         C("curves", "--json that is a compared metrics file, with --force",
           ["curves", "run-good", "run-latin", "--json", "run-good/metrics.jsonl", "--force"],
           r"^--json run-good/metrics.jsonl is a metrics file this command reads"),
+        C("train", "platform profile that does not exist", [*TRAIN, "train.profile=npu"],
+          r"train.profile.*'npu'"),
+        C("plan", "--profile that does not exist", ["plan", "tiny.yaml", "--no-parts", "--profile", "npu"],
+          r"argument --profile: invalid choice: 'npu'"),
+        C("parity", "--json that holds the user's notes", ["parity", "hf", "--json", "notes.txt"],
+          r"^--json notes.txt already exists \(remove it or pass --force\)$"),
     ]
     return out
 

@@ -62,6 +62,24 @@ def test_convert_round_trip_and_parity_from_checkpoint(tmp_path, hf_dir, capsys)
         assert key in r
     assert (r["num_positions"], r["seq_len"], r["dtype"]) == (32, 16, "float32")
     assert r["kl_max"] <= 1e-9 and r["top1_agreement"] == 1.0
+    assert (r["profile"], r["attn_impl"]) == ("cpu", "chunked")      # this machine's
+
+
+def test_parity_on_a_forced_profile(tmp_path, hf_dir, capsys):
+    """--profile tpu on CPU: the TPU's code path, its splash kernel in interpret mode; bf16 olmax
+    against the fp32 reference with --hf-dtype; an existing --json is refused without --force."""
+    report = tmp_path / "parity.json"
+    argv = ["parity", str(hf_dir), "--seq-len", "20", "--profile", "tpu", "--dtype", "bfloat16",
+            "--hf-dtype", "float32", "--json", str(report)]
+    assert main(argv) == 0
+    assert "profile tpu, attention splash" in capsys.readouterr().out
+    r = json.loads(report.read_text())
+    assert (r["profile"], r["attn_impl"], r["dtype"], r["hf_dtype"]) == ("tpu", "splash", "bfloat16", "float32")
+    assert r["kl_mean"] <= 1.5e-3
+    before = report.read_text()
+    _fails(capsys, argv, "already exists")
+    assert report.read_text() == before
+    assert main(argv + ["--force"]) == 0
 
 
 def test_relative_paths(tmp_path, hf_dir, monkeypatch):

@@ -1,8 +1,10 @@
 """Logit parity of olmax against HF transformers ``Olmo3ForCausalLM`` on random tiny models.
 
 Every case runs at least twice the sliding window, so windowed attention is exercised. fp32:
-KL_max <= 1e-9 and 100 % top-1 agreement. bf16: KL_mean <= 1.5e-3 (the seed's figure for the 7B
-at 8192 tokens); the measured noise floor is printed (``pytest -s``).
+KL_max <= 1e-9 and 100 % top-1 agreement, on every platform profile's code path (``cpu``,
+``tpu`` with splash in Pallas interpret mode, ``gpu`` with cuDNN's fallback; ``olmax.platforms``).
+bf16: KL_mean <= 1.5e-3 (the seed's figure for the 7B at 8192 tokens); the measured noise floor
+is printed (``pytest -s``).
 """
 
 import numpy as np
@@ -37,11 +39,15 @@ def hf_dirs(tmp_path_factory):
     return root
 
 
+@pytest.mark.parametrize("profile,attn", [("cpu", "chunked"), ("tpu", "splash"), ("gpu", "cudnn")])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_fp32_parity(hf_dirs, case):
+def test_fp32_parity(hf_dirs, case, profile, attn):
     kw, seq_len, batch = CASES[case]
-    r = run_parity(hf_dirs / case, seq_len=seq_len, batch=batch, dtype="float32", seed=1)
-    print(f"\n{case} fp32: {r}")
+    r = run_parity(hf_dirs / case, seq_len=seq_len, batch=batch, dtype="float32", seed=1,
+                   profile=profile)
+    print(f"\n{case} fp32 {profile}: kl_max {r['kl_max']:.3e} top1 {r['top1_agreement']:.4f} "
+          f"max|dlogit| {r['max_abs_logit_diff']:.3e}")
+    assert (r["profile"], r["attn_impl"]) == (profile, attn)
     assert r["num_positions"] == seq_len * batch and r["seq_len"] == seq_len
     assert r["num_positions_beyond_window"] == batch * (seq_len - kw["window"]) > 0
     assert r["kl_max"] <= 1e-9

@@ -13,6 +13,7 @@ from olmax.model import olmo3
 from olmax.model.params import param_shapes
 from olmax.model.runtime import Runtime
 from olmax.model.rope import rope_tables
+from olmax.platforms import PROFILES
 
 # Two scan groups of a period-2 pattern: a wrong group/position pairing changes the numbers.
 CFG = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
@@ -50,9 +51,13 @@ def _assert_close_scaled(a, b, rel=1e-5):
     assert np.max(np.abs(a - b)) <= rel * np.max(np.abs(b)) + 1e-12
 
 
-def test_scan_equals_per_layer_loop():
+@pytest.mark.parametrize("profile", [None, "cpu", "tpu", "gpu"])
+def test_scan_equals_per_layer_loop(profile):
+    """The plain path and every profile's (the cpu profile unrolls the scan over the two groups
+    and takes the RoPE tables as constants; splash on the tpu profile, chunked elsewhere)."""
     params, tokens = _params_and_tokens()
-    scanned = jax.jit(lambda p, t: olmo3.hidden_states(p, t, CFG))(params, tokens)
+    rt = Runtime() if profile is None else Runtime(attn_impl="auto", profile=PROFILES[profile])
+    scanned = jax.jit(lambda p, t: olmo3.hidden_states(p, t, CFG, rt))(params, tokens)
     _assert_close_scaled(scanned, _unrolled(params, tokens, CFG.layer_windows()))
     # The windows matter at this length: full attention everywhere gives other numbers.
     full = _unrolled(params, tokens, (None,) * CFG.n_layers)

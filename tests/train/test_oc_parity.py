@@ -7,6 +7,12 @@ masked by the repetition filter and a loss spike the skip rule rejects. OLMo-cor
 micro-batches (2 sequences) with ``loss_reduction="sum"`` and ``loss_div_factor``, backward, total
 norm + ``clip_grads_with_norm_``, ``latest_loss``/``latest_grad_norm``, ``CosWithWarmup.set_lr``
 semantics (step counted from 1), ``SkipStepAdamW.step()`` with the embedding in a no-decay group.
+
+The same OLMo-core trajectory is the reference for every platform profile's code path, run here on
+CPU (:mod:`olmax.platforms`): ``cpu`` with the remat of its recipes (none), ``gpu`` with the 7B
+recipes' (``save_proj``), ``tpu`` with every remat policy -- each with its own attention for
+``attn_impl=auto`` (chunked; chunked as cuDNN's fallback; splash in Pallas interpret mode) and its
+own loss-chunk rule.
 """
 
 import numpy as np
@@ -17,6 +23,7 @@ import jax.numpy as jnp
 
 from olmax.config import ModelConfig, OptimConfig, SchedulerConfig, TrainConfig
 from olmax.model.params import init_params
+from olmax.model.runtime import REMAT_POLICIES
 from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.state import init_train_state
@@ -51,19 +58,21 @@ def _batches():
     return out
 
 
-def _oc_model(params):
+def _oc_model(params, cfg=CFG):
+    """OLMo-core's model of ``cfg`` (its MLP width: llama_like's 8d/3 rounded up to 16) holding
+    ``params``."""
     from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
     oc_cfg = TransformerConfig.llama_like(
-        d_model=CFG.d_model, vocab_size=CFG.padded_vocab_size, n_layers=CFG.n_layers,
-        n_heads=CFG.n_heads, n_kv_heads=CFG.n_kv_heads, head_dim=CFG.head_dim, qk_norm=True,
-        block_name=TransformerBlockType.reordered_norm, layer_norm_eps=CFG.norm_eps,
-        rope_theta=int(CFG.rope_theta), hidden_size_multiple_of=16,
+        d_model=cfg.d_model, vocab_size=cfg.padded_vocab_size, n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, qk_norm=True,
+        block_name=TransformerBlockType.reordered_norm, layer_norm_eps=cfg.norm_eps,
+        rope_theta=int(cfg.rope_theta), hidden_size_multiple_of=16,
         attn_backend=AttentionBackendName.torch,
         sliding_window=SlidingWindowAttentionConfig(
-            pattern=[8, 8, 8, -1], force_full_attention_on_first_layer=False,
-            force_full_attention_on_last_layer=True))
+            pattern=[-1 if w is None else w for w in cfg.window_pattern],
+            force_full_attention_on_first_layer=False, force_full_attention_on_last_layer=True))
     model = oc_cfg.build(init_device="cpu")
     p = jax.tree.map(np.asarray, params)
     lay = p["layers"]
@@ -74,7 +83,7 @@ def _oc_model(params):
              "feed_forward.w3": "up_proj", "feed_forward.w2": "down_proj"}
     norms = {"attention.q_norm": "q_norm", "attention.k_norm": "k_norm",
              "attention_norm": "attn_norm", "feed_forward_norm": "mlp_norm"}
-    for i in range(CFG.n_layers):
+    for i in range(cfg.n_layers):
         for oc, ours in names.items():
             sd[f"blocks.{i}.{oc}.weight"] = lay[ours][i].T
         for oc, ours in norms.items():
@@ -83,10 +92,12 @@ def _oc_model(params):
     return model
 
 
-def _to_olmax_layout(model):
-    """OLMo-core state dict -> the olmax pytree (numpy)."""
-    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    L = CFG.n_layers
+def _to_olmax_layout(model, sd=None):
+    """OLMo-core state dict (or another dict of its parameter names, e.g. gradients) -> the olmax
+    pytree (numpy)."""
+    if sd is None:
+        sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    L = sum(1 for k in sd if k.endswith("attention.w_q.weight"))
     stack = lambda name, tr: np.stack([sd[f"blocks.{i}.{name}.weight"].T if tr else  # noqa: E731
                                        sd[f"blocks.{i}.{name}.weight"] for i in range(L)])
     return {"embed": sd["embeddings.weight"], "final_norm": sd["lm_head.norm.weight"],
@@ -145,11 +156,11 @@ def _run_olmo_core(params, batches, model=None):
     return losses, skipped, norms, _to_olmax_layout(model)
 
 
-def _run_olmax(params, batches):
+def _run_olmax(params, batches, profile="cpu", remat="none", chunk_size=8):
     train_cfg = TrainConfig(seq_len=T, global_batch_size=B, micro_batch_size=MICRO,
-                            max_steps=STEPS)
+                            max_steps=STEPS, profile=profile, remat=remat, attn_impl="auto")
     tx = skip_step_adamw(OPT)
-    step_fn = jax.jit(make_train_step(CFG, train_cfg, tx, n_micro=B // MICRO, chunk_size=8))
+    step_fn = jax.jit(make_train_step(CFG, train_cfg, tx, n_micro=B // MICRO, chunk_size=chunk_size))
     schedule = build_schedule(SCHED, PEAK_LR, STEPS)
     state = init_train_state(params, tx)
     losses, skipped, norms = [], [], []
@@ -162,11 +173,34 @@ def _run_olmax(params, batches):
     return losses, skipped, norms, jax.tree.map(np.asarray, state.params)
 
 
-def test_training_steps_match_olmo_core():
+@pytest.fixture(scope="module")
+def reference():
     params = init_params(CFG, jax.random.key(3))
     batches = _batches()
-    ref_l, ref_s, ref_n, ref_p = _run_olmo_core(params, batches)
-    our_l, our_s, our_n, our_p = _run_olmax(params, batches)
+    return params, batches, _run_olmo_core(params, batches)
+
+
+# (profile, remat): each platform's recipes' remat; on the tpu profile every policy.
+CELLS = [("cpu", "none"), ("gpu", "save_proj")] + [("tpu", r) for r in REMAT_POLICIES]
+
+
+@pytest.mark.parametrize("profile,remat", CELLS)
+def test_training_steps_match_olmo_core(reference, profile, remat):
+    """Each profile's step as the platform runs it: its own loss chunks (no chunk_size given)."""
+    params, batches, (ref_l, ref_s, ref_n, ref_p) = reference
+    _check_against_olmo_core(params, (ref_l, ref_s, ref_n, ref_p),
+                             _run_olmax(params, batches, profile, remat, chunk_size=None))
+
+
+def test_chunked_loss_steps_match_olmo_core(reference):
+    """The cpu profile with loss chunks of 8 positions (3 per sequence), not the whole row."""
+    params, batches, ref = reference
+    _check_against_olmo_core(params, ref, _run_olmax(params, batches, "cpu", "none", chunk_size=8))
+
+
+def _check_against_olmo_core(params, ref, ours):
+    ref_l, ref_s, ref_n, ref_p = ref
+    our_l, our_s, our_n, our_p = ours
 
     rel = np.abs(np.array(our_l) - np.array(ref_l)) / np.abs(np.array(ref_l))
     print("max relative loss difference over", STEPS, "steps:", rel.max())

@@ -1,7 +1,7 @@
 """``olmax parity``: logits of HF transformers (torch, CPU) vs olmax on the same tokens.
 
     olmax parity HF_DIR [--checkpoint CKPT_DIR] [--seq-len N] [--batch B]
-                 [--dtype float32|bfloat16] [--profile auto|cpu|tpu|gpu]
+                 [--dtype float32|bfloat16] [--hf-dtype float32|bfloat16] [--profile auto|cpu|tpu|gpu]
                  [--attn-impl auto|IMPL] [--seed S] [--json OUT.json] [--tokens FILE | --text FILE]
 
 Without --checkpoint the HF weights are converted in memory. Reports KL(HF||olmax) mean and max
@@ -23,7 +23,7 @@ from typing import get_args
 from olmax.commands import HELP
 from olmax.config import AttnImpl, OlmaxError
 from olmax.interop.parity import format_report, run_parity
-from olmax.io import write_json_atomic
+from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.platforms import PROFILE_NAMES
 
 
@@ -37,6 +37,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seq-len", type=int, default=None, metavar="N")
     p.add_argument("--batch", type=int, default=1, metavar="B")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--hf-dtype", choices=("float32", "bfloat16"), default=None,
+                   help="the reference's dtype (default: --dtype); e.g. olmax bf16 against HF fp32")
     p.add_argument("--profile", choices=PROFILE_NAMES, default="auto",
                    help="platform profile whose code path olmax runs (default: this machine's)")
     p.add_argument("--attn-impl", choices=get_args(AttnImpl), default="auto",
@@ -49,10 +51,14 @@ def add_parser(subparsers) -> None:
     src.add_argument("--text", metavar="FILE", default=None,
                      help="a text file, tokenized with HF_DIR's tokenizer.json (else dolma2)")
     p.add_argument("--json", metavar="OUT.json", default=None, help="also write the report as JSON")
+    p.add_argument("--force", action="store_true", help="replace an existing --json file")
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
+    if args.json:
+        refuse_existing(args.json, args.force, flag="--json",
+                        inputs=as_inputs([x for x in (args.tokens, args.text) if x], "an input"))
     text = None
     if args.text is not None:
         path = Path(args.text)
@@ -65,9 +71,9 @@ def _run(args) -> int:
     report = run_parity(args.hf_dir, checkpoint=args.checkpoint, seq_len=args.seq_len,
                         batch=args.batch, dtype=args.dtype, seed=args.seed,
                         token_file=args.tokens, text=text, profile=args.profile,
-                        attn_impl=args.attn_impl)
+                        attn_impl=args.attn_impl, hf_dtype=args.hf_dtype)
     print(format_report(report))
     if args.json:
-        write_json_atomic(args.json, report)
+        write_json_atomic(args.json, report, overwrite=args.force)
         print(f"wrote {args.json}")
     return 0

@@ -188,13 +188,17 @@ def _check_same_architecture(ckpt_cfg: ModelConfig, hf_cfg: ModelConfig, ckpt: A
 def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | None = None,
                seq_len: int | None = None, batch: int = 1, dtype: str = "float32", seed: int = 0,
                tokens: np.ndarray | None = None, token_file: str | None = None,
-               text: str | None = None, profile: str = "auto", attn_impl: str = "auto") -> dict[str, Any]:
+               text: str | None = None, profile: str = "auto", attn_impl: str = "auto",
+               hf_dtype: str | None = None) -> dict[str, Any]:
     """Run both models on the same batch and return the parity report (a JSON-able dict).
     ``profile``: the platform profile whose code path olmax runs (``auto``: this machine's
     devices'; ``cpu``, ``tpu``, ``gpu`` force it, see :mod:`olmax.platforms`), with its attention
-    for ``attn_impl=auto``."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"unsupported dtype '{dtype}' (choose from {', '.join(DTYPES)})")
+    for ``attn_impl=auto``. ``hf_dtype``: the reference's dtype (default: ``dtype``), e.g.
+    olmax in bfloat16 against HF in float32."""
+    hf_dtype = hf_dtype or dtype
+    for d in (dtype, hf_dtype):
+        if d not in DTYPES:
+            raise ConfigError(f"unsupported dtype '{d}' (choose from {', '.join(DTYPES)})")
     if batch < 1 or (seq_len is not None and seq_len < 1):
         raise ConfigError("batch and seq_len must be positive")
     runtime = Runtime.resolve(dtype, attn_impl=attn_impl, profile=profile)
@@ -202,7 +206,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     params, cfg, source = _olmax_params(hf_dir, checkpoint, dtype)
     tokens, inputs = _inputs(cfg, hf_dir, tokens, token_file, text, batch,
                              seq_len or default_seq_len(cfg), seed)
-    model = _hf_model(hf_dir, dtype)
+    model = _hf_model(hf_dir, hf_dtype)
     # fp32 means fp32: no TF32 / reduced-precision matmul passes on accelerators.
     with jax.default_matmul_precision("highest"):
         fwd = jax.jit(lambda p, t: forward(p, t, cfg, runtime))
@@ -217,6 +221,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "max_abs_logit_diff": max_diff,
         "num_positions": int(kl.size),
         "dtype": dtype,
+        "hf_dtype": hf_dtype,
         "profile": runtime.profile_name,
         "attn_impl": runtime.attn_impl,
         "seq_len": int(tokens.shape[1]),
@@ -230,7 +235,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "olmax_params": source,
         "hf_attn_implementation": "eager",
         "olmax_device": jax.devices()[0].device_kind,
-        "hf_rope_dtype": _hf_rope_dtype(model, getattr(torch, dtype)),
+        "hf_rope_dtype": _hf_rope_dtype(model, getattr(torch, hf_dtype)),
         "warnings": _hf_rope_warnings(model, cfg),
         "seconds_hf": round(t_hf, 3),
         "seconds_olmax": round(t_ox, 3),
@@ -304,7 +309,8 @@ def _inputs(cfg: ModelConfig, hf_dir: str | os.PathLike, tokens: np.ndarray | No
 
 def format_report(r: dict[str, Any]) -> str:
     lines = [
-        f"parity ({r['dtype']}, profile {r['profile']}, attention {r['attn_impl']}, "
+        f"parity ({r['dtype']}" + (f" vs HF {r['hf_dtype']}" if r["hf_dtype"] != r["dtype"] else "")
+        + f", profile {r['profile']}, attention {r['attn_impl']}, "
         f"batch {r['batch']} x seq_len {r['seq_len']} = "
         f"{r['num_positions']} positions, windows {r['window_pattern']}, vocab {r['vocab_compared']})",
         f"  KL(HF||olmax)  mean {r['kl_mean']:.3e}  max {r['kl_max']:.3e}",

@@ -76,8 +76,8 @@ class EvaluatorCallback(Callback):
             data_cache_dir=cfg.data.cache_dir, exclude_overlap_with=guard)
         self.overlap_report = self.suite.overlap_report
         # the training dtype and attention kernel; no remat (nothing is differentiated)
-        self.scorer = Scorer(cfg.model, Runtime.of(cfg.train, run.mesh.devices.flat, remat="none"),
-                             mesh=run.mesh)
+        devices = None if run.mesh is None else run.mesh.devices.flat
+        self.scorer = Scorer(cfg.model, Runtime.of(cfg.train, devices, remat="none"), mesh=run.mesh)
         if self.cfg.on_start:
             run.log(run.step, self.evaluate(run))
 
