@@ -16,8 +16,17 @@ the loss after each step (``--check-steps``: after that many steps the olmax leg
 compared across dtypes) and, with ``--memory``, the peak resident memory of a process that runs
 that leg alone (compilation and two steps; ``ru_maxrss``).
 
+``--olmax-tree NAME=SRC`` (repeatable) adds olmax legs that run another version of olmax: the
+trainer's step of the shape's recipe (``benchmarks/shapes/A.yaml``, ``B.yaml``) in a worker process
+whose ``PYTHONPATH`` starts with SRC (e.g. ``src/`` of a ``git worktree`` of an earlier revision),
+interleaved with the others (``olmax.perf.abtest``). Two trees and ``--no-olmo-core`` measure a code
+change before and after in one run.
+
     python benchmarks/cpu_side_by_side.py [--shape A] [--rounds 5] [--dtype float32,bfloat16]
         [--oc-dtypes float32,bfloat16] [--memory] [--json benchmarks/results/cpu_side_by_side_A.json]
+    git worktree add /tmp/base BASE_REV
+    python benchmarks/cpu_side_by_side.py --shape B --no-olmo-core --olmax '' --dtype bfloat16 \
+        --olmax-tree before=/tmp/base/src --olmax-tree after=src
 """
 
 from __future__ import annotations
@@ -200,12 +209,45 @@ class OlmaxPlainStep:
         return dt
 
 
+class OlmaxTreeStep:
+    """The trainer's step of another olmax source tree, in a worker process (``olmax.perf.abtest``)."""
+
+    def __init__(self, a, tree: str, attn: str, dtype: str):
+        from olmax.perf.abtest import Leg, Worker
+
+        name, src = tree, dict(t.split("=", 1) for t in a.olmax_tree)[tree]
+        recipe = Path(__file__).resolve().parent / "shapes" / f"{a.shape}.yaml"
+        if not recipe.is_file():
+            raise SystemExit(f"--olmax-tree: shape {a.shape} has no recipe {recipe}")
+        s = _shape_args(a)
+        w = s["window"]
+        overrides = [f"train.compute_dtype={dtype}", f"train.attn_impl={attn}", f"train.remat={a.remat}",
+                     f"train.seq_len={s['seq']}", f"train.global_batch_size={s['batch']}",
+                     f"model.window_pattern=[{w},{w},{w},null]"]
+        pythonpath = os.pathsep.join(x for x in (os.path.abspath(src), os.environ.get("PYTHONPATH")) if x)
+        self.worker = Worker(Leg(f"olmax@{name}", str(recipe), overrides, {"PYTHONPATH": pythonpath}))
+        self.name = f"olmax@{name} (attn={attn}, {dtype}, remat={a.remat})"
+        self.version = f"olmax from {src}, jax {self.worker.jax_version}"
+        self.n_params = None
+        self.losses: list[float] = []
+        self.first_s = self.worker.compile_s + self.run()
+
+    def run(self) -> float:
+        dt = self.worker.step()
+        self.loss = self.worker.losses[-1]
+        self.losses.append(self.loss)
+        return dt
+
+
 def leg_specs(a) -> list[str]:
-    """``oc:DTYPE`` and ``olmax:ATTN[:plain]:DTYPE`` in run order."""
+    """``oc:DTYPE``, ``olmax:ATTN[:plain]:DTYPE`` and ``tree:NAME:ATTN:DTYPE`` in run order."""
     specs = [] if a.no_olmo_core else [f"oc:{d}" for d in a.oc_dtypes.split(",")]
-    for impl in a.olmax.split(","):
+    for impl in filter(None, a.olmax.split(",")):
         for d in a.dtype.split(","):
             specs.append(f"olmax:{impl}:{d}")
+    for tree in a.olmax_tree:
+        for d in a.dtype.split(","):
+            specs.append(f"tree:{tree.split('=', 1)[0]}:{a.tree_attn}:{d}")
     return specs
 
 
@@ -213,6 +255,8 @@ def build_leg(a, spec: str):
     parts = spec.split(":")
     if parts[0] == "oc":
         return OlmoCoreStep(a, parts[1])
+    if parts[0] == "tree":
+        return OlmaxTreeStep(a, parts[1], parts[2], parts[3])
     impl, dtype = parts[1], parts[-1]
     return (OlmaxPlainStep if "plain" in parts[2:-1] else OlmaxStep)(a, impl, dtype)
 
@@ -220,7 +264,7 @@ def build_leg(a, spec: str):
 def leg_memory(a, spec: str) -> dict:
     """Peak RSS of a fresh process that builds ``spec`` alone and runs two steps."""
     cmd = [sys.executable, __file__, "--shape", a.shape, "--remat", a.remat, "--only", spec,
-           "--host-malloc", a.host_malloc]
+           "--host-malloc", a.host_malloc, *[f"--olmax-tree={t}" for t in a.olmax_tree]]
     for k in ("batch", "seq", "window"):
         if getattr(a, k) is not None:
             cmd += [f"--{k}", str(getattr(a, k))]
@@ -253,6 +297,9 @@ def main() -> int:
     p.add_argument("--dtype", default="float32", help="olmax compute dtypes (comma list)")
     p.add_argument("--oc-dtypes", default="float32",
                    help="OLMo-core legs (comma list): float32, bfloat16 (torch.autocast)")
+    p.add_argument("--olmax-tree", action="append", default=[], metavar="NAME=SRC",
+                   help="olmax legs from another source tree (repeatable; see the module docstring)")
+    p.add_argument("--tree-attn", default="chunked", help="attention of the --olmax-tree legs")
     p.add_argument("--no-olmo-core", action="store_true",
                    help="olmax runs only; ratios are then against the first one")
     p.add_argument("--remat", default="none")
@@ -291,19 +338,25 @@ def main() -> int:
         write_json(a.json_out, {"args": vars(a), "loadavg": load, "partial_times": times,
                                  "frameworks": [r.name for r in runners]})
 
+    for r in runners:          # worker legs report their peak resident memory as they stop
+        if hasattr(r, "worker"):
+            r.worker.close()
     s = _shape_args(a)
     tokens = s["batch"] * s["seq"]
     rows = []
     for j, (spec, r) in enumerate(zip(specs, runners)):
         per_round = [first / mine for first, mine in zip(times[0], times[j])]
         m = memory.get(spec, {})
+        if hasattr(r, "worker"):          # a worker leg's own peak RSS
+            m = m or {"peak_rss_bytes": r.worker.peak_rss_bytes}
         rows.append({"leg": spec, "framework": r.name, "version": r.version, "n_params": r.n_params,
                      "step_s_median": statistics.median(times[j]), "step_s": times[j],
                      "tokens_per_s": tokens / statistics.median(times[j]),
                      "speedup_vs_first_row": statistics.median(per_round),
                      "speedup_per_round": per_round, "first_step_s": r.first_s, "loss": r.loss,
                      "losses": r.losses, "peak_rss_bytes": m.get("peak_rss_bytes"),
-                     "compiled_temp_bytes": m.get("compiled_temp_bytes")})
+                     "compiled_temp_bytes": m.get("compiled_temp_bytes"),
+                     "program_hash": r.worker.program_hash if hasattr(r, "worker") else None})
     k = a.check_steps
     olmax_rows = [r for r in rows if r["leg"].startswith("olmax") and len(r["losses"]) >= k]
     loss_check = None
@@ -319,8 +372,13 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         mem = f"{r['peak_rss_bytes'] / 2**30:.2f} GiB" if r["peak_rss_bytes"] else "-"
-        print(f"| {r['framework']} | {r['n_params'] / 1e6:.1f}M | {r['step_s_median']:.2f} | "
+        params = "-" if r["n_params"] is None else f"{r['n_params'] / 1e6:.1f}M"
+        print(f"| {r['framework']} | {params} | {r['step_s_median']:.2f} | "
               f"{r['tokens_per_s']:.0f} | {r['speedup_vs_first_row']:.2f}x | {mem} | {r['loss']:.4f} |")
+    hashes = {r["framework"]: r["program_hash"] for r in rows if r["program_hash"]}
+    if hashes:
+        print("\ncompiled programs (olmax.perf.abtest.program_hash): "
+              + "; ".join(f"{n}: {h}" for n, h in hashes.items()))
     if loss_check:
         print(f"\nloss after {k} steps: " + "; ".join(f"{n}: {v['loss']:.5f} (rel. diff {v['rel_diff_vs_first']:.1e})"
                                                   for n, v in loss_check.items()))
