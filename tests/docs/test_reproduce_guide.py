@@ -379,10 +379,11 @@ TINY_MODEL = {"preset": "olmo3-7b", "d_model": 32, "n_layers": 4, "n_heads": 4, 
               "head_dim": 8, "mlp_hidden": 64, "window_pattern": [16, 16, 16, None], "max_seq_len": 32}
 TINY_TASK = "arc_easy_test_bpb_5shot"
 RECIPES = ("olmo3_7b_stage1", "olmo3_7b_stage1_part2", "olmo3_7b_stage2")
-# The same schedule shapes, scaled: part 1 stops halfway through its cosine (hard stop =
-# (t_max - 1) // 2 + warmup // 2), part 2 continues it as a half cosine, stage 2 decays linearly.
+# The same schedule shapes, scaled: part 1 stops short of halfway through its cosine, before part
+# 2's warmup ends (AI2's join: step 596,047, warmup end 597,046; here 10 and 11), part 2 continues
+# on its warmup line and then the half cosine, stage 2 decays linearly.
 TINY_SCHEDULE = {
-    "olmo3_7b_stage1": {"max_steps": 11, "warmup_steps": 2, "t_max": 21},
+    "olmo3_7b_stage1": {"max_steps": 10, "warmup_steps": 2, "t_max": 21},
     "olmo3_7b_stage1_part2": {"max_steps": 26, "warmup_steps": 11, "t_max": 29},
     "olmo3_7b_stage2": {"max_steps": 20, "warmup_steps": 0, "t_max": 20},
 }
