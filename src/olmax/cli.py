@@ -93,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         takes = isinstance(getattr(args, "overrides", None), list)
         unknown = [a for a in extra if not (takes and _is_override(a))]
         if unknown:
-            print(f"olmax {args.command}: error: unrecognized arguments: {' '.join(unknown)} "
-                  f"(see olmax {args.command} --help)", file=sys.stderr)
+            command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
+            option = next((a for a in unknown if a.startswith("-")), None)
+            what = f"unknown option '{option}'" if option else f"unrecognized arguments: {' '.join(unknown)}"
+            print(f"olmax {command}: error: {what} (see olmax {command} --help)", file=sys.stderr)
             return 2
         args.overrides.extend(extra)
     return run_reporting(args.command, lambda: args.func(args), debug=debug)

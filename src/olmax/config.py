@@ -40,7 +40,25 @@ class ConfigError(ValueError):
 
 
 class OlmaxError(RuntimeError):
-    """A user-facing failure (bad input file, mismatched checkpoint, ...): one line, no traceback."""
+    """A user-facing failure (bad input file, mismatched checkpoint, ...): one line, no traceback.
+
+    ``exit_code`` is the command's exit status when it ends in this error (olmax.reporting): 2, a
+    configuration or input error that a restart cannot help, unless a subclass (or the instance)
+    says otherwise."""
+
+    exit_code: int = 2
+
+
+class RestartableError(OlmaxError):
+    """A failure that a restart may cure (storage, the network, a lost peer): exit status 75."""
+
+    exit_code = 75
+
+
+class NeedsAttentionError(OlmaxError):
+    """The run cannot go on without a person (a non-finite loss): exit status 3."""
+
+    exit_code = 3
 
 
 @functools.lru_cache(maxsize=None)
@@ -538,11 +556,14 @@ class TrainConfig:
     profile: PlatformProfile = "auto"
     z_loss_multiplier: float = 1e-5
     log_interval: int = 1
+    # Seconds without a completed step (the first step, which compiles, excluded) after which
+    # every thread's stack goes to RUN_DIR/hangs/ and the process exits 75 (None: no watchdog).
+    watchdog_s: float | None = None
 
     def __post_init__(self) -> None:
         check_choices(self, "train")
         _positive(self, "train", "max_steps", "global_batch_size")
-        _positive(self, "train", "micro_batch_size", optional=True)
+        _positive(self, "train", "micro_batch_size", "watchdog_s", optional=True)
         if self.seq_len <= 1:
             raise ConfigError(f"train.seq_len must be at least 2 (got {self.seq_len})")
 
@@ -618,6 +639,12 @@ class DistributedConfig:
     coordinator: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    # Seconds every process waits for the others to join (None: JAX's 300); a process whose peers
+    # have not all come by then exits 75. ``olmax launch`` jobs set 1800.
+    init_timeout_s: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive(self, "distributed", "init_timeout_s", optional=True)
 
 
 @dataclass(frozen=True)
@@ -687,7 +714,7 @@ class RunConfig:
 
 
 __all__ = [
-    "ConfigError", "OlmaxError", "ModelConfig", "YarnConfig", "RunConfig", "DataConfig",
+    "ConfigError", "OlmaxError", "RestartableError", "NeedsAttentionError", "ModelConfig", "YarnConfig", "RunConfig", "DataConfig",
     "SourceMixtureConfig", "MixtureSourceConfig",
     "TrainConfig", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig",
     "DistributedConfig", "MeshConfig", "EvalConfig", "LoggingConfig",

@@ -15,21 +15,30 @@ file. Three rules guard what is already there:
   (:func:`read_text`).
 
 The cache (OLMES data, embedded corpus, epoch indices) lives in ``data.cache_dir`` when a run sets
-it, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``.
+it, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``. A cache file that is expensive to make and
+shared by many processes (the epoch order) is made once: :func:`build_once` lets one process build
+it under a lock file (:mod:`olmax.lockfile`) while the others wait and then read it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
-from olmax.config import OlmaxError
+from olmax.config import OlmaxError, RestartableError
+from olmax.lockfile import LockFile, LockHeld, describe
+
+log = logging.getLogger(__name__)
 
 
 def _umask() -> int:
@@ -44,10 +53,25 @@ def publish_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
+# What an OSError means about its input rather than the storage: a path that is not there, not
+# permitted, of the wrong kind, or on a read-only file system. The rest (EIO, ENOSPC, ESTALE, a
+# timeout, a dropped connection) is the storage's trouble, which may pass.
+_INPUT_ERRNOS = {errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL}
+
+
+def input_error(e: OSError) -> bool:
+    """Whether ``e`` says the path given was wrong (a restart cannot help), not the storage."""
+    return (isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError,
+                           NotADirectoryError, FileExistsError))
+            or e.errno in _INPUT_ERRNOS)
+
+
 def write_error(path: str | os.PathLike, e: OSError) -> OlmaxError:
     """The one line for a write that failed (a full disk, a read-only file system): it names
-    ``path``, the file being written, not a temporary beside it."""
-    return OlmaxError(f"cannot write {path}: {e.strerror or e}")
+    ``path``, the file being written, not a temporary beside it. A failure of the storage (not of
+    the path given) is a :class:`RestartableError`."""
+    cls = OlmaxError if input_error(e) else RestartableError
+    return cls(f"cannot write {path}: {e.strerror or e}")
 
 
 @contextlib.contextmanager
@@ -229,3 +253,44 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
         return Path(cache_dir)
     env = os.environ.get("OLMAX_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "olmax"
+
+
+_BUILDING: dict[str, threading.Lock] = {}
+_BUILDING_GUARD = threading.Lock()
+
+
+def build_once(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, what: str,
+               poll_s: float = 2.0) -> Path:
+    """``path``, written by ``write`` (into :func:`atomic_output`) unless it exists: by one thread
+    of one process at a time, whichever takes ``<path>.lock`` first; every other caller, in this
+    process or any other that sees the same storage, waits for the file and builds nothing. A
+    builder that dies leaves a lock that goes stale (:mod:`olmax.lockfile`), and a waiter takes
+    over the build."""
+    path = Path(path)
+    with _BUILDING_GUARD:
+        local = _BUILDING.setdefault(str(path.resolve()), threading.Lock())
+    with local:
+        if path.is_file():
+            return path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_error(path, e) from None
+        lock = LockFile(path.with_name(f"{path.name}.lock"), subject=f"{what} {path}")
+        told = False
+        while not path.is_file():
+            try:
+                lock.acquire()
+            except LockHeld as e:
+                if not told:
+                    log.info(f"olmax: waiting for {describe(e.holder)} to build {what} {path}")
+                    told = True
+                time.sleep(poll_s)
+                continue
+            try:
+                if not path.is_file():
+                    with atomic_output(path) as f:
+                        write(f)
+            finally:
+                lock.release()
+    return path

@@ -1,7 +1,24 @@
 """How the command line reports failures: one line per error, a traceback only on request.
 
 Every failure of an ``olmax`` command ends in one line on stderr, ``olmax COMMAND: error: ...``,
-and a non-zero exit status (2; 130 after Ctrl-C):
+and a non-zero exit status that says whether running the command again can help (schedulers and
+the generated jobs of ``olmax launch`` act on it; :func:`exit_code` decides it):
+
+====  ===================================================================================
+0     finished, or stopped as asked (a SIGTERM stop; ``olmax train --exit-code-on-stop``
+      may choose another code for that)
+2     a configuration or input error: a restart cannot help (a bad key or value, a missing or
+      malformed input file, a run directory another trainer holds)
+3     the run cannot go on without a person (:class:`~olmax.config.NeedsAttentionError`: a
+      non-finite loss)
+75    a failure that a restart may cure (:class:`~olmax.config.RestartableError`, and
+      everything that is not one of the above: peers that did not come or were lost, a hang
+      caught by the watchdog, storage errors, remote reads that ran out of retries, errors of
+      the runtime)
+130   interrupted (Ctrl-C)
+====  ===================================================================================
+
+The lines:
 
 - olmax's own errors (:class:`~olmax.config.ConfigError`, :class:`~olmax.config.OlmaxError`) print
   their message, which names the key or file;
@@ -30,9 +47,16 @@ import traceback
 from typing import Callable, Sequence
 
 from olmax.config import ConfigError, OlmaxError
+from olmax.io import input_error
 
 DEBUG_ENV = "OLMAX_DEBUG"
 DEBUG_FLAG = "--debug"
+
+EXIT_DONE = 0          # finished, or stopped as asked
+EXIT_INPUT = 2         # configuration or input error: a restart cannot help
+EXIT_ATTENTION = 3     # the run cannot go on without a person
+EXIT_RESTART = 75      # a restart may cure it (EX_TEMPFAIL)
+EXIT_INTERRUPTED = 130
 
 
 def debug_requested(argv: Sequence[str]) -> bool:
@@ -66,18 +90,33 @@ def describe(e: BaseException) -> str:
             f"with {DEBUG_FLAG} for the traceback)")
 
 
+def exit_code(e: BaseException) -> int:
+    """The exit status a command that failed with ``e`` ends with (see the module docstring)."""
+    if isinstance(e, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(e, ConfigError):
+        return EXIT_INPUT
+    if isinstance(e, OlmaxError):
+        return int(e.exit_code)
+    if isinstance(e, OSError):
+        return EXIT_INPUT if input_error(e) else EXIT_RESTART
+    if isinstance(e, ValueError):     # a malformed input a library rejected (UnicodeDecodeError too)
+        return EXIT_INPUT
+    return EXIT_RESTART
+
+
 def run_reporting(command: str, func: Callable[[], int | None], *, debug: bool) -> int:
-    """Run ``func``; turn any exception into one line on stderr and an exit status."""
+    """Run ``func``; turn any exception into one line on stderr and :func:`exit_code`."""
     try:
         return int(func() or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print(f"olmax {command}: interrupted", file=sys.stderr)
-        return 130
+        return exit_code(e)
     except Exception as e:  # noqa: BLE001 - the last resort: every failure becomes one line
         if debug:
             traceback.print_exc()
         print(f"olmax {command}: error: {describe(e)}", file=sys.stderr, flush=True)
-        return 2
+        return exit_code(e)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,4 +166,5 @@ def quiet_libraries() -> None:
     sys.unraisablehook = hook
 
 
-__all__ = ["describe", "run_reporting", "quiet_libraries", "debug_requested", "DEBUG_FLAG"]
+__all__ = ["describe", "run_reporting", "exit_code", "EXIT_DONE", "EXIT_INPUT",
+           "EXIT_ATTENTION", "EXIT_RESTART", "quiet_libraries", "debug_requested", "DEBUG_FLAG"]

@@ -3,19 +3,21 @@
 The first trainer is paused (SIGSTOP) mid-run so the second certainly meets it alive; the second
 must stop at once with one line naming the holder's pid and host, before writing anything, and the
 first must finish exactly like a run alone: the same metrics (every step once) and the same
-checkpoints, bit for bit.
+checkpoints, bit for bit. Two attempts of one scheduled job (``--attempt JOB.N``) never both train:
+the later takes over at once, the earlier stops at its next step without writing.
 """
 
 from __future__ import annotations
 
 import signal
 import socket
+import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from trainrun import checkpoint_steps, metrics, start, train, wait_for_step
+from trainrun import checkpoint_steps, command, env_for, metrics, start, train, wait_for_step
 
 pytestmark = pytest.mark.slow
 
@@ -74,3 +76,46 @@ def test_second_trainer_stops_at_once_and_the_first_is_untouched(tmp_path):
             assert np.array_equal(a[k], b[k]), k
     assert not (shared / ".olmax-lock").exists()
     assert sorted(p.name for p in shared.iterdir()) == sorted(p.name for p in alone.iterdir())
+
+
+def test_a_later_attempt_takes_over_and_the_earlier_one_stops_without_writing(reference_run, tmp_path):
+    """Attempt 9.1 of a job starts while attempt 9.0 still lives (paused): it takes the run over at
+    once and trains; 9.0, resumed while 9.1 trains, stops at its next step (exit 75) without a
+    line or a checkpoint; the run reads like an uninterrupted one, bit for bit."""
+    from conftest import STEPS
+
+    d = tmp_path / "run"
+    args = [f"train.max_steps={STEPS}", "checkpoint.interval=3"]
+    first = start(d, [*args, "--attempt", "9.0"], devices=8)
+    second = None
+    try:
+        wait_for_step(first, d, 4)
+        first.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)
+        paused_at = metrics(d)[-1]["step"]
+        t0 = time.time()
+        with open(tmp_path / "second.log", "w") as log:
+            second = subprocess.Popen(command(d, [*args, "--attempt", "9.1"]), env=env_for(8),
+                                      stdout=log, stderr=subprocess.STDOUT, text=True)
+        while not (metrics(d) and metrics(d)[-1]["step"] >= paused_at + 2) and time.time() - t0 < 600:
+            assert second.poll() is None, (tmp_path / "second.log").read_text()[-3000:]
+            time.sleep(0.05)
+        first.send_signal(signal.SIGCONT)           # 9.0 goes on while 9.1 holds the run
+        assert first.wait(timeout=300) == 75
+        assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+    log_first = (d.parent / f"{d.name}.log").read_text()
+    log_second = (tmp_path / "second.log").read_text()
+    assert (f"took over a stale lock of pid {first.pid} on host {socket.gethostname()} "
+            "(attempt 9.0) (attempt 9.1 replaces attempt 9.0)") in log_second
+    last = [ln for ln in log_first.splitlines() if ln.strip()][-1]
+    assert last.startswith("olmax train: error: stopping: run directory ") and \
+        f"was taken over by pid {second.pid} on host {socket.gethostname()} (attempt 9.1)" in last
+    rows, ref = metrics(d), metrics(reference_run)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert [(r["loss"], r["batch_hash"]) for r in rows] == [(r["loss"], r["batch_hash"]) for r in ref]
+    assert checkpoint_steps(d) == [6, STEPS]

@@ -8,7 +8,8 @@ import jax
 import pytest
 
 from olmax.config import ConfigError, DistributedConfig
-from olmax.parallel.distributed import maybe_initialize, slurm_local_device_ids
+from olmax.parallel.distributed import (check_devices, maybe_initialize, parse_expected_devices,
+                                        slurm_local_device_ids)
 
 SLURM_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "gpu[001-002]", "SLURM_NTASKS": "2",
               "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2",
@@ -18,16 +19,22 @@ SLURM_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "gpu[001-002]", "SLUR
 class Calls(list):
     detected = False     # whether JAX's cluster detection would supply what is unset
 
+    def __init__(self):
+        super().__init__()
+        self.timeouts = []
+
 
 @pytest.fixture
 def calls(monkeypatch):
     seen = Calls()
 
     def initialize(coordinator_address=None, num_processes=None, process_id=None,
-                   local_device_ids=None, cluster_detection_method=None):
+                   local_device_ids=None, cluster_detection_method=None,
+                   initialization_timeout=300):
         seen.append(dict(coordinator=coordinator_address, num_processes=num_processes,
                          process_id=process_id, local_device_ids=local_device_ids,
                          detection=cluster_detection_method))
+        seen.timeouts.append(initialization_timeout)
         if None in (coordinator_address, num_processes, process_id) and not seen.detected:
             raise ValueError("coordinator_address should be defined.")  # JAX's message
 
@@ -86,3 +93,38 @@ def test_slurm_one_process_per_node_drives_every_gpu(calls):
     # one process per GPU: JAX's own choice (GPU SLURM_LOCALID) stands
     per_gpu = {**env, "SLURM_NTASKS": "16", "SLURM_STEP_NUM_TASKS": "16"}
     assert slurm_local_device_ids(per_gpu) is None
+
+
+def test_jax_waits_a_minute_longer_than_olmax_for_the_peers(calls):
+    """olmax's own deadline (distributed.init_timeout_s; a line and exit 75) must come first:
+    JAX aborts the process at its own (tests/fault/test_startup.py runs a lone process)."""
+    env = {"OLMAX_COORDINATOR": "a:1", "OLMAX_NUM_PROCESSES": "2", "OLMAX_PROCESS_ID": "0"}
+    assert maybe_initialize(DistributedConfig(init_timeout_s=1800), env)
+    assert maybe_initialize(DistributedConfig(), env)
+    assert calls.timeouts == [1860, 360]
+
+
+def test_a_pod_of_a_later_tpu_slice_counts_after_the_earlier_slices(calls):
+    """Multi-slice JobSet: JOB_COMPLETION_INDEX counts within the slice (4 hosts each)."""
+    env = {"OLMAX_COORDINATOR": "r-slice-0-0.r:8476", "OLMAX_NUM_PROCESSES": "12",
+           "JOB_COMPLETION_INDEX": "1", "MEGASCALE_NUM_SLICES": "3", "MEGASCALE_SLICE_ID": "2"}
+    assert maybe_initialize(DistributedConfig(), env)
+    assert calls[-1]["process_id"] == 2 * 4 + 1
+    assert maybe_initialize(DistributedConfig(), {**env, "MEGASCALE_NUM_SLICES": "1",
+                                                  "MEGASCALE_SLICE_ID": "0"})
+    assert calls[-1]["process_id"] == 1
+
+
+def test_the_job_refuses_another_platform_or_device_count():
+    assert parse_expected_devices("gpu:512") == ("gpu", 512)
+    for bad in ("gpu", "cuda:8", "gpu:0", "gpu:x", ":8"):
+        with pytest.raises(ConfigError, match="expected PLATFORM:N"):
+            parse_expected_devices(bad)
+    n = jax.device_count()
+    check_devices(("cpu", n))
+    with pytest.raises(ConfigError) as e:
+        check_devices(("gpu", 512))
+    assert str(e.value).startswith(f"the job was written for 512 gpu devices, but this process "
+                                   f"sees {n} cpu device(s) in all (JAX_PLATFORMS=")
+    with pytest.raises(ConfigError, match=f"written for {n + 1} cpu devices, but this process sees {n} cpu"):
+        check_devices(("cpu", n + 1))

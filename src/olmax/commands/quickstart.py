@@ -16,7 +16,7 @@ from pathlib import Path
 
 from olmax.analysis.curves import read_rows
 from olmax.commands import HELP
-from olmax.commands.train import format_summary, split_options
+from olmax.commands.train import format_summary
 from olmax.model.params import count_params
 from olmax.train.recipes import load_recipe
 from olmax.train.trainer import Trainer
@@ -25,7 +25,7 @@ from olmax.train.trainer import Trainer
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("quickstart", help=HELP["quickstart"],
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value",
+    p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="overrides of the olmo3_tiny recipe (e.g. train.max_steps=20)")
     p.add_argument("--run-dir", default=None,
                    help="run directory (default: runs/quickstart-<UTC time>)")
@@ -44,7 +44,6 @@ def _sparkline(values: list[float], width: int = 30) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    split_options(args)
     cfg = load_recipe("olmo3_tiny", args.overrides)
     run_dir = Path(args.run_dir or Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     t0 = time.time()

@@ -9,18 +9,35 @@ environment (e.g. ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` on CPU)
 
 SIGTERM saves a checkpoint at the step reached and stops; the exit status is then 0, or CODE with
 ``--exit-code-on-stop CODE`` (e.g. 143 for a scheduler that must restart the unfinished job).
+
+Exit status (what a scheduler should do next):
+
+  0    finished, or stopped as asked (SIGTERM; see --exit-code-on-stop)
+  2    a configuration or input error: a restart cannot help
+  3    the run cannot go on without a person (a non-finite loss)
+  75   a failure that a restart may cure: peers that did not all start within
+       distributed.init_timeout_s, a lost or hung peer (train.watchdog_s: the stacks go to
+       RUN_DIR/hangs/), storage errors, remote reads that ran out of retries, runtime errors
+
+A process killed by a signal (JAX's coordination service aborts a process whose peer was lost)
+ends with 128 + the signal: schedulers treat that like 75.
+
+Jobs written by ``olmax launch`` pass ``--attempt JOB.N`` (the job and its restart count: a later
+attempt of a job takes over the run directory from an earlier one at once) and
+``--expect-devices PLATFORM:N`` (the trainer refuses, exit 2, to run on another platform or device
+count, e.g. on the CPU because the CUDA plugin is missing).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
 
 from olmax.commands import HELP
-from olmax.config import ConfigError
-from olmax.train.recipes import load_recipe
+from olmax.config import ConfigError, OlmaxError
+from olmax.lockfile import parse_attempt
+from olmax.parallel.distributed import parse_expected_devices
+from olmax.train.recipes import default_run_dir, load_recipe
 from olmax.train import trainer as training   # looked up when run (tests replace the Trainer)
 
 
@@ -28,54 +45,36 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help=HELP["train"], description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", metavar="RECIPE", help="recipe YAML path or packaged recipe name")
-    p.add_argument("overrides", nargs=argparse.REMAINDER, metavar="key=value", help="config overrides")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     p.add_argument("--run-dir", default=None,
                    help="run directory (default: runs/<recipe>-<UTC time>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
     p.add_argument("--exit-code-on-stop", type=int, default=0, metavar="CODE",
                    help="exit status after a SIGTERM stop (checkpoint saved, run unfinished); "
                         "default 0")
+    p.add_argument("--attempt", metavar="JOB.N", type=_attempt,
+                   help="which start of a scheduled job this is: a job id and its restart count "
+                        "(set by olmax launch); takes over the run directory from an earlier "
+                        "attempt of the same job at once")
+    p.add_argument("--expect-devices", metavar="PLATFORM:N", type=_expected_devices,
+                   help="refuse to train unless JAX finds N devices of PLATFORM (cpu, gpu, tpu); "
+                        "set by olmax launch")
     p.set_defaults(func=run)
 
 
-def split_options(args: argparse.Namespace) -> None:
-    """Options may follow the overrides (``RECIPE key=value --run-dir DIR``): pull them out."""
-    rest, i = [], 0
-    items = list(args.overrides)
-    valued = {"--run-dir": ("run_dir", str, "a directory")}
-    if hasattr(args, "exit_code_on_stop"):
-        valued["--exit-code-on-stop"] = ("exit_code_on_stop", int, "an integer")
-    while i < len(items):
-        a = items[i]
-        name = a.split("=", 1)[0]
-        if name in valued:
-            dest, kind, what = valued[name]
-            if "=" in a:
-                raw = a.split("=", 1)[1]
-            elif i + 1 < len(items):
-                raw = items[i + 1]
-                i += 1
-            else:
-                raise ConfigError(f"{name} needs {what}")
-            try:
-                setattr(args, dest, kind(raw))
-            except ValueError:
-                raise ConfigError(f"{name} needs {what}, got {raw!r}") from None
-        elif a == "--quiet" and hasattr(args, "quiet"):
-            args.quiet = True
-        elif a.startswith("-"):
-            raise ConfigError(f"unknown option '{a}'")
-        else:
-            rest.append(a)
-        i += 1
-    args.overrides = rest
+def _attempt(text: str) -> str:
+    try:
+        parse_attempt(text)
+    except OlmaxError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("attempt ")) from None
+    return text
 
 
-def default_run_dir(recipe: str) -> str:
-    name = Path(recipe).name
-    for suffix in (".yaml", ".yml"):
-        name = name[: -len(suffix)] if name.endswith(suffix) else name
-    return str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+def _expected_devices(text: str) -> tuple[str, int]:
+    try:
+        return parse_expected_devices(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--expect-devices ")) from None
 
 
 def format_summary(summary: dict) -> str:
@@ -91,12 +90,12 @@ def format_summary(summary: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    split_options(args)
     if not 0 <= args.exit_code_on_stop <= 255:
         raise ConfigError(f"--exit-code-on-stop must be 0..255 (got {args.exit_code_on_stop})")
     cfg = load_recipe(args.recipe, args.overrides)
     run_dir = args.run_dir or default_run_dir(args.recipe)
-    trainer = training.Trainer(cfg, run_dir, quiet=args.quiet)
+    trainer = training.Trainer(cfg, run_dir, quiet=args.quiet, attempt=args.attempt,
+                               expect_devices=args.expect_devices)
     summary = trainer.run()
     if trainer.is_main:
         print(f"olmax train: done: {format_summary(summary)}", file=sys.stdout)

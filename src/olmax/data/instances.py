@@ -14,7 +14,9 @@
 Only index arrays are held: the file offsets (``F + 1`` int64) and one epoch's permutation (``N``
 uint32, 4 bytes per instance). A permutation of at least ``DISK_CACHE_MIN`` instances is built once
 (peak 4 bytes per instance), written to ``<cache>/indices/*.npy`` atomically and then read a row at a
-time, so a training process holds only the rows it reads.
+time, so a training process holds only the rows it reads. Once means once per cache: one thread of
+one process builds it (:func:`olmax.io.build_once`), every other process that sees the same cache
+(a launched job keeps it on the run directory's storage) waits for the file and reads it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 
 from olmax.config import ConfigError, OlmaxError
 from olmax.data.token_files import file_num_tokens, prefetch_sizes
-from olmax.io import atomic_output, cache_root
+from olmax.io import build_once, cache_root
 
 DISK_CACHE_MIN = 1 << 24
 
@@ -146,12 +148,8 @@ def epoch_indices(num_instances: int, seed: int, epoch: int,
     if num_instances < disk_cache_min:
         return shuffled_indices(num_instances, seed, epoch)
     path = _index_cache_path(cache_dir, seed, epoch, num_instances)
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        indices = shuffled_indices(num_instances, seed, epoch)
-        with atomic_output(path) as f:
-            np.save(f, indices)
-        del indices
+    build_once(path, lambda f: np.save(f, shuffled_indices(num_instances, seed, epoch)),
+               what=f"the order of epoch {epoch}")
     return IndexFile(path, num_instances)
 
 

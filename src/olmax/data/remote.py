@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 
 import fsspec
 
-from olmax.config import OlmaxError
+from olmax.config import OlmaxError, RestartableError
 from olmax.io import contained, env_int, hash_into, publish_file, write_error, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -237,7 +237,7 @@ class RemoteFiles:
                     if isinstance(e, _ShortRead) or _past_end(e):
                         raise OlmaxError(f"{url}: truncated: {_short(e)} (the file is shorter than "
                                          f"its listed size; after {ATTEMPTS} attempts)") from None
-                    raise OlmaxError(f"{url}: {what} failed after {ATTEMPTS} attempts: "
+                    raise RestartableError(f"{url}: {what} failed after {ATTEMPTS} attempts: "
                                      f"{_cause(e)}") from None
                 (log.debug if quiet else log.warning)(
                     "%s: %s failed (attempt %d of %d, retrying in %.2f s): %s",
@@ -346,7 +346,7 @@ class RemoteFiles:
                        else f"asked for bytes {start}..{start + n}, got {len(data)}")
                 if attempt == ATTEMPTS:
                     if isinstance(data, BaseException) and not _past_end(data):
-                        raise OlmaxError(f"{url}: read failed after {ATTEMPTS} attempts: {why}")
+                        raise RestartableError(f"{url}: read failed after {ATTEMPTS} attempts: {why}")
                     raise OlmaxError(f"{url}: truncated: {why} (the file is shorter than its "
                                      f"listed size; after {ATTEMPTS} attempts)")
                 log.warning("%s: %d of %d ranged reads failed (attempt %d of %d, retrying in "

@@ -10,18 +10,33 @@ JAX recognises by its environment (``srun``, ``mpirun``, GKE TPU pods) is initia
 plain single process needs nothing.
 
 Under ``srun`` with one process per node (``olmax launch slurm``), each process gets every GPU of
-its node; JAX's SLURM detection alone would give it only GPU ``SLURM_LOCALID``.
+its node; JAX's SLURM detection alone would give it only GPU ``SLURM_LOCALID``. In a multi-slice
+TPU job (``MEGASCALE_NUM_SLICES`` > 1) the pod index counts within its slice, so the process id is
+``MEGASCALE_SLICE_ID`` x processes per slice + the index.
 Must run before any other JAX call that touches devices.
+
+Start-up is bounded: a process whose peers have not all joined within
+``distributed.init_timeout_s`` (default JAX's 300 s) prints one line and exits 75, so that the
+scheduler starts the whole job again. (JAX itself would abort the process a minute later.)
+:func:`check_devices` refuses to train on another platform or device count than the job was written
+for (``olmax train --expect-devices gpu:512``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from typing import Mapping
 
 import jax
 
 from olmax.config import ConfigError, DistributedConfig
+from olmax.platforms import backend_of
+
+DEFAULT_INIT_TIMEOUT_S = 300     # JAX's own
+RESTART_EXIT_CODE = 75           # olmax.reporting.EXIT_RESTART
+PLATFORMS = ("cpu", "gpu", "tpu")
 
 _ENV = {"coordinator": "OLMAX_COORDINATOR", "num_processes": "OLMAX_NUM_PROCESSES",
         "process_id": "OLMAX_PROCESS_ID"}
@@ -51,6 +66,10 @@ def resolve_settings(cfg: DistributedConfig, environ: Mapping[str, str] = os.env
     if (out["process_id"] is None and environ.get(INDEX_ENV)
             and (out["coordinator"] is not None or out["num_processes"] is not None)):
         out["process_id"] = _env_int(environ, INDEX_ENV)
+        slices = _env_int(environ, "MEGASCALE_NUM_SLICES") if environ.get("MEGASCALE_NUM_SLICES") else 1
+        if slices > 1 and out["num_processes"] is not None and environ.get("MEGASCALE_SLICE_ID"):
+            per_slice = out["num_processes"] // slices
+            out["process_id"] += _env_int(environ, "MEGASCALE_SLICE_ID") * per_slice
     return out
 
 
@@ -70,32 +89,106 @@ def slurm_local_device_ids(environ: Mapping[str, str] = os.environ) -> list[int]
     return list(range(n)) if n else None
 
 
-def maybe_initialize(cfg: DistributedConfig, environ: Mapping[str, str] = os.environ) -> bool:
-    """Initialise ``jax.distributed`` when a multi-process job is configured; True if it did."""
+class _StartupDeadline:
+    """Exit 75 with one line unless :meth:`cancel` is called within ``seconds``."""
+
+    def __init__(self, seconds: float, where: str, who: str) -> None:
+        self.seconds, self.where, self.who = seconds, where, who
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        print(f"{self.who}: error: distributed: the other processes did not all join within "
+              f"{self.seconds:.0f} s ({self.where}; distributed.init_timeout_s); exiting with "
+              f"{RESTART_EXIT_CODE} to be started again", file=sys.stderr, flush=True)
+        os._exit(RESTART_EXIT_CODE)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def maybe_initialize(cfg: DistributedConfig, environ: Mapping[str, str] = os.environ, *,
+                     who: str = "olmax") -> bool:
+    """Initialise ``jax.distributed`` when a multi-process job is configured; True if it did.
+    ``who`` starts the line printed when the peers do not come (``olmax train``)."""
     args = resolve_settings(cfg, environ)
     local = slurm_local_device_ids(environ)
+    timeout = cfg.init_timeout_s or DEFAULT_INIT_TIMEOUT_S
+    # JAX aborts the process (SIGABRT) when its own timeout passes: give it a minute more.
+    options = {"local_device_ids": local, "initialization_timeout": int(timeout) + 60}
     if any(v is not None for v in args.values()):
         if args["num_processes"] in (None, 1) and args["coordinator"] is None:
             return False
         complete = all(v is not None for v in args.values())
+        where = (f"{args['num_processes'] or '?'} processes, coordinator "
+                 f"{args['coordinator'] or '(from the cluster)'}, this is process "
+                 f"{'?' if args['process_id'] is None else args['process_id']}")
+        deadline = _StartupDeadline(timeout, where, who)
         try:
             # All three given: no cluster detection (it could only disagree, or query an API).
             jax.distributed.initialize(coordinator_address=args["coordinator"],
                                        num_processes=args["num_processes"],
-                                       process_id=args["process_id"], local_device_ids=local,
-                                       cluster_detection_method="deactivate" if complete else None)
+                                       process_id=args["process_id"],
+                                       cluster_detection_method="deactivate" if complete else None,
+                                       **options)
+            devices()    # the backends connect every process: part of the start-up
         except ValueError as e:
             missing = [k for k, v in args.items() if v is None]
             if missing and "defined" in str(e):
                 raise ConfigError(f"distributed.{missing[0]} is not set (nor {_ENV[missing[0]]}) and "
                                   "no cluster environment JAX recognises supplies it") from None
             raise ConfigError(f"distributed: {e}") from None
+        finally:
+            deadline.cancel()
         return True
     if any(environ.get(h) for h in _CLUSTER_HINTS):
+        deadline = _StartupDeadline(timeout, "processes found by the cluster environment", who)
         try:
-            jax.distributed.initialize(local_device_ids=local)
+            jax.distributed.initialize(**options)
+            devices()
             return True
         except (RuntimeError, ValueError):
             if int(environ.get("SLURM_NTASKS", "1")) > 1:
                 raise
+        finally:
+            deadline.cancel()
     return False
+
+
+def parse_expected_devices(text: str) -> tuple[str, int]:
+    """``gpu:512`` -> ("gpu", 512): the platform (cpu, gpu, tpu) and device count of a job."""
+    platform, colon, count = text.partition(":")
+    if platform not in PLATFORMS or not colon or not count.isdigit() or int(count) < 1:
+        raise ConfigError(f"--expect-devices {text!r}: expected PLATFORM:N with PLATFORM one of "
+                          f"{', '.join(PLATFORMS)} and N a positive device count, e.g. gpu:512")
+    return platform, int(count)
+
+
+def devices() -> list:
+    """``jax.devices()``; when the platforms JAX may use are pinned (``JAX_PLATFORMS``) and none of
+    them can start (no CUDA plugin, no libtpu), a ConfigError saying so: a restart cannot help."""
+    pinned = os.environ.get("JAX_PLATFORMS", "")
+    try:
+        return jax.devices()
+    except (RuntimeError, AssertionError) as e:   # JAX asserts when no pinned platform exists
+        if not pinned:
+            raise
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "no such platform")
+        raise ConfigError(f"JAX_PLATFORMS={pinned}: JAX cannot start that platform here "
+                          f"({first})") from None
+
+
+def check_devices(expected: tuple[str, int]) -> None:
+    """Refuse (ConfigError: exit 2) to train on another platform or device count than ``expected``
+    (a missing CUDA plugin or libtpu makes JAX fall back to the CPU; a node may show fewer GPUs)."""
+    platform, count = expected
+    pinned = os.environ.get("JAX_PLATFORMS", "")
+    found = devices()
+    got = backend_of(found)
+    if got != platform or len(found) != count:
+        hint = (f" (JAX_PLATFORMS={pinned or 'unset'}: is "
+                f"{'the CUDA plugin' if platform == 'gpu' else 'libtpu'} installed and the "
+                "accelerator visible?)" if got != platform else "")
+        raise ConfigError(f"the job was written for {count} {platform} devices, but this process "
+                          f"sees {len(found)} {got} device(s) in all{hint}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -11,6 +12,14 @@ from olmax.config import (DATA_SOURCES, ConfigError, RunConfig, apply_overrides,
 from olmax.data.sources import resolve_mix
 from olmax.interop.architecture import model_from_init
 from olmax.model.presets import resolve_model
+
+
+def default_run_dir(recipe: str) -> str:
+    """``runs/<recipe>-<UTC time>``: the run directory of a run that was given none."""
+    name = Path(recipe).name
+    for suffix in (".yaml", ".yml"):
+        name = name[: -len(suffix)] if name.endswith(suffix) else name
+    return str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
 
 
 def packaged_recipes() -> list[str]:

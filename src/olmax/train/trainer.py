@@ -21,9 +21,11 @@ Callbacks (:mod:`olmax.train.callbacks`: speed monitor, checkpoint saves, evalua
 are built from the config through the registry and called in order, each hook for every callback;
 they see a :class:`~olmax.train.callbacks.base.Run`, not the trainer.
 
-Run directory: ``metrics.jsonl``, ``tb/`` (TensorBoard), ``config.yaml`` (the resolved config),
-``run_info.json`` (olmax version, git revision, JAX version, devices, command line),
-``checkpoints/``, and ``.olmax-lock`` while a trainer holds it (one writer per run directory).
+Run directory (created by process 0 if needed): ``metrics.jsonl``, ``tb/`` (TensorBoard),
+``config.yaml`` (the resolved config), ``run_info.json`` (olmax version, git revision, JAX version,
+devices, command line), ``checkpoints/``, ``hangs/`` (stacks the watchdog wrote), and
+``.olmax-lock`` while a trainer holds it (one writer per run directory:
+:mod:`olmax.train.callbacks.run_lock`).
 """
 
 from __future__ import annotations
@@ -48,24 +50,24 @@ from tqdm import tqdm
 
 import olmax
 from olmax.checkpoint.checkpointer import Checkpointer
-from olmax.config import OlmaxError, RunConfig, to_dict
+from olmax.config import NeedsAttentionError, OlmaxError, RunConfig, to_dict
 from olmax.data.loader import batch_hash, build_train_data
 from olmax.io import write_json_atomic, write_text_atomic
 from olmax.model.params import count_params
-from olmax.parallel.distributed import maybe_initialize
+from olmax.parallel.distributed import check_devices, maybe_initialize
 from olmax.parallel.mesh import make_mesh
 from olmax.train.callbacks import Callback, Run, build_callbacks
+from olmax.train.callbacks.run_lock import lock_run_dir
 from olmax.train.init_state import initial_state
 from olmax.train.run_log import MetricsLogger
 from olmax.train.optim import build_optimizer
-from olmax.train.run_lock import lock_run_dir
 from olmax.train.schedules import build_schedule
 from olmax.train.step import build_sharded_training
 
 log = logging.getLogger(__name__)
 
 
-class NonFiniteLossError(OlmaxError):
+class NonFiniteLossError(NeedsAttentionError):
     """A step's loss (or an applied gradient) is NaN/Inf: the run stops without saving that state."""
 
     @classmethod
@@ -106,17 +108,39 @@ def _git_revision() -> str | None:
         return None
 
 
+def create_run_dir(path: Path) -> bool:
+    """Create the run directory (and its parents); True when it did not exist before. A path that
+    is a file, lies below one or cannot be created is one OlmaxError naming it."""
+    if path.exists() and not path.is_dir():
+        raise OlmaxError(f"run directory {path} exists and is not a directory")
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise OlmaxError(f"run directory {path}: a parent path is a file, not a directory") from None
+    except OSError as e:
+        raise OlmaxError(f"cannot create run directory {path}: {e.strerror or e}") from None
+    return created
+
+
 class Trainer:
-    """See the module docstring. ``callbacks``: added to the registry's (sorted by ``order``)."""
+    """See the module docstring. ``callbacks``: added to the registry's (sorted by ``order``).
+    ``attempt``: which start of a scheduled job this is (``JOB.N``, :mod:`olmax.lockfile`);
+    ``expect_devices``: the (platform, device count) the job was written for, checked first."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | os.PathLike, *,
-                 callbacks: Iterable[Callback] = (), quiet: bool = False) -> None:
+                 callbacks: Iterable[Callback] = (), quiet: bool = False,
+                 attempt: str | None = None,
+                 expect_devices: tuple[str, int] | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.extra_callbacks = list(callbacks)
         self.quiet = quiet
+        self.attempt = attempt
         self._validate()
-        maybe_initialize(cfg.distributed)
+        maybe_initialize(cfg.distributed, who="olmax train")
+        if expect_devices is not None:
+            check_devices(expect_devices)
         self.is_main = jax.process_index() == 0
         self.logger: MetricsLogger | None = None
         self.run_view: Run | None = None
@@ -140,7 +164,6 @@ class Trainer:
     def _prepare_run_dir(self) -> None:
         if not self.is_main:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg_yaml = yaml.safe_dump(json.loads(json.dumps(to_dict(self.cfg))), sort_keys=False)
         path = self.run_dir / "config.yaml"
         if path.exists() and path.read_text() != cfg_yaml:
@@ -192,9 +215,17 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         """Train to ``train.max_steps`` (or until stopped); returns a summary dict. The run
-        directory is locked for the whole run (:mod:`olmax.train.run_lock`): a second trainer on
-        it stops before touching anything."""
-        lock = lock_run_dir(self.run_dir, is_main=self.is_main)
+        directory is locked for the whole run (:mod:`olmax.train.callbacks.run_lock`): a second
+        trainer on it stops before touching anything (a directory this trainer created for
+        nothing is removed again)."""
+        created = create_run_dir(self.run_dir) if self.is_main else False
+        try:
+            lock = lock_run_dir(self.run_dir, is_main=self.is_main, attempt=self.attempt)
+        except BaseException:
+            if created:
+                with contextlib.suppress(OSError):
+                    self.run_dir.rmdir()      # only if still empty
+            raise
         try:   # the lock is a callback too: it stops the run if it is ever taken over
             return self._run(lock)
         finally:

@@ -15,6 +15,7 @@ from olmax.train.callbacks.dashboard import DashboardCallback
 from olmax.train.callbacks.evaluator import EvaluatorCallback
 from olmax.train.callbacks.saver import CheckpointSaver
 from olmax.train.callbacks.speed_monitor import SpeedMonitor
+from olmax.train.callbacks.watchdog import Watchdog
 
 # Built in this order (the evaluator first: it checks the eval tasks and files before anything is
 # opened); their hooks run in ``order``.
@@ -23,7 +24,10 @@ REGISTRY: dict[str, type[Callback]] = {
     "speed_monitor": SpeedMonitor,      # tokens/s, MFU
     "checkpoint": CheckpointSaver,      # periodic, SIGTERM and final saves
     "dashboard": DashboardCallback,     # RUN_DIR/dashboard.png
+    "watchdog": Watchdog,               # stacks and exit 75 when steps stop completing
 }
+# Not built from the config: the run directory's lock (callbacks/run_lock.py), which the trainer
+# takes before anything else and passes in with the run's other callbacks.
 
 
 def build_callbacks(cfg: RunConfig, extra: Iterable[Callback] = ()) -> list[Callback]:

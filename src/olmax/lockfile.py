@@ -1,0 +1,418 @@
+"""An exclusive lock file that also works on shared storage (the standard library only).
+
+One holder at a time: ``olmax train`` holds its run directory's ``.olmax-lock``, and a process
+building a shared cache file (the epoch order) holds ``<file>.lock`` while the others wait for the
+file. A second taker, on this host or any other that mounts the storage, learns who holds it.
+
+Why a lock *file* and not ``flock``/``fcntl``: advisory locks are per host on many shared file
+systems (Lustre mounted without ``-o flock``, GCS-fuse, NFS without a working lock manager) and
+silently succeed on both hosts. Creating a file with ``O_CREAT | O_EXCL`` is atomic on local file
+systems, NFSv3+ and Lustre; on stores where it may not be (object-store mounts that upload at
+close), the writer reads the file back and holds the lock only if the token in it is its own.
+
+The file holds JSON: ``pid``, ``host``, a random ``token``, ``started``, the command line, the
+process identity used for same-host checks (``boot_id``, the pid namespace, the process start
+time) and, for a process a scheduler started, its ``attempt`` (``JOB.N``: the job and its restart
+count). While the holder lives, a background thread touches the file every ``heartbeat`` seconds
+(its mtime is the heartbeat) after checking the token is still its own.
+
+A lock is *stale*, and is taken over, when
+
+- its holder ran on this host, in the same pid namespace, and that process is gone (or the pid now
+  belongs to a process started at another time); this is decided at once, so a run killed with
+  ``kill -9`` restarts immediately on the same host; or
+- its holder is an earlier attempt of the same job (``JOB.M`` with M < N): a scheduler starts
+  attempt N only to replace attempt M, so it is taken over at once, wherever M ran; or
+- its heartbeat is older than ``stale_after`` seconds (default 120, ``OLMAX_RUN_LOCK_STALE_S``),
+  judged by the file system's own clock (the mtime of a probe file written beside the lock), so
+  clock skew between hosts does not matter. This covers a holder on another host that died.
+
+Taking over renames the stale file aside and checks that what was moved is the stale lock that was
+judged (two processes taking over at once cannot both win). A holder whose heartbeat (or
+:meth:`LockFile.verify`) finds its token gone has lost the lock (:attr:`LockFile.lost`).
+``acquire(wait_s=...)`` waits for a live holder to release the lock or go stale, up to that long.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from olmax.config import OlmaxError
+
+HEARTBEAT_S = 15.0
+STALE_S = 120.0
+STALE_ENV = "OLMAX_RUN_LOCK_STALE_S"
+HEARTBEAT_ENV = "OLMAX_RUN_LOCK_HEARTBEAT_S"
+_ATTEMPT = re.compile(r"([A-Za-z0-9_-]{1,128})\.(\d{1,9})")
+
+
+class LockHeld(OlmaxError):
+    """Another process holds the lock (``holder``: its record, ``{}`` when unreadable)."""
+
+    def __init__(self, message: str, holder: dict | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder or {}
+
+
+def parse_attempt(text: str) -> tuple[str, int]:
+    """``JOB.N`` -> (JOB, N): a job id (letters, digits, ``_``, ``-``) and its restart count."""
+    m = _ATTEMPT.fullmatch(text)
+    if not m:
+        raise OlmaxError(f"attempt {text!r}: expected JOB.N, a job id (letters, digits, _ and -) "
+                         "and a restart count, e.g. 4242.0")
+    return m.group(1), int(m.group(2))
+
+
+def _read_text(path: str) -> str | None:
+    """The file's text (bytes that are not UTF-8 replaced: a lock file olmax did not write is
+    judged like any other unreadable one), or None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _proc_stat(pid: int, field: int) -> str | None:
+    """Field ``field`` (after the command name; 0: the state) of ``/proc/<pid>/stat`` (Linux)."""
+    text = _read_text(f"/proc/{pid}/stat")
+    if not text:
+        return None
+    try:
+        return text[text.rindex(")") + 2:].split()[field]
+    except (ValueError, IndexError):
+        return None
+
+
+def _proc_start(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot, to tell a reused pid apart."""
+    return _proc_stat(pid, 19)
+
+
+def _pid_ns() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def identity() -> dict[str, Any]:
+    """Who this process is, as a lock file records it."""
+    boot = _read_text("/proc/sys/kernel/random/boot_id")
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "boot_id": boot.strip() if boot else None, "pid_ns": _pid_ns(),
+            "proc_start": _proc_start(os.getpid())}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:     # PermissionError: another user's process
+        return True
+    return _proc_stat(pid, 0) != "Z"      # a zombie has ended; only its parent has not looked
+
+
+def env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise OlmaxError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise OlmaxError(f"{name} must be positive (got {raw})")
+    return value
+
+
+def describe(holder: dict) -> str:
+    """``pid P on host H`` (and the attempt, when the holder has one)."""
+    text = f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+    return text + (f" (attempt {holder['attempt']})" if holder.get("attempt") else "")
+
+
+class LockFile:
+    """The lock at ``path`` (see the module docstring). ``subject`` names what it guards in
+    messages (``run directory R``), ``user`` what holds it (``olmax train``) and ``hint`` what to
+    do when it is held."""
+
+    def __init__(self, path: str | os.PathLike, *, subject: str, user: str = "olmax",
+                 hint: str = "", stale_after: float | None = None, heartbeat: float | None = None,
+                 attempt: str | None = None) -> None:
+        self.path = Path(path)
+        self.subject, self.user, self.hint = subject, user, hint
+        self.stale_after = stale_after or env_seconds(STALE_ENV, STALE_S)
+        self.heartbeat = heartbeat or env_seconds(HEARTBEAT_ENV, HEARTBEAT_S)
+        self.attempt = attempt
+        self._job = parse_attempt(attempt) if attempt is not None else None
+        self.token: str | None = None
+        self.lost: str | None = None
+        self.took_over: str | None = None     # why a stale lock was taken over, if one was
+        self._written: set[str] = set()       # tokens of the lock files this object created
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- acquire -------------------------------------------------------------------------------
+
+    def acquire(self, wait_s: float = 0.0,
+                on_wait: Callable[[str], None] | None = None) -> "LockFile":
+        """Take the lock; a live holder is waited for up to ``wait_s`` seconds (``on_wait`` is
+        told once why), else :class:`LockHeld`."""
+        deadline = time.monotonic() + wait_s
+        unreadable_retries, told = 0, False
+        for _ in range(20):
+            while True:
+                holder = self._try_create()
+                if holder is not None and holder.get("token") in self._written:
+                    # Our file, moved aside by a racing taker who found it was not the stale lock
+                    # it judged, and put back (:meth:`_take_over`) while we were reading it.
+                    self.token, holder = holder["token"], None
+                if holder is None:
+                    self._start_heartbeat()
+                    return self
+                if not holder and unreadable_retries < 10 and self.path.exists():
+                    unreadable_retries += 1
+                    time.sleep(0.2)     # being written by its creator right now: read it again
+                    continue
+                why = self._stale_reason(holder)
+                if why is not None:
+                    break
+                if self._newer_attempt(holder) or time.monotonic() >= deadline:
+                    raise LockHeld(self._held_message(holder), holder)
+                if on_wait is not None and not told:
+                    on_wait(f"{self.subject}: waiting up to {wait_s:.0f} s for "
+                            f"{describe(holder) if holder else 'an unknown holder'} to release "
+                            f"its lock {self.path} or to stop its heartbeat")
+                    told = True
+                time.sleep(min(self.heartbeat, 5.0, max(0.05, deadline - time.monotonic())))
+            if self._take_over(holder):
+                who = describe(holder) if holder else "an unknown holder"
+                self.took_over = f"took over a stale lock of {who} ({why})"
+        raise LockHeld(f"{self.subject} is contended: could not take its lock ({self.path}) after "
+                       "several tries")
+
+    def _newer_attempt(self, holder: dict) -> bool:
+        """Whether ``holder`` is a later attempt of this process's own job (the same attempt, a
+        pod the scheduler replaced within it, is judged like any other holder)."""
+        theirs = self._holder_attempt(holder)
+        return (self._job is not None and theirs is not None and theirs[0] == self._job[0]
+                and theirs[1] > self._job[1])
+
+    @staticmethod
+    def _holder_attempt(holder: dict) -> tuple[str, int] | None:
+        raw = holder.get("attempt")
+        if not isinstance(raw, str):
+            return None
+        try:
+            return parse_attempt(raw)
+        except OlmaxError:
+            return None
+
+    def _held_message(self, holder: dict) -> str:
+        if not holder:
+            age = self._heartbeat_age()
+            return (f"{self.subject} holds a lock file olmax cannot read, {self.path} "
+                    f"(not the JSON {self.user} writes; changed {age or 0:.0f} s ago); it is taken "
+                    f"over {self.stale_after:.0f} s after its last change, or remove it if no "
+                    f"{self.user} uses it")
+        if self._newer_attempt(holder):
+            return (f"{self.subject} is held by attempt {holder['attempt']} of this job, "
+                    f"{describe(holder)}; this is attempt {self.attempt}, which it replaced")
+        since = f" since {holder['started']}" if holder.get("started") else ""
+        text = f"{self.subject} is in use by {self.user} {describe(holder)}{since}"
+        text += f"; {self.hint}" if self.hint else ""
+        if holder.get("host") != socket.gethostname():
+            age = self._heartbeat_age()
+            beat = f"last heartbeat {age:.0f} s ago; " if age is not None else ""
+            text += (f" ({beat}its lock {self.path} is taken over after {self.stale_after:.0f} s "
+                     f"without a heartbeat)")
+        return text
+
+    def _try_create(self) -> dict | None:
+        """Create the lock file; None when it is ours, else the holder's record."""
+        token = secrets.token_hex(16)
+        record = {**identity(), "token": token,
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "command": sys.argv, **({"attempt": self.attempt} if self.attempt else {})}
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return self.holder()
+        except OSError as e:
+            raise OlmaxError(f"{self.subject} is not writable: {e.strerror or e}") from None
+        self._written.add(token)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:       # e.g. an object-store mount refusing the upload: someone else won
+            return self.holder()
+        got = self.holder()
+        if got.get("token") != token:
+            return got
+        self.token = token
+        return None
+
+    def holder(self) -> dict:
+        """The lock file's record; ``{}`` when it is missing, empty or unreadable."""
+        text = _read_text(str(self.path))
+        if not text:
+            return {}
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    # -- staleness -----------------------------------------------------------------------------
+
+    def _fs_now(self) -> float:
+        """The file system's current time: the mtime of a probe file written beside the lock."""
+        probe = self.path.with_name(f"{self.path.name}.probe-{secrets.token_hex(6)}")
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.close(fd)
+            return os.stat(probe).st_mtime
+        except OSError:
+            return time.time()
+        finally:
+            try:
+                os.unlink(probe)
+            except OSError:
+                pass
+
+    def _heartbeat_age(self) -> float | None:
+        try:
+            mtime = os.stat(self.path).st_mtime
+        except OSError:
+            return None
+        return max(0.0, self._fs_now() - mtime)
+
+    def _stale_reason(self, holder: dict) -> str | None:
+        """Why the lock held by ``holder`` is stale, or None when its holder may be alive."""
+        if not self.path.exists():
+            return "its file is gone"
+        theirs = self._holder_attempt(holder)
+        if self._job is not None and theirs is not None and theirs[0] == self._job[0] \
+                and theirs[1] < self._job[1]:
+            return f"attempt {self.attempt} replaces attempt {holder['attempt']}"
+        me = identity()
+        pid = holder.get("pid")
+        same_process_space = (holder.get("host") == me["host"] and isinstance(pid, int)
+                              and holder.get("boot_id") == me["boot_id"] is not None
+                              and holder.get("pid_ns") == me["pid_ns"] is not None)
+        if same_process_space:       # decided at once: is that process still there?
+            if not _pid_alive(pid):
+                return f"process {pid} is gone"
+            start = holder.get("proc_start")
+            if start is not None and _proc_start(pid) not in (None, start):
+                return f"pid {pid} now belongs to another process"
+            return None
+        age = self._heartbeat_age()
+        if age is None:
+            return "its file is gone"
+        if age > self.stale_after:
+            what = "an unreadable lock file" if not holder else "no heartbeat"
+            return f"{what} for {age:.0f} s"
+        return None
+
+    def _take_over(self, holder: dict) -> bool:
+        """Move the stale lock aside; True when what was moved is the lock judged stale (if not, a
+        new holder's lock was moved by mistake: it is put back)."""
+        aside = self.path.with_name(f"{self.path.name}.stale-{secrets.token_hex(6)}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False           # somebody else moved it first
+        except OSError as e:
+            raise OlmaxError(f"cannot take over the stale lock {self.path}: {e.strerror or e}") from None
+        moved = _read_text(str(aside))
+        try:
+            moved_token = json.loads(moved).get("token") if moved else None
+        except (ValueError, AttributeError):
+            moved_token = None
+        if moved_token != holder.get("token"):
+            try:           # a live holder's lock: give it back unless the slot was taken again
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with os.fdopen(fd, "w") as f:
+                    f.write(moved or "")
+            except OSError:
+                pass
+            try:
+                os.unlink(aside)
+            except OSError:
+                pass
+            return False
+        try:
+            os.unlink(aside)
+        except OSError:
+            pass
+        return True
+
+    # -- holding -------------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name=f"olmax-lock-{self.path.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat):
+            self.refresh()
+
+    def verify(self) -> bool:
+        """Whether the lock file still holds this process's token (:attr:`lost` says why not)."""
+        if self.token is None or self.lost:
+            return not self.lost
+        holder = self.holder()
+        if holder.get("token") != self.token:
+            self.lost = (f"{self.subject} was taken over by "
+                         f"{describe(holder) if holder else 'another process'} (its lock file "
+                         f"{self.path} no longer holds this process's token)")
+            return False
+        return True
+
+    def refresh(self) -> None:
+        """One heartbeat: check the token is still ours, touch the file."""
+        if self.token is None or not self.verify():
+            return
+        try:
+            os.utime(self.path)
+        except OSError:
+            pass      # a transient storage error; the next beat tries again
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self.token is None:
+            return
+        if self.holder().get("token") == self.token:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        self.token = None
+
+    def __enter__(self) -> "LockFile":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+__all__ = ["LockFile", "LockHeld", "identity", "describe", "parse_attempt", "env_seconds"]
