@@ -5,48 +5,80 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from olmax.cli import main
-from olmax.reporting import describe, quiet_libraries, run_reporting
+from olmax.config import ConfigError, NeedsAttentionError, OlmaxError, RestartableError
+from olmax.reporting import describe, exit_code, quiet_libraries, run_reporting
 
 
 def _lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip()]
 
 
-@pytest.mark.parametrize("exc, line", [
-    (PermissionError(13, "Permission denied", "/data/run/x"), "Permission denied: /data/run/x"),
-    (IsADirectoryError(21, "Is a directory", "tokens"), "Is a directory: tokens"),
-    (FileNotFoundError(2, "No such file or directory", "a.yaml"), "file not found: a.yaml"),
-    (OSError(28, "No space left on device"), "No space left on device"),
+@pytest.mark.parametrize("exc, line, code", [
+    (PermissionError(13, "Permission denied", "/data/run/x"), "Permission denied: /data/run/x", 2),
+    (IsADirectoryError(21, "Is a directory", "tokens"), "Is a directory: tokens", 2),
+    (FileNotFoundError(2, "No such file or directory", "a.yaml"), "file not found: a.yaml", 2),
+    (OSError(30, "Read-only file system", "/ro/x"), "Read-only file system: /ro/x", 2),
+    (OSError(28, "No space left on device"), "No space left on device", 75),   # the storage's
+    (OSError(5, "Input/output error", "/nfs/run/x"), "Input/output error: /nfs/run/x", 75),
+    (ConnectionResetError(104, "Connection reset by peer"), "Connection reset by peer", 75),
     (ValueError("could not convert string to float: 'x'\nmore detail"),
-     "could not convert string to float: 'x'"),
+     "could not convert string to float: 'x'", 2),
     (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
-     "not UTF-8 text (invalid start byte at byte 0)"),
+     "not UTF-8 text (invalid start byte at byte 0)", 2),
 ])
-def test_library_errors_become_one_line(capsys, exc, line):
+def test_library_errors_become_one_line(capsys, exc, line, code):
     def fail():
         raise exc
 
-    assert run_reporting("eval", fail, debug=False) == 2
+    assert run_reporting("eval", fail, debug=False) == code
     err = capsys.readouterr().err
     assert _lines(err) == [f"olmax eval: error: {line}"]
     assert describe(exc) == line
+
+
+@pytest.mark.parametrize("exc, code", [
+    (ConfigError("train.max_steps must be positive (got 0)"), 2),
+    (OlmaxError("tokens.npy: not a token file"), 2),
+    (NeedsAttentionError("loss nan at step 7"), 3),
+    (RestartableError("s3://b/x: read failed after 6 attempts"), 75),
+    (RuntimeError("DEADLINE_EXCEEDED: Barrier timed out"), 75),    # the runtime's: everything else
+    (KeyboardInterrupt(), 130),
+])
+def test_the_exit_status_says_whether_a_restart_can_help(exc, code):
+    def fail():
+        raise exc
+
+    assert exit_code(exc) == code and run_reporting("train", fail, debug=False) == code
+
+
+def test_the_exit_codes_are_documented_where_users_look(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    for doc in (text, readme):
+        for code, words in ((0, "finished, or stopped as asked"), (2, "configuration or input error"),
+                            (3, "cannot go on without a person"), (75, "a restart may cure")):
+            assert re.search(rf"\b{code}\b.{{0,40}}{words}", doc), (code, doc[:200])
 
 
 def test_a_bug_is_one_line_that_says_so_and_debug_adds_the_traceback(capsys, monkeypatch):
     def bug():
         return {}["missing"]
 
-    assert run_reporting("train", bug, debug=False) == 2
+    assert run_reporting("train", bug, debug=False) == 75     # not one of ours: may pass
     err = capsys.readouterr().err
     assert _lines(err) == ["olmax train: error: internal error: KeyError: 'missing' (a bug in olmax; "
                            "rerun with --debug for the traceback)"]
-    assert run_reporting("train", bug, debug=True) == 2
+    assert run_reporting("train", bug, debug=True) == 75
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and err.rstrip().endswith("for the traceback)")
 
@@ -85,16 +117,17 @@ def test_overrides_anywhere_in_every_command(monkeypatch, capsys):
     assert args.overrides == ["a.b=1", "c.d=2", "e.f=3"] and args.steps == 4 and args.no_ceiling
 
     def record(args):
-        train.split_options(args)
         seen["train"] = args
         return 0
 
     monkeypatch.setattr(train, "run", record)
-    assert main(["train", "olmo3_tiny", "a.b=1", "--run-dir", "r", "c.d=2", "--quiet", "e.f=3"]) == 0
-    assert seen["train"].overrides == ["a.b=1", "c.d=2", "e.f=3"] and seen["train"].run_dir == "r"
+    assert main(["train", "olmo3_tiny", "a.b=1", "--run-dir", "r", "c.d=2", "--quiet", "e.f=3",
+                 "--attempt", "77.1"]) == 0
+    got = seen["train"]
+    assert got.overrides == ["a.b=1", "c.d=2", "e.f=3"] and got.run_dir == "r" and got.quiet
+    assert got.attempt == "77.1"
 
     def record_launch(args):
-        launch.split_options(args)
         seen["launch"] = args
         return 0
 
@@ -102,9 +135,13 @@ def test_overrides_anywhere_in_every_command(monkeypatch, capsys):
     assert main(["launch", "slurm", "olmo3_tiny", "a.b=1", "--nodes", "2", "c.d=2", "--out", "j.sh"]) == 0
     assert seen["launch"].overrides == ["a.b=1", "c.d=2"] and seen["launch"].nodes == 2
 
-    assert main(["bench", "train", "olmo3_tiny", "--steps", "4", "a.b=1", "--bogus"]) == 2
-    assert _lines(capsys.readouterr().err) == [
-        "olmax bench: error: unrecognized arguments: --bogus (see olmax bench --help)"]
+    for argv, command in ((["bench", "train", "olmo3_tiny", "--steps", "4", "a.b=1", "--bogus"], "bench"),
+                          (["train", "olmo3_tiny", "a.b=1", "--bogus"], "train"),
+                          (["launch", "k8s", "olmo3_tiny", "a.b=1", "--bogus", "--nodes", "1"],
+                           "launch k8s")):
+        assert main(argv) == 2
+        assert _lines(capsys.readouterr().err) == [
+            f"olmax {command}: error: unknown option '--bogus' (see olmax {command} --help)"]
 
 
 def test_orbax_notes_and_closed_loop_tracebacks_are_filtered(caplog, monkeypatch):

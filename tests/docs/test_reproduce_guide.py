@@ -572,6 +572,9 @@ def training_argv(job_file: Path) -> list[str]:
     if job_file.suffix == ".yaml":
         for doc in yaml.safe_load_all(text):
             if doc and doc.get("kind") == "Job":
+            if doc and doc.get("kind") == "JobSet":
+                job = doc["spec"]["replicatedJobs"][0]["template"]["spec"]
+                return job["template"]["spec"]["containers"][0]["command"]
                 return doc["spec"]["template"]["spec"]["containers"][0]["command"]
     text = text.replace("'\"'\"'", "'")   # the TPU VM script holds its command in single quotes
     line = next(x for x in text.splitlines()

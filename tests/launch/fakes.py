@@ -1,11 +1,17 @@
 """Stand-ins for the cluster tools a generated job calls (``srun``, ``scancel``, ``scontrol``,
-``gcloud``) and for ``olmax`` itself, installed as executables in a directory put first on PATH.
+``sbatch``, ``gcloud``) and for ``olmax`` itself, installed as executables in a directory put first
+on PATH.
 
-``srun`` starts one task per node of the batch job (``SLURM_JOB_NUM_NODES``) with the variables
-real ``srun`` gives each task (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_STEP_NODELIST``, ...)
-and records their pids; ``scancel --signal=SIG JOBID`` delivers SIG to those tasks, as Slurm
-signals a job's steps; ``scontrol`` and ``gcloud`` record their arguments. The recording ``olmax``
-writes its argv and environment and, when asked, waits for SIGTERM.
+``srun`` starts ``--ntasks-per-node`` tasks on each node of the batch job (``SLURM_JOB_NUM_NODES``)
+with the variables real ``srun`` gives each task (``SLURM_PROCID``, ``SLURM_LOCALID``,
+``SLURM_STEP_NODELIST``, ``SLURMD_NODENAME``, ...), each task in its own process group, and records
+them; ``scancel --signal=SIG JOBID`` delivers SIG to every process of those tasks, as Slurm signals
+a job step's processes; ``--kill-on-bad-exit`` kills the other tasks when one fails; its exit
+status is the highest of the tasks' (128 + the signal for a task killed by one), as srun(1) says.
+``scontrol``, ``sbatch`` and ``gcloud`` record their arguments. The recording ``olmax`` writes its
+argv and environment and, when asked, waits for SIGTERM, or ends with the status its environment
+names for its rank (``FAKE_OLMAX_EXIT_RANK<r>``: a number, or ``kill`` to die of SIGKILL) or for
+its call (``FAKE_OLMAX_EXITS``: a comma list, one status per call, counted in the output folder).
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ def _srun(argv: list[str]) -> int:
                    SLURM_LOCALID=str(rank % per_node), SLURM_NODEID=str(rank // per_node),
                    SLURM_NTASKS=str(n), SLURM_NPROCS=str(n), SLURM_STEP_NUM_TASKS=str(n),
                    SLURM_STEP_NUM_NODES=str(nodes), SLURM_STEP_NODELIST=os.environ["SLURM_JOB_NODELIST"],
-                   SLURM_STEP_TASKS_PER_NODE=f"{per_node}(x{nodes})")
-        procs.append(subprocess.Popen(command, env=env))
+                   SLURM_STEP_TASKS_PER_NODE=f"{per_node}(x{nodes})",
+                   SLURMD_NODENAME=f"node{rank // per_node}")
+        procs.append(subprocess.Popen(command, env=env, start_new_session=True))
     tasks = Path(os.environ["FAKE_SLURM_DIR"]) / f"{os.environ['SLURM_JOB_ID']}.tasks"
     tasks.write_text("".join(f"{p.pid}\n" for p in procs))
     kill_on_bad_exit = opts.get("--kill-on-bad-exit", "0") not in ("0", "")
@@ -52,7 +59,7 @@ def _srun(argv: list[str]) -> int:
                 if p.returncode != 0 and kill_on_bad_exit:
                     for q in procs:
                         if q.poll() is None:
-                            q.kill()
+                            _killpg(q.pid, signal.SIGKILL)
         time.sleep(0.05)
     tasks.unlink()
     return max((128 - c if c < 0 else c) for c in codes.values())
@@ -68,11 +75,16 @@ def _scancel(argv: list[str]) -> int:
     _record("scancel", argv)
     tasks = Path(os.environ["FAKE_SLURM_DIR"]) / f"{job}.tasks"
     for pid in tasks.read_text().split() if tasks.exists() else []:
-        try:
-            os.kill(int(pid), sig)
-        except ProcessLookupError:
-            pass
+        _killpg(int(pid), sig)
     return 0
+
+
+def _killpg(pid: int, sig: int) -> None:
+    """``sig`` to every process of the task ``pid`` leads (its process group)."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _record(tool: str, argv: list[str]) -> None:
@@ -82,9 +94,20 @@ def _record(tool: str, argv: list[str]) -> None:
 
 def _olmax(argv: list[str]) -> int:
     got = {"argv": argv, "env": {k: v for k, v in os.environ.items()
-                                 if k.startswith(("SLURM_", "OLMAX_", "XLA_", "JOB_", "NCCL_"))}}
-    out = Path(os.environ["FAKE_OLMAX_DIR"]) / f"{os.getpid()}.json"
+                                 if k.startswith(("SLURM_", "OLMAX_", "XLA_", "JOB_", "NCCL_",
+                                                  "JAX_", "MEGASCALE_"))}}
+    calls = Path(os.environ["FAKE_OLMAX_DIR"])
+    out = calls / f"{os.getpid()}.json"
+    call = len(list(calls.glob("*.json")))
     out.write_text(json.dumps(got))
+    code = os.environ.get(f"FAKE_OLMAX_EXIT_RANK{os.environ.get('SLURM_PROCID', '')}")
+    sequence = [c for c in os.environ.get("FAKE_OLMAX_EXITS", "").split(",") if c]
+    if code is None and sequence:
+        code = sequence[min(call, len(sequence) - 1)]
+    if code == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if code is not None:
+        return int(code)
     if os.environ.get("FAKE_OLMAX_WAIT"):
         stopped = []
         signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
@@ -97,10 +120,11 @@ def _olmax(argv: list[str]) -> int:
 
 TOOLS = {"srun": _srun, "scancel": _scancel, "olmax": _olmax,
          "scontrol": lambda argv: _record("scontrol", argv) or 0,
+         "sbatch": lambda argv: _record("sbatch", argv) or 0,
          "gcloud": lambda argv: _record("gcloud", argv) or 0}
 
 
-def install(bin_dir: Path, tools=("srun", "scancel", "scontrol", "gcloud", "olmax"), *,
+def install(bin_dir: Path, tools=("srun", "scancel", "scontrol", "sbatch", "gcloud", "olmax"), *,
             real_olmax: bool = False) -> Path:
     """Executables for ``tools`` in ``bin_dir``; ``real_olmax``: ``olmax`` runs this Python's
     ``olmax.cli`` instead of the recording stand-in."""
@@ -146,3 +170,22 @@ def recorded(path: Path) -> list[list[str]]:
 
 if __name__ == "__main__":
     sys.exit(TOOLS[sys.argv[1]](sys.argv[2:]))
+
+
+def expand_k8s(text: str, env: dict[str, str]) -> str:
+    """``text`` as Kubernetes passes a command's argument or an env value on: ``$(NAME)`` is the
+    container's variable NAME (left as written when there is none), ``$$`` one dollar."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("$(", i) and ")" in text[i:]:
+            end = text.index(")", i)
+            name = text[i + 2:end]
+            out.append(env.get(name, text[i:end + 1]))
+            i = end + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)

@@ -149,3 +149,23 @@ def test_hlo_and_json_refuse_to_replace(tmp_path, capsys):
     assert notes.read_text() == "mine\n" and "olmo3-tiny" in recipe.read_text()
     assert main(["plan", str(recipe), "--no-parts", "--hlo", str(notes), "--force"]) == 0
     assert notes.read_text().startswith("HloModule")
+
+
+def test_a_gpu_step_fits_against_the_share_of_memory_jax_takes():
+    """The 7B recipe at 2 x 8192 per device on h100:8 peaks at 66.6 GiB: within the 72 GiB JAX may
+    take in a launched job (0.90 of 80 GiB), not within the 60 GiB of JAX's default 0.75."""
+    from olmax.perf.gpu_targets import MEM_FRACTION
+    from olmax.perf.plan import GiB, usable_hbm
+
+    peak = int(66.6 * GiB)
+    hbm, fraction, source = usable_hbm("gpu", 80 * GiB, "table", environ={})
+    assert (hbm, fraction, MEM_FRACTION) == (72 * GiB, 0.90, 0.90) and peak <= hbm
+    assert source == "table x XLA_PYTHON_CLIENT_MEM_FRACTION 0.9"
+    hbm, fraction, _ = usable_hbm("gpu", 80 * GiB, "table",
+                                  environ={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.75"})
+    assert (hbm, fraction) == (60 * GiB, 0.75) and not peak <= hbm
+    # a real GPU's runtime limit is already the allocator's share; TPUs and CPUs use everything
+    assert usable_hbm("gpu", 70 * GiB, "runtime", environ={}) == (70 * GiB, 0.90, "runtime")
+    assert usable_hbm("tpu", 95 * GiB, "table", environ={}) == (95 * GiB, 1.0, "table")
+    with pytest.raises(OlmaxError, match="XLA_PYTHON_CLIENT_MEM_FRACTION='1.5'"):
+        usable_hbm("gpu", 80 * GiB, "table", environ={"XLA_PYTHON_CLIENT_MEM_FRACTION": "1.5"})

@@ -131,3 +131,14 @@ def test_mistyped_topology_beside_libtpu(capsys):
     assert main(["plan", "olmo3_tiny", "--topology", "banana:2x2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "unknown TPU topology 'banana:2x2' (no TPU generation 'banana'" in err
+
+
+def test_plan_takes_the_accelerator_type_launch_takes(tiny_plan, tmp_path):
+    """``v5litepod-4`` (as ``olmax launch`` names a slice) is ``v5e:2x2``: the same compiled step."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "olmo3_tiny", "--topology", "v5litepod-4", *OVERRIDES, "--json", str(out)]) == 0
+    p = json.loads(out.read_text())
+    assert (p["topology"], p["num_devices"], p["device_kind"]) == ("v5litepod-4", 4, "TPU v5 lite")
+    assert p["memory"]["peak_bytes"] == tiny_plan["memory"]["peak_bytes"]
+    assert p["memory"]["hbm_fraction"] == tiny_plan["memory"]["hbm_fraction"] == 1.0
+    assert p["flops_per_step"] == tiny_plan["flops_per_step"]

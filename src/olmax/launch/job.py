@@ -1,5 +1,29 @@
-"""What every launcher shares: the job, its check against the recipe and the cluster's devices,
-the training command every process runs, and the atomic write of the generated file."""
+"""What every launcher shares: the job, its check against the recipe and the cluster's devices
+(and the settings a launched run gets by default), the training command every process runs, the
+environment every job exports, and the atomic write of the generated file.
+
+A launched run differs from ``olmax train`` on a workstation in what it is protected against, not
+in what it computes. Unless the recipe or the overrides set them, the job adds these overrides
+before the user's (:func:`check_job`, :attr:`Fit.defaults`):
+
+- ``distributed.init_timeout_s=1800``: processes that start up to 30 min apart (image pulls, node
+  pools that scale up) still form one job; after that a lone process exits 75;
+- ``train.watchdog_s=1800`` (:data:`WATCHDOG_S`): a step that has not completed 30 min after the
+  previous one is a hang: every process dumps its stacks and exits 75, and the scheduler restarts
+  the job. 30 min is far above a healthy gap between two steps (a stage-1 step is about a second
+  on 512 GPUs and a minute on 8; an in-loop evaluation or a checkpoint that must commit takes
+  minutes) and far below a time limit of days;
+- the layout: on GPUs over more than one node, ``mesh.data=<nodes> mesh.fsdp=<GPUs per node>``
+  (HSDP: parameters sharded within a node, replicated across nodes, as OLMo-core runs OLMo 3, whose
+  throughput the time estimates rest on); on several TPU slices, ``mesh.data=<slices>`` over the
+  data-center network and ``mesh.fsdp=<devices per slice>`` within each slice.
+
+Every job pins the JAX platform (``JAX_PLATFORMS``; ``olmax train --expect-devices`` refuses to run
+on another platform or device count), gives JAX's GPU allocator a known share of memory
+(``XLA_PYTHON_CLIENT_MEM_FRACTION``, the share ``olmax plan`` judges a GPU step against) and keeps
+the cache (the epoch order: built once per run, by one process) on the run directory's storage
+(``OLMAX_CACHE=<run dir>/cache``), not in a home directory.
+"""
 
 from __future__ import annotations
 
@@ -10,58 +34,88 @@ from pathlib import Path
 from typing import Sequence
 
 import olmax
-from olmax.config import ConfigError, RunConfig
+from olmax.config import ConfigError, MeshConfig, RunConfig
 from olmax.io import as_inputs, refuse_existing, write_bytes_atomic
 from olmax.parallel.mesh import resolve_mesh_shape
 from olmax.data.sources import resolve_mix
+from olmax.perf.gpu_targets import MEM_FRACTION, MEM_FRACTION_ENV
 from olmax.train.recipes import load_recipe
 from olmax.train.step import num_micro_batches
 
 # XLA's latency-hiding scheduler overlaps the FSDP all-gathers / reduce-scatters with compute on
 # GPUs (the JAX GPU performance guide's first recommendation). Not on by default on GPU in XLA.
 GPU_XLA_FLAGS = "--xla_gpu_enable_latency_hiding_scheduler=true"
+CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 SET_ME = "SET-ME"
+INIT_TIMEOUT_S = 1800
+WATCHDOG_S = 1800
+JAX_PLATFORM_NAMES = {"gpu": "cuda", "tpu": "tpu", "cpu": "cpu"}
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
 class Job:
-    """One training run on a cluster: ``nodes`` processes (one per node, pod or TPU worker), each
-    driving ``devices_per_node`` accelerators (None: not known here, e.g. CPU nodes)."""
+    """One training run on a cluster: ``nodes`` hosts (nodes, pods or TPU workers, over all
+    slices), each running ``processes_per_node`` processes that drive ``devices_per_node``
+    devices of ``platform`` (``gpu``, ``tpu``, ``cpu``) between them."""
 
     recipe: str
     overrides: tuple[str, ...]
     run_dir: str
     nodes: int
-    devices_per_node: int | None
+    devices_per_node: int
     name: str
+    platform: str = "gpu"
+    processes_per_node: int = 1
+    num_slices: int = 1
     env: tuple[tuple[str, str], ...] = ()
     grace_s: int = 300          # seconds between the stop signal and the kill: step + save
+    max_restarts: int = 10      # restarts of the whole job after failures
     command_line: str = ""      # the ``olmax launch`` command, recorded in the generated file
 
     @property
-    def devices(self) -> int | None:
-        return self.nodes * self.devices_per_node if self.devices_per_node else None
+    def processes(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def jax_platforms(self) -> str:
+        return JAX_PLATFORM_NAMES[self.platform]
+
+    def environment(self) -> dict[str, str]:
+        """What every process of the job gets, the user's ``--env`` last (it wins); XLA_FLAGS is
+        added to whatever the process environment holds."""
+        env = {"JAX_PLATFORMS": self.jax_platforms, "PYTHONUNBUFFERED": "1",
+               "OLMAX_CACHE": f"{self.run_dir.rstrip('/')}/cache"}
+        if self.platform == "gpu":
+            env[MEM_FRACTION_ENV] = f"{MEM_FRACTION:.2f}"
+            env["XLA_FLAGS"] = GPU_XLA_FLAGS
+        elif self.platform == "cpu" and self.devices_per_node // self.processes_per_node > 1:
+            env["XLA_FLAGS"] = f"{CPU_DEVICES_FLAG}={self.devices_per_node // self.processes_per_node}"
+        return {**env, **dict(self.env)}
 
 
 @dataclass(frozen=True)
 class Fit:
-    """The recipe as it will run on the job's devices."""
+    """The recipe as it will run on the job's devices, with the overrides the launcher adds
+    (``defaults``, placed before the user's)."""
 
     cfg: RunConfig
-    mesh: tuple[int, int, int] | None    # (data, fsdp, tensor), when the device count is known
-    micro_batches: int | None
+    mesh: tuple[int, int, int]    # (data, fsdp, tensor)
+    micro_batches: int
     notes: tuple[str, ...]
+    defaults: tuple[str, ...] = ()
 
     def describe(self, job: Job) -> str:
         t = self.cfg.train
-        text = f"batch {t.global_batch_size} x {t.seq_len}, {t.max_steps} steps"
-        if self.mesh is not None:
-            d, f, tp = self.mesh
-            text += (f", mesh data {d} x fsdp {f} x tensor {tp} over {job.devices} devices, "
-                     f"{self.micro_batches} micro-batch(es)")
-        return text
+        d, f, tp = self.mesh
+        return (f"batch {t.global_batch_size} x {t.seq_len}, {t.max_steps} steps, mesh data {d} x "
+                f"fsdp {f} x tensor {tp} over {job.devices} {job.platform.upper()} devices, "
+                f"{self.micro_batches} micro-batch(es)")
 
 
 def check_label(value: str, flag: str, limit: int = 63) -> str:
@@ -97,19 +151,41 @@ def parse_env(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def launch_defaults(cfg: RunConfig, job: Job) -> list[str]:
+    """The overrides a launched run gets unless the recipe or the overrides set them (module
+    docstring)."""
+    out = []
+    if cfg.distributed.init_timeout_s is None:
+        out.append(f"distributed.init_timeout_s={INIT_TIMEOUT_S}")
+    if cfg.train.watchdog_s is None:
+        out.append(f"train.watchdog_s={WATCHDOG_S}")
+    if cfg.mesh == MeshConfig():
+        if job.platform == "gpu" and job.nodes > 1:
+            out += [f"mesh.data={job.nodes}", f"mesh.fsdp={job.devices_per_node}"]
+        elif job.num_slices > 1:
+            out += [f"mesh.data={job.num_slices}", f"mesh.fsdp={job.devices // job.num_slices}"]
+    return out
+
+
 def check_job(job: Job, *, recipe_travels: bool = True) -> Fit:
     """Validate the recipe and overrides (a bad key or value is a ConfigError naming it) and their
-    fit on the job's processes and devices; nothing is read from the cluster's storage.
+    fit on the job's processes and devices, with the launcher's defaults; nothing is read from the
+    cluster's storage.
 
     ``recipe_travels``: a recipe given as a file path is read at this path by every process (true
     on SLURM with a shared file system; elsewhere a note says the file must be there too)."""
     if job.nodes < 1:
         raise ConfigError(f"--nodes must be at least 1 (got {job.nodes})")
-    if job.devices_per_node is not None and job.devices_per_node < 0:
-        raise ConfigError(f"devices per node must be >= 0 (got {job.devices_per_node})")
+    if job.devices_per_node < 1:
+        raise ConfigError(f"devices per node must be at least 1 (got {job.devices_per_node})")
     if job.grace_s < 1:
         raise ConfigError(f"--grace must be a positive number of seconds (got {job.grace_s})")
+    if job.max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0 (got {job.max_restarts})")
     cfg = load_recipe(job.recipe, job.overrides, find_mix=False, read_init=False)
+    defaults = launch_defaults(cfg, job)
+    if defaults:
+        cfg = load_recipe(job.recipe, [*defaults, *job.overrides], find_mix=False, read_init=False)
     notes = []
     if cfg.data.mix is not None:
         try:
@@ -120,19 +196,21 @@ def check_job(job: Job, *, recipe_travels: bool = True) -> Fit:
     if not recipe_travels and Path(job.recipe).suffix in (".yaml", ".yml"):
         notes.append(f"the recipe file {job.recipe} is read at this path where the job runs")
     t = cfg.train
-    if t.global_batch_size % job.nodes:
+    if t.global_batch_size % job.processes:
         raise ConfigError(f"train.global_batch_size {t.global_batch_size} is not divisible by the "
-                          f"{job.nodes} processes (one per node)")
-    mesh = micro = None
-    if job.devices:
-        mesh = resolve_mesh_shape(cfg.mesh, job.devices)
-        micro = num_micro_batches(t, mesh[0] * mesh[1])
-    return Fit(cfg, mesh, micro, tuple(notes))
+                          f"{job.processes} processes ({job.nodes} node(s) x "
+                          f"{job.processes_per_node})")
+    mesh = resolve_mesh_shape(cfg.mesh, job.devices)
+    micro = num_micro_batches(t, mesh[0] * mesh[1])
+    return Fit(cfg, mesh, micro, tuple(notes), tuple(defaults))
 
 
-def train_argv(job: Job, *options: str) -> list[str]:
-    """The command every process runs: the recipe and overrides exactly as given."""
-    return ["olmax", "train", job.recipe, "--run-dir", job.run_dir, *options, *job.overrides]
+def train_argv(job: Job, fit: Fit, *options: str) -> list[str]:
+    """The command every process runs: the launcher's options and defaults, then the recipe's
+    overrides exactly as given."""
+    return ["olmax", "train", job.recipe, "--run-dir", job.run_dir,
+            "--expect-devices", f"{job.platform}:{job.devices}", *options, *fit.defaults,
+            *job.overrides]
 
 
 def comment(text: str) -> str:

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
 from olmax.config import ConfigError, MeshConfig
@@ -42,14 +43,32 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
     """A GSPMD (``AxisType.Auto``) mesh over ``devices`` (default: all devices), in the physical
     order JAX gives a TPU slice (rings along the torus, a chip's two cores next to each other), the
     same for a slice's real devices and for its ahead-of-time topology; devices JAX cannot place
-    (an arbitrary subset) keep the order given."""
+    (an arbitrary subset) keep the order given. Devices of several TPU slices: the ``data`` axis
+    runs across the slices (the data-center network), the rest within each slice."""
     devices = list(devices) if devices is not None else jax.devices()
     shape = resolve_mesh_shape(cfg, len(devices))
     types = (AxisType.Auto,) * 3
+    grid = multislice_grid(shape, devices)
+    if grid is not None:
+        return Mesh(grid, MESH_AXES, axis_types=types)
     try:
         return jax.make_mesh(shape, MESH_AXES, axis_types=types, devices=devices)
     except (ValueError, NotImplementedError, AssertionError):
         return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=types)
+
+
+def multislice_grid(shape: tuple[int, int, int], devices: Sequence) -> np.ndarray | None:
+    """The device grid of ``shape`` over devices of several TPU slices (``slice_index``), the data
+    axis across slices; None when the devices are one slice."""
+    slices = len({getattr(d, "slice_index", 0) for d in devices})
+    if slices == 1:
+        return None
+    if shape[0] % slices:
+        raise ConfigError(f"mesh.data {shape[0]} must be a multiple of the {slices} slices "
+                          "(the data axis runs across slices)")
+    return mesh_utils.create_hybrid_device_mesh((shape[0] // slices, shape[1], shape[2]),
+                                                (slices, 1, 1), devices,
+                                                allow_split_physical_axes=True)
 
 
 def data_parallel_size(mesh: Mesh) -> int:

@@ -11,7 +11,17 @@ cuDNN and CUDA versions are those the jax 0.12.0.1 CUDA 12 wheels install.
 
 from __future__ import annotations
 
+import os
+from typing import Mapping
+
 from olmax.config import OlmaxError
+
+# The share of a GPU's memory JAX's allocator takes (``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's own
+# default is 0.75): ``olmax launch`` exports this value in GPU jobs and ``olmax plan`` judges a GPU
+# step against it, so that "fits" means what the job will have. The rest is left to the CUDA
+# context, NCCL's buffers and cuDNN's workspaces, which live outside JAX's allocator.
+MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+MEM_FRACTION = 0.90
 
 _COMMON = """gpu_device_info {{
   threads_per_block_limit: 1024
@@ -64,3 +74,18 @@ def parse(name: str) -> tuple[str, int] | None:
         raise OlmaxError(f"--topology {name}: the GPU count must be a positive whole number "
                          f"(e.g. {kind}:8)")
     return kind, int(count or 1)
+
+
+def mem_fraction(environ: Mapping[str, str] = os.environ) -> float:
+    """The allocator's share of GPU memory: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` when set (what the
+    job will export), else :data:`MEM_FRACTION` (what ``olmax launch`` exports)."""
+    raw = environ.get(MEM_FRACTION_ENV)
+    if raw is None or raw == "":
+        return MEM_FRACTION
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise OlmaxError(f"{MEM_FRACTION_ENV}={raw!r}: expected a fraction in (0, 1]")
+    return value

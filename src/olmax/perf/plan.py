@@ -84,6 +84,22 @@ def hbm_bytes(device: Any) -> tuple[int | None, str]:
     return None, "unknown"
 
 
+def usable_hbm(backend: str, hbm: int | None, source: str,
+               environ=os.environ) -> tuple[int | None, float, str]:
+    """(bytes a step may use, the share of the device's memory that is, where it comes from). On
+    GPUs JAX's allocator takes ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the memory (0.90 in the jobs
+    ``olmax launch`` writes: :data:`olmax.perf.gpu_targets.MEM_FRACTION`); a real GPU's runtime
+    limit has it applied already. Elsewhere the whole memory."""
+    if backend != "gpu":
+        return hbm, 1.0, source
+    from olmax.perf.gpu_targets import MEM_FRACTION_ENV, mem_fraction
+
+    fraction = mem_fraction(environ)
+    if hbm is None or source != "table":
+        return hbm, fraction, source
+    return int(hbm * fraction), fraction, f"{source} x {MEM_FRACTION_ENV} {fraction:g}"
+
+
 def _no_tpu_attached() -> bool:
     import glob
 
@@ -149,16 +165,31 @@ def gpu_topology_devices(kind: str, count: int) -> list:
 
 TPU_GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v6e", "tpu7x")   # libtpu's topology names
 _TPU_SHAPE = re.compile(r"[1-9]\d*(x[1-9]\d*){1,2}")
-_TOPOLOGY_EXAMPLES = ("examples: v5e:2x2, v5p:2x2x1, v5p:4x4x4, v6e:4x4, tpu7x:2x2x1, tpu7x:2x2x2 "
-                      "(GPUs: h100:8, h200:8)")
+_TOPOLOGY_EXAMPLES = ("examples: v5e:2x2, v5p:2x2x1, v5p:4x4x4 or v5p-128, v6e:4x4, tpu7x:2x2x1, "
+                      "tpu7x:4x4x4 or tpu7x-128 (GPUs: h100:8, h200:8)")
+
+
+def libtpu_topology(name: str) -> str:
+    """The libtpu name of a TPU ``--topology``: an accelerator type (``v5p-128``, as ``olmax
+    launch`` takes it) becomes its generation and shape (``v5p:4x4x4``); other names are kept."""
+    from olmax.topology import parse_tpu
+
+    return parse_tpu(name).libtpu_name if ":" not in name else name
 
 
 def check_topology_name(name: str) -> None:
     """Refuse a ``--topology`` that names no TPU topology or GPU target, by its spelling alone,
     before any plugin is looked for (so a typo is not answered with "install libtpu")."""
     from olmax.perf import gpu_targets
+    from olmax.topology import is_tpu_name
 
     if gpu_targets.parse(name) is not None:
+        return
+    if ":" not in name and is_tpu_name(name):
+        try:
+            libtpu_topology(name)
+        except ConfigError as e:
+            raise OlmaxError(str(e)) from None
         return
     gen, colon, shape = name.partition(":")
     if gen.lower() not in TPU_GENERATIONS:
@@ -198,7 +229,7 @@ def topology_devices(name: str) -> list:
         raise OlmaxError(f"this jax has no ahead-of-time topology support ({e})") from None
     try:
         with _filtered_stderr():
-            desc = topologies.get_topology_desc(platform="tpu", topology_name=name)
+            desc = topologies.get_topology_desc(platform="tpu", topology_name=libtpu_topology(name))
     except RuntimeError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "not installed" in msg or "libtpu" in msg.lower() and "lockfile" not in msg:
@@ -426,6 +457,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
 
     from olmax.model.flops import flops_per_token, peak_flops
     from olmax.parallel.mesh import data_parallel_size, make_mesh
+    from olmax.platforms import backend_of
     from olmax.perf import hlo
     from olmax.train.optim import build_optimizer
     from olmax.train.step import build_sharded_training
@@ -452,7 +484,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     compile_s = time.perf_counter() - t0
 
     ma = compiled.memory_analysis()
-    hbm, hbm_source = hbm_bytes(dev)
+    hbm, hbm_fraction, hbm_source = usable_hbm(backend_of([dev]), *hbm_bytes(dev))
     arg, out, tmp = ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.temp_size_in_bytes
     alias, code = ma.alias_size_in_bytes, ma.generated_code_size_in_bytes
     # XLA's buffer-assignment peak (live buffers at the worst point) on TPU/GPU; the CPU backend's
@@ -461,7 +493,8 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     peak = xla_peak or arg + out - alias + tmp + code
     memory = {"argument_bytes": int(arg), "output_bytes": int(out), "temp_bytes": int(tmp),
               "alias_bytes": int(alias), "code_bytes": int(code), "peak_bytes": int(peak),
-              "hbm_bytes": hbm, "fits": None if hbm is None else bool(peak <= hbm),
+              "hbm_bytes": hbm, "hbm_fraction": hbm_fraction,
+              "fits": None if hbm is None else bool(peak <= hbm),
               "headroom": None if hbm is None else 1.0 - peak / hbm, "hbm_source": hbm_source}
     if memory["fits"] is False:   # compiled, but more than the devices have: as an OOM at compile
         raise DoesNotFit(int(peak), int(hbm), f"the step ({where})")
