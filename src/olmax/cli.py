@@ -50,10 +50,6 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
-def _is_override(arg: str) -> bool:
-    return "=" in arg and not arg.startswith("-")
-
-
 class _StderrHandler(logging.Handler):
     """Messages of the ``olmax`` loggers, one line each, to whatever ``sys.stderr`` is now."""
 
@@ -91,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:   # ``key=value`` overrides after options (``bench train R --steps 4 a.b=1``)
         takes = isinstance(getattr(args, "overrides", None), list)
-        unknown = [a for a in extra if not (takes and _is_override(a))]
+        # what is not an option is an override (a malformed one is reported as such)
+        unknown = [a for a in extra if not (takes and not a.startswith("-"))]
         if unknown:
             command = " ".join(filter(None, (args.command, getattr(args, "target", None))))
             option = next((a for a in unknown if a.startswith("-")), None)

@@ -92,7 +92,7 @@ class Result:
             return bool(m) and re.search(case.expect, m.group(2)) is not None
         if self.stdout.strip() or len(lines) != 1:
             return False
-        m = re.match(r"olmax( [a-z-]+)*: error: (.*)$", lines[0])
+        m = re.match(r"olmax( [a-z0-9-]+)*: error: (.*)$", lines[0])
         return bool(m) and re.search(case.expect, m.group(2)) is not None
 
 
@@ -321,6 +321,14 @@ def _newer_surfaces(root: Path, cfg, params, tokens, recipe: dict) -> None:
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "format_version": 2}))
     # A run directory whose lock file is not olmax's (not even UTF-8), fresh.
     (root / "run-badlock").mkdir()
+    # A run directory held by a later attempt of a job (on another host, heartbeat fresh).
+    (root / "run-replaced").mkdir()
+    (root / "run-replaced" / ".olmax-lock").write_text(json.dumps({
+        "pid": 12345, "host": "other-host.example", "boot_id": "x", "pid_ns": "pid:[1]",
+        "proc_start": "1", "token": "t" * 32, "started": "2026-01-01T00:00:00Z",
+        "command": ["olmax", "train"], "attempt": "7.3"}) + "\n")
+    # A --patch that is not a pod template.
+    (root / "notpod.yaml").write_text("kind: Pod\nspec: {}\n")
     (root / "run-badlock" / ".olmax-lock").write_bytes(b"\xff\xfe\x00garbage\xe9\n")
     # Outputs that must survive: a user's notes, a FIFO.
     (root / "notes.txt").write_text("my notes\n")
@@ -364,7 +372,7 @@ def cases() -> list[Case]:
           r"--limit: invalid int value: 'ten'"),
         C("cli", "options after overrides, one of them unknown",
           ["bench", "train", "tiny.yaml", "--steps", "1", "train.seq_len=32", "--bogus"],
-          r"unrecognized arguments: --bogus"),
+          r"unknown option '--bogus'"),
         # -- recipes and overrides
         C("train", "unknown recipe", ["train", "no_such_recipe"], r"recipe 'no_such_recipe' is neither"),
         C("train", "recipe with invalid YAML", ["train", "broken.yaml"], r"broken.yaml line \d+: invalid YAML"),
@@ -413,7 +421,7 @@ def cases() -> list[Case]:
         C("train", "--exit-code-on-stop out of range", [*TRAIN, "--exit-code-on-stop", "300"],
           r"--exit-code-on-stop must be 0..255"),
         C("train", "--exit-code-on-stop not a number", [*TRAIN, "--exit-code-on-stop", "x"],
-          r"--exit-code-on-stop needs an integer"),
+          r"argument --exit-code-on-stop: invalid int value: 'x'"),
         # -- run directories
         C("train", "--run-dir that is an existing file", ["train", "tiny.yaml", "--run-dir", "afile"],
           r"run directory afile exists and is not a directory"),
@@ -580,7 +588,8 @@ def cases() -> list[Case]:
           r"exists.json already exists"),
         C("launch", "no node count", ["launch", "slurm", "tiny.yaml", "--out", "job.sh"], r"--nodes"),
         C("launch", "misspelt override", ["launch", "slurm", "tiny.yaml", "trian.x=1", "--nodes", "2",
-                                          "--out", "job.sh"], r"unknown config key 'trian'"),
+                                          "--run-dir", "/shared/r", "--out", "job.sh"],
+          r"unknown config key 'trian'"),
         C("plan", "--json file exists", ["plan", "tiny.yaml", "--json", "exists.json"],
           r"exists.json already exists"),
         C("plan", "misspelt override after an option", ["plan", "tiny.yaml", "--no-parts", "trian.x=1"],
@@ -683,6 +692,57 @@ def cases() -> list[Case]:
         C("plan", "--profile that does not exist", ["plan", "tiny.yaml", "--no-parts", "--profile", "npu"],
           r"argument --profile: invalid choice: 'npu'"),
         C("parity", "--json that holds the user's notes", ["parity", "hf", "--json", "notes.txt"],
+        # -- operating a long run: attempts, platform pins, watchdog and start-up limits, launch
+        C("train", "--attempt that is not JOB.N", [*TRAIN, "--attempt", "4242"],
+          r"argument --attempt: '4242': expected JOB.N"),
+        C("train", "--expect-devices of a platform olmax does not name", [*TRAIN, "--expect-devices", "cuda:8"],
+          r"argument --expect-devices: 'cuda:8': expected PLATFORM:N"),
+        C("train", "--expect-devices other than the devices here", [*TRAIN, "--expect-devices", "gpu:8"],
+          r"^the job was written for 8 gpu devices, but this process sees \d+ cpu device\(s\) in all"),
+        C("train", "watchdog of zero seconds", [*TRAIN, "train.watchdog_s=0"],
+          r"^train.watchdog_s must be positive or null \(got 0"),
+        C("train", "start-up timeout that is negative", [*TRAIN, "distributed.init_timeout_s=-5"],
+          r"^distributed.init_timeout_s must be positive or null \(got -5\)"),
+        C("train", "--run-dir held by a later attempt of the same job",
+          ["train", "tiny.yaml", "--run-dir", "run-replaced", "--attempt", "7.2"],
+          r"^run directory run-replaced is held by attempt 7.3 of this job, pid 12345 on host "
+          r"other-host.example \(attempt 7.3\); this is attempt 7.2, which it replaced$"),
+        C("launch", "slurm over two nodes with no --run-dir",
+          ["launch", "slurm", "tiny.yaml", "--nodes", "2", "--gpus-per-node", "0", "--out", "OUT.sh"],
+          r"^--run-dir DIR is required for 2 nodes"),
+        C("launch", "--processes-per-node gpus on CPU nodes",
+          [*LAUNCH("slurm"), "--processes-per-node", "gpus", "--out", "OUT.sh"],
+          r"^--processes-per-node gpus needs GPUs"),
+        C("launch", "--max-restarts below zero", [*LAUNCH("slurm"), "--max-restarts", "-1", "--out", "OUT.sh"],
+          r"^--max-restarts must be >= 0 \(got -1\)$"),
+        C("launch", "--topology of a size v5p does not have",
+          ["launch", "k8s", "tiny.yaml", "--topology", "v5p-12", "--out", "OUT.yaml"],
+          r"^--topology 'v5p-12': 12 is not a slice size of v5p"),
+        C("launch", "--topology with a shape of the wrong rank",
+          ["launch", "tpu-vm", "tiny.yaml", "--topology", "v5p:4x4", "--out", "OUT.sh"],
+          r"^--topology 'v5p:4x4': a v5p shape has 3 dimensions"),
+        C("launch", "--num-slices for GPU pods", [*LAUNCH("k8s"), "--num-slices", "2", "--out", "OUT.yaml"],
+          r"^--num-slices needs a TPU --topology"),
+        C("launch", "--controller that does not exist", [*LAUNCH("k8s"), "--controller", "deployment",
+                                                          "--out", "OUT.yaml"],
+          r"argument --controller: invalid choice: 'deployment'"),
+        C("launch", "--resource without a quantity", [*LAUNCH("k8s"), "--resource", "rdma/ib",
+                                                       "--out", "OUT.yaml"],
+          r"^--resource 'rdma/ib' is not of the form NAME=QUANTITY"),
+        C("launch", "--memory that is not a quantity", [*LAUNCH("k8s"), "--memory", "lots",
+                                                         "--out", "OUT.yaml"],
+          r"^--memory 'lots': a Kubernetes quantity"),
+        C("launch", "--patch that is not a pod template", [*LAUNCH("k8s"), "--patch", "notpod.yaml",
+                                                            "--out", "OUT.yaml"],
+          r"^--patch notpod.yaml: expected a mapping of the pod template's metadata and/or spec"),
+        C("launch", "--patch that does not exist", [*LAUNCH("k8s"), "--patch", "nopatch.yaml",
+                                                     "--out", "OUT.yaml"],
+          r"^--patch nopatch.yaml: cannot read it \(No such file or directory\)$"),
+        C("launch", "--queue that is not a DNS label", [*LAUNCH("k8s"), "--queue", "Q_1", "--out", "OUT.yaml"],
+          r"^--queue 'Q_1': use lower-case letters"),
+        C("plan", "--topology of an accelerator type of no slice size",
+          ["plan", "tiny.yaml", "--topology", "v5p-12"],
+          r"^--topology 'v5p-12': 12 is not a slice size of v5p"),
           r"^--json notes.txt already exists \(remove it or pass --force\)$"),
     ]
     return out

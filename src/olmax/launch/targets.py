@@ -16,7 +16,7 @@ from pathlib import Path
 from olmax.config import ConfigError
 from olmax.launch import k8s, slurm, tpu
 from olmax.launch.job import Fit, Job, check_name, default_name, parse_env
-from olmax.topology import parse_tpu
+from olmax.topology import TpuSlice, parse_tpu
 from olmax.train.recipes import default_run_dir
 
 
@@ -48,6 +48,19 @@ class Target:
     @staticmethod
     def job_name(args: argparse.Namespace) -> str:
         return check_name(args.name or default_name(args.recipe))
+
+    @staticmethod
+    def add_tpu_options(p: argparse.ArgumentParser, topology: str, slices: str) -> None:
+        p.add_argument("--topology", metavar="NAME", help=topology)
+        p.add_argument("--num-slices", type=int, default=1, metavar="N", help=slices)
+
+    @staticmethod
+    def tpu_hosts(args: argparse.Namespace) -> tuple[TpuSlice, int]:
+        """The slice ``--topology`` names and the hosts of ``--num-slices`` of them."""
+        if args.num_slices < 1:
+            raise ConfigError(f"--num-slices must be at least 1 (got {args.num_slices})")
+        s = parse_tpu(args.topology)
+        return s, s.hosts * args.num_slices
 
     def render(self, job: Job, fit: Fit, args: argparse.Namespace) -> str:
         raise NotImplementedError
@@ -187,10 +200,8 @@ namespace, node selectors, Kueue queue and requests your cluster needs (--namesp
 
     def add_options(self, p: argparse.ArgumentParser) -> None:
         super().add_options(p)
-        p.add_argument("--topology", metavar="NAME",
-                       help="a GKE TPU slice instead of GPUs, e.g. v5p-128 or v5p:4x4x4")
-        p.add_argument("--num-slices", type=int, default=1, metavar="N",
-                       help="TPU slices, the data axis across them (default 1)")
+        self.add_tpu_options(p, "a GKE TPU slice instead of GPUs, e.g. v5p-128 or v5p:4x4x4",
+                             "TPU slices, the data axis across them (default 1)")
         p.add_argument("--controller", choices=k8s.CONTROLLERS, default="jobset",
                        help="jobset (restarts every pod together; default) or job (batch/v1)")
         p.add_argument("--image", help="container image with olmax installed")
@@ -216,19 +227,16 @@ namespace, node selectors, Kueue queue and requests your cluster needs (--namesp
 
     def job(self, args: argparse.Namespace, **_) -> Job:
         run_dir = args.run_dir or f"{args.mount_path.rstrip('/')}/{Path(default_run_dir(args.recipe)).name}"
-        if args.num_slices < 1:
-            raise ConfigError(f"--num-slices must be at least 1 (got {args.num_slices})")
         if args.num_slices > 1 and args.controller != "jobset":
             raise ConfigError("--num-slices needs --controller jobset (one replicated job per slice)")
         if args.topology:
-            s = parse_tpu(args.topology)
-            hosts = s.hosts * args.num_slices
+            s, hosts = self.tpu_hosts(args)
             if args.nodes not in (None, hosts):
                 raise ConfigError(f"--nodes {args.nodes} disagrees with --topology {s.name} "
                                   f"({hosts} hosts)")
             return super().job(args, run_dir=run_dir, nodes=hosts, platform="tpu",
                                devices_per_node=s.devices_per_host, num_slices=args.num_slices)
-        if args.num_slices > 1:
+        if args.num_slices != 1:
             raise ConfigError("--num-slices needs a TPU --topology (GPU nodes: --nodes)")
         platform, per_node = self.devices(args)
         return super().job(args, run_dir=run_dir, nodes=self.nodes(args), platform=platform,
@@ -269,10 +277,8 @@ Filestore or a gcsfuse mount; required for multi-host slices). The slice is crea
 
     def add_options(self, p: argparse.ArgumentParser) -> None:
         super().add_options(p)
-        p.add_argument("--topology", metavar="NAME",
-                       help="TPU slice, e.g. v5p-128 or v5p:4x4x4 (required)")
-        p.add_argument("--num-slices", type=int, default=1, metavar="N",
-                       help="slices of a multi-slice queued resource (default 1)")
+        self.add_tpu_options(p, "TPU slice, e.g. v5p-128 or v5p:4x4x4 (required)",
+                             "slices of a multi-slice queued resource (default 1)")
         p.add_argument("--tpu-name")
         p.add_argument("--zone")
         p.add_argument("--project")
@@ -282,10 +288,7 @@ Filestore or a gcsfuse mount; required for multi-host slices). The slice is crea
     def job(self, args: argparse.Namespace, **_) -> Job:
         if not args.topology:
             raise ConfigError("--topology NAME is required (a TPU slice, e.g. v5p-128 or v5p:4x4x4)")
-        if args.num_slices < 1:
-            raise ConfigError(f"--num-slices must be at least 1 (got {args.num_slices})")
-        s = parse_tpu(args.topology)
-        hosts = s.hosts * args.num_slices
+        s, hosts = self.tpu_hosts(args)
         run_dir = args.run_dir
         if run_dir is None:
             if hosts > 1:
