@@ -57,7 +57,7 @@ def _ask(cache: Path, marks: Path, barrier, delay: float, results) -> None:
 
 
 def test_processes_sharing_a_cache_build_it_once_and_all_read_it(tmp_path):
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")   # the parent may run JAX threads: no fork
     barrier, results = ctx.Barrier(4), ctx.Queue()
     procs = [ctx.Process(target=_ask, args=(tmp_path / "cache", tmp_path / "marks", barrier, 1.0,
                                             results)) for _ in range(4)]
@@ -84,7 +84,7 @@ def _die_while_building(cache: Path, started) -> None:
 
 
 def test_a_builder_that_dies_is_replaced_by_a_waiter(tmp_path):
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")   # the parent may run JAX threads: no fork
     started = ctx.Event()
     builder = ctx.Process(target=_die_while_building, args=(tmp_path / "cache", started))
     builder.start()
