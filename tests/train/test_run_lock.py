@@ -20,11 +20,8 @@ from olmax.train.trainer import create_run_dir
 
 
 def _record(**fields) -> str:
-    base = {"pid": 12345, "host": "other-host.example", "boot_id": "x", "pid_ns": "pid:[1]",
-            "proc_start": "1", "token": "t" * 32, "started": "2025-01-01T00:00:00Z",
-            "command": ["olmax", "train"]}
-    base.update(fields)
-    return json.dumps(base) + "\n"
+    """The lock file of a trainer on another host (judged by its heartbeat: the file's mtime)."""
+    return json.dumps({"pid": 12345, "host": "other-host.example", "token": "t" * 32, **fields})
 
 
 def test_a_second_trainer_is_refused_with_one_line_and_exit_2(tmp_path):
