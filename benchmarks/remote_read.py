@@ -1,7 +1,7 @@
 """Remote token-file reads vs local: training batches from the same files on local disk, an HTTP
 server and moto's S3 server, both on 127.0.0.1 (the servers the tests use), rounds interleaved.
 
-    python benchmarks/remote_read.py [--files 4] [--tokens-per-file 4000000] [--seq-len 2048]
+    PYTHONPATH=tests python benchmarks/remote_read.py [--files 4] [--tokens-per-file 4000000] [--seq-len 2048]
         [--batch 64] [--batches 8] [--rounds 3] [--json benchmarks/results/remote_read.json]
 
 Reports batches/s and MB/s of token payload per source, and whether every batch hash agrees. The
@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 from cpu_side_by_side import write_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "data"))
-from remote_servers import file_server, s3_server  # noqa: E402
+from helpers.remote_servers import file_server, s3_server   # the tests' loopback servers: PYTHONPATH=tests
 
 DOLMA2 = {"name": "dolma2", "vocab_size": 100278, "eos_token_id": 100257, "pad_token_id": 100277,
           "bos_token_id": None}

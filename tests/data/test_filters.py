@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from olmax.data.filters import RepetitionFilter, find_periodic_sequences, is_valid_instance
+from helpers.reference import require
 
 
 
 def _oc_find(arr, max_period, min_period):
-    oc_utils = pytest.importorskip("olmo_core.data.utils")
+    oc_utils = require("olmo_core.data.utils")
     return oc_utils.find_periodic_sequences(np.asarray(arr, dtype=np.int64), max_period, min_period)
 
 

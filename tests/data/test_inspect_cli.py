@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from datahelp import EOS, PAD, VOCAB, write_tokens
+from helpers.datahelp import EOS, PAD, VOCAB, write_tokens
 from olmax.cli import main
+from helpers.reference import require
 
 
 SEQ, BATCH, SEED = 32, 4, 34521
@@ -34,10 +35,10 @@ def mix(tmp_path):
 
 
 def olmo_core_records(paths, epoch, filtered):
-    pytest.importorskip("torch")
-    numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
-    data_loader = pytest.importorskip("olmo_core.data.data_loader")
-    collator_mod = pytest.importorskip("olmo_core.data.collator")
+    require("torch")
+    numpy_dataset = require("olmo_core.data.numpy_dataset")
+    data_loader = require("olmo_core.data.data_loader")
+    collator_mod = require("olmo_core.data.collator")
     flt = numpy_dataset.InstanceFilterConfig() if filtered else None
     ds = numpy_dataset.NumpyFSLDataset(*paths, sequence_length=SEQ, pad_token_id=PAD, eos_token_id=EOS,
                                        vocab_size=VOCAB, dtype=np.uint32, instance_filter_config=flt)

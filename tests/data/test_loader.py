@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datahelp import DOLMA2, EOS, PAD, VOCAB, write_tokens
+from helpers.datahelp import DOLMA2, EOS, PAD, VOCAB, write_tokens
 from olmax.config import ConfigError, DataConfig, OlmaxError
 from olmax.data.heldout import padded_instances
 from olmax.data.loader import TrainData, build_train_data
+from helpers.reference import require
 
 SIZES = [3000, 129, 5000, 64 * 9 + 5]
 
@@ -139,7 +140,7 @@ def test_padded_heldout_instances(tmp_path):
 
 @pytest.mark.reference
 def test_padded_heldout_matches_olmo_core(tmp_path):
-    numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
+    numpy_dataset = require("olmo_core.data.numpy_dataset")
     rng = np.random.default_rng(0)
     stream = []
     for _ in range(30):

@@ -5,20 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datahelp import DOLMA2, EOS, PAD, VOCAB
+from helpers.datahelp import DOLMA2, EOS, PAD, VOCAB
 from olmax.config import ConfigError, DataConfig, MixtureSourceConfig, SourceMixtureConfig
 from olmax.data.loader import build_train_data
 from olmax.data.mixture import allocate, source_proportions
+from helpers.reference import require
 
 
 
 def olmo_core():
     """The OLMo-core modules these reference tests compare with (skip when not installed)."""
-    pytest.importorskip("torch")
-    return (pytest.importorskip("olmo_core.data.source_mixture"),
-            pytest.importorskip("olmo_core.data.numpy_dataset"),
-            pytest.importorskip("olmo_core.data.data_loader"),
-            pytest.importorskip("olmo_core.data.collator"))
+    require("torch")
+    return (require("olmo_core.data.source_mixture"),
+            require("olmo_core.data.numpy_dataset"),
+            require("olmo_core.data.data_loader"),
+            require("olmo_core.data.collator"))
 
 
 def oc_build(cfg: SourceMixtureConfig, seq_len, batch):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datahelp import DOLMA2, EOS, PAD, VOCAB, write_tokens
+from helpers.datahelp import DOLMA2, EOS, PAD, VOCAB, write_tokens
 from olmax.data.loader import TrainData
+from helpers.reference import require
 
-torch = pytest.importorskip("torch")
-numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
-data_loader = pytest.importorskip("olmo_core.data.data_loader")
-collator_mod = pytest.importorskip("olmo_core.data.collator")
+torch = require("torch")
+numpy_dataset = require("olmo_core.data.numpy_dataset")
+data_loader = require("olmo_core.data.data_loader")
+collator_mod = require("olmo_core.data.collator")
 
 pytestmark = pytest.mark.reference
 

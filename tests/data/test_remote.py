@@ -17,12 +17,12 @@ import time
 import numpy as np
 import pytest
 
-from datahelp import DOLMA2, EOS, VOCAB, write_tokens
+from helpers.datahelp import DOLMA2, EOS, VOCAB, write_tokens
 from olmax.cli import main
 from olmax.config import OlmaxError
 from olmax.data import remote
 from olmax.data.loader import TrainData
-from remote_servers import file_server, s3_server
+from helpers.remote_servers import file_server, s3_server
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")

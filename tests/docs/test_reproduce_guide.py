@@ -53,11 +53,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers.reference import require, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "reproduce.md"
-sys.path.insert(0, str(REPO / "tests" / "data"))
-sys.path.insert(0, str(REPO / "tests" / "interop"))
 
 RUN, RUN_TPU, NEEDS, OUTPUT = "run-by-test", "run-by-test: tpu", "needs", "output"
 EOS, VOCAB = 100257, 100278
@@ -433,7 +432,7 @@ def map_block(text: str, sandbox: Path, data_url: str, recipes: dict[str, Path])
 def mix_files() -> dict[str, Path]:
     spec = importlib.util.find_spec("olmo_core")
     if spec is None:
-        pytest.skip("ai2-olmo-core (the `test` extra) provides AI2's mix files")
+        unavailable("ai2-olmo-core (the `test` extra) provides AI2's mix files")
     root = Path(spec.submodule_search_locations[0]) / "data" / "mixes"
     return {m: root / f"{m}.txt" for m in
             ("OLMo-mix-0625-official", "OLMo-midtraining-mix-0625-100B", "v3-small-ppl-validation")}
@@ -466,7 +465,7 @@ class QuietFileServer:
     def __init__(self, files: dict[str, bytes]) -> None:
         import threading
 
-        from remote_servers import FileServer
+        from helpers.remote_servers import FileServer
 
         class Server(FileServer):
             def handle_error(self, request, client_address):
@@ -519,9 +518,9 @@ STAND_INS = {
 
 
 def make_stand_ins(shared: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from hf_models import make_hf_model
+    require("torch")
+    require("transformers")
+    from helpers.hf_models import make_hf_model
 
     m = TINY_MODEL
     for i, name in enumerate(("step0-hf", "ai2-stage1-final-hf")):
@@ -572,10 +571,10 @@ def training_argv(job_file: Path) -> list[str]:
     if job_file.suffix == ".yaml":
         for doc in yaml.safe_load_all(text):
             if doc and doc.get("kind") == "Job":
+                return doc["spec"]["template"]["spec"]["containers"][0]["command"]
             if doc and doc.get("kind") == "JobSet":
                 job = doc["spec"]["replicatedJobs"][0]["template"]["spec"]
                 return job["template"]["spec"]["containers"][0]["command"]
-                return doc["spec"]["template"]["spec"]["containers"][0]["command"]
     text = text.replace("'\"'\"'", "'")   # the TPU VM script holds its command in single quotes
     line = next(x for x in text.splitlines()
                 if "olmax train " in x and not x.lstrip().startswith(("#", "echo")))
@@ -606,6 +605,7 @@ def check_generated_jobs(blocks: list[Block], sandbox: Path) -> None:
     assert n >= 6
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_guide_commands_run(blocks, tmp_path_factory):
     mixes = mix_files()

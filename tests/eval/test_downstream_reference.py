@@ -8,7 +8,7 @@ Per-request log-likelihoods and every metric must agree.
 import numpy as np
 import pytest
 
-from evref import EVTokenizer, ev_metric, ev_modules, tiny_hf_model
+from helpers.evref import EVTokenizer, ev_metric, ev_modules, tiny_hf_model
 from olmax.eval.downstream import _Encoder, oe_eval_instances, score_instances, to_fast_mc
 from olmax.eval.metrics import compute_metrics
 from olmax.eval.scoring import Scorer
@@ -66,6 +66,7 @@ def _assert_loglikelihoods_equal(scored, metric):
         np.testing.assert_allclose(ours[k], theirs[k], rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("metric_type", ["acc", "len_norm", "bpb"])
 def test_rc_requests_equal_ev_on_transformers(models, metric_type):
     ev_tasks, ev_metrics = ev_modules()
@@ -86,6 +87,7 @@ def test_rc_requests_equal_ev_on_transformers(models, metric_type):
         np.testing.assert_allclose(got[k], ref[k], rtol=2e-5, atol=2e-6, err_msg=k)
 
 
+@pytest.mark.reference
 def test_fast_mc_equals_ev_on_transformers(models):
     ev_tasks, ev_metrics = ev_modules()
     model, params, cfg = models

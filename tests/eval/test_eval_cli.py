@@ -10,7 +10,8 @@ import pytest
 from olmax.cli import main
 from olmax.model.params import init_params
 
-from conftest import tiny_cfg
+from helpers.tiny import tiny_cfg
+from helpers.reference import require
 
 EOS = 100257
 
@@ -34,8 +35,9 @@ def ckpt(files):
     return str(save_params(tmp / "ckpt", init_params(cfg, jax.random.key(3)), cfg)), cfg
 
 
+@pytest.mark.reference
 def test_eval_olmax_checkpoint(files, ckpt, capsys):
-    from evref import olmes_wheel
+    from helpers.evref import olmes_wheel
 
     olmes_wheel()
     tmp, held, docs = files
@@ -52,10 +54,11 @@ def test_eval_olmax_checkpoint(files, ckpt, capsys):
     assert main(["eval", ckpt[0], "--heldout", f"h={held}", "--json", str(out)]) == 2   # no overwrite
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_eval_hf_dir_matches_transformers(files, tmp_path):
-    torch = pytest.importorskip("torch")
-    from evref import tiny_hf_model
+    torch = require("torch")
+    from helpers.evref import tiny_hf_model
 
     _, held, docs = files
     model, path = tiny_hf_model(tmp_path / "hf", vocab_size=100278)

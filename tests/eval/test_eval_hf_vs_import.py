@@ -8,6 +8,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 
 from olmax.cli import main
 from olmax.config import ModelConfig
@@ -15,10 +16,11 @@ from olmax.interop import hf as hfio
 from olmax.model.params import init_params
 
 
+@pytest.mark.reference
 def test_eval_of_an_hf_directory_equals_eval_of_its_import(tmp_path):
     """Every reported number (held-out CE and PPL, downstream metrics) is the same for the HF
     directory and the checkpoint ``olmax convert hf-to-olmax`` made of it (<= 1e-6 relative)."""
-    from evref import olmes_wheel
+    from helpers.evref import olmes_wheel
 
     olmes_wheel()
     cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,

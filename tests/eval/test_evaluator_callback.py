@@ -13,7 +13,7 @@ from olmax.train.callbacks import Run
 from olmax.train.callbacks.evaluator import EvaluatorCallback
 from olmax.train.recipes import run_config_from_dict
 
-from conftest import tiny_cfg
+from helpers.tiny import tiny_cfg
 
 EOS, PAD = 100257, 100277
 
@@ -76,8 +76,9 @@ def test_interval_final_eval_and_drop(setup):
     assert [s for s, _ in logged] == [3]
 
 
+@pytest.mark.reference
 def test_downstream_in_loop(setup):
-    from evref import olmes_wheel
+    from helpers.evref import olmes_wheel
 
     olmes_wheel()
     files, cfg, params = setup

@@ -5,7 +5,7 @@ import gzip
 
 import pytest
 
-from evref import EVTokenizer, ev_modules, olmes_wheel
+from helpers.evref import EVTokenizer, ev_modules, olmes_wheel
 from olmax.config import ConfigError, OlmaxError
 
 
@@ -30,6 +30,7 @@ def _our_view(i):
 
 @pytest.mark.parametrize("name,ndocs", [("copycolors_10way_fast", 30), ("arc_easy_test_bpb_5shot", 20),
                                         ("basic_skills_coding_rc_5shot", 10)])
+@pytest.mark.reference
 def test_oe_eval_instances_equal_ev(tok, name, ndocs):
     ev_tasks, _ = ev_modules()
     from olmax.eval.downstream import prepare_task
@@ -43,6 +44,7 @@ def test_oe_eval_instances_equal_ev(tok, name, ndocs):
     assert sorted(_our_view(i) for i in ours.instances) == theirs
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("name", ["mmlu_stem_test_mc_5shot_fast", "mmlu_humanities_test_bpb_5shot"])
 def test_mmlu_instances_equal_ev(tok, name):
     ev_tasks, _ = ev_modules()
@@ -79,6 +81,7 @@ def test_mmlu_instances_equal_ev(tok, name):
     assert sorted(_our_view(i) for i in inst) == sorted(_ev_view(s) for s in ev.samples)
 
 
+@pytest.mark.reference
 def test_task_names_and_suites():
     olmes_wheel()
     from olmax.eval.tasks import FAST_TASKS, expand_tasks, get_task, list_tasks

@@ -7,6 +7,7 @@ import pytest
 from olmax.eval.perplexity import perplexity, position_labels
 from olmax.eval.scoring import Scorer
 from olmax.model import olmo3
+from helpers.reference import require
 
 
 def _docs(lengths, T, pad=99, seed=0):
@@ -43,11 +44,12 @@ def test_document_truncated_at_seq_len_has_no_label_at_the_end():
     assert targets[0, :3].tolist() == tokens[0, 1:].tolist()
 
 
+@pytest.mark.reference
 def test_equals_olmo_core_lm_evaluator(tiny):
     """Per-token CE from OLMo-core's get_labels + cross_entropy over our logits, reduced by
     OLMo-core's LMEvaluator, equals our padded-form CE (and bucketing/batching does not matter)."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("olmo_core")
+    torch = require("torch")
+    require("olmo_core")
     from olmo_core.data.utils import get_labels
     from olmo_core.eval.lm_evaluator import LMEvaluator
 

@@ -6,9 +6,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from trainrun import train  # noqa: E402
-
-STEPS = 8
+from trainrun import STEPS, train  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import STEPS
+from trainrun import STEPS
 from olmax.cli import main
 from trainrun import RECIPE, SMALL, check_against, checkpoint_steps, env_for, free_port, metrics
 

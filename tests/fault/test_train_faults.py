@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import STEPS
+from trainrun import STEPS
 from trainrun import checkpoint_steps, log_path, metrics, series, start, train, wait_for_step
 
 pytestmark = pytest.mark.slow

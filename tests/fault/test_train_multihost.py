@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import STEPS
+from trainrun import STEPS
 from trainrun import check_against, checkpoint_steps, eval_metrics, train, train_multiprocess
 
 pytestmark = pytest.mark.slow

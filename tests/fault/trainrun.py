@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 RECIPE = "olmo3_tiny"
+STEPS = 8                       # steps of the reference run the fault tests compare against
 # Smaller than olmo3-tiny where it costs nothing in coverage: a step takes well under a second on
 # 2 CPU cores and a checkpoint (params + Adam) is ~40 MB.
 SMALL = ["model.d_model=32", "model.mlp_hidden=64", "train.seq_len=32", "train.global_batch_size=8",

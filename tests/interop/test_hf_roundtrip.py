@@ -12,12 +12,13 @@ import pytest
 
 from olmax.interop import hf as hfio
 from olmax.checkpoint.params import load_meta, load_params
+from helpers.reference import require
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
-from hf_models import FULL, SLIDING, make_hf_model  # noqa: E402
+from helpers.hf_models import FULL, SLIDING, make_hf_model  # noqa: E402
 
 
 def _tensors(d: Path) -> dict:

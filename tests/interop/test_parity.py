@@ -12,11 +12,12 @@ import pytest
 
 from olmax.interop.hf import load_hf
 from olmax.interop.parity import position_metrics, run_parity
+from helpers.reference import require
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = require("torch")
+require("transformers")
 
-from hf_models import FULL, SLIDING, make_hf_model  # noqa: E402
+from helpers.hf_models import FULL, SLIDING, make_hf_model  # noqa: E402
 
 CASES = {
     # name: (model kwargs, seq_len, batch)

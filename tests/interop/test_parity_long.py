@@ -24,9 +24,10 @@ from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.state import init_train_state
 from olmax.train.step import make_train_step
+from helpers.reference import require
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+require("torch")
+require("transformers")
 pytestmark = pytest.mark.slow
 
 V = 256

@@ -17,6 +17,7 @@ from olmax.model.params import init_params
 from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state
+from helpers.reference import require
 
 CFG = ModelConfig(d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, mlp_hidden=32,
                   vocab_size=100278, padded_vocab_size=100352, window_pattern=(8, None),
@@ -50,9 +51,10 @@ def test_convert_and_eval_take_relative_paths(here):
         assert json.loads((here / f"{name}.json").read_text())["heldout"]
 
 
+@pytest.mark.reference
 def test_parity_takes_a_relative_checkpoint(here, capsys):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    require("torch")
+    require("transformers")
     assert main(["convert", "hf-to-olmax", "hf", "imported"]) == 0
     assert main(["parity", "hf", "--checkpoint", "imported", "--seq-len", "16"]) == 0
     assert "KL(HF||olmax)" in capsys.readouterr().out

@@ -21,7 +21,8 @@ from olmax.interop.vocab_padding import mean_resized_rows, softmax_vocab
 from olmax.model.params import init_params
 from olmax.checkpoint.params import load_meta, load_params
 
-from hf_models import make_hf_model
+from helpers.hf_models import make_hf_model
+from helpers.reference import require
 
 
 def _resize_with_captured_draws(model, new_size, monkeypatch):
@@ -42,8 +43,9 @@ def _resize_with_captured_draws(model, new_size, monkeypatch):
     return draws
 
 
+@pytest.mark.reference
 def test_padding_rows_reproduce_transformers_mean_resizing(tmp_path, monkeypatch):
-    pytest.importorskip("torch")
+    require("torch")
     model = make_hf_model(tmp_path / "hf", vocab=300, hidden=64, std=0.15)
     weights = hfio.SafetensorsDir(tmp_path / "hf")
     draws = _resize_with_captured_draws(model, 384, monkeypatch)

@@ -10,6 +10,7 @@ from olmax.model.flops import (
     peak_flops,
 )
 from olmax.model.presets import get_preset
+from helpers.reference import require
 
 # OLMo 3 7B by hand: D=4096, L=32, 32 heads x 128, F=11008, padded vocab 100352.
 _ATTN = 4 * 4096 * 4096 + 2 * 4096          # q, k, v, o projections + full-width QK-norm weights
@@ -83,8 +84,8 @@ def test_peak_flops_table():
 @pytest.mark.parametrize("factory,seq_len", [("olmo3_7B", 8192), ("olmo3_7B", 2048),
                                              ("olmo3_190M", 8192), ("olmo3_7B", 65536)])
 def test_causal_convention_equals_olmo_core(factory, seq_len):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("olmo_core")
+    torch = require("torch")
+    require("olmo_core")
     import warnings
 
     from olmo_core.nn.transformer import TransformerConfig

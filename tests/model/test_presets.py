@@ -8,9 +8,10 @@ is compared with the olmax preset (OLMo-core weights are [out, in], olmax [in, o
 import pytest
 
 from olmax.model import count_params, get_preset, param_shapes
+from helpers.reference import require
 
-torch = pytest.importorskip("torch")
-olmo_core_config = pytest.importorskip("olmo_core.nn.transformer")
+torch = require("torch")
+olmo_core_config = require("olmo_core.nn.transformer")
 from olmo_core.nn.attention import AttentionBackendName  # noqa: E402
 
 PADDED_VOCAB = 100352

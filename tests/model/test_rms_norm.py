@@ -11,8 +11,9 @@ import pytest
 from olmax.model.kernels import KERNELS
 from olmax.model.runtime import Runtime
 from olmax.platforms import PROFILES
+from helpers.reference import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 EPS = 1e-6
 SHAPES = [((2, 5, 48), (48,)), ((3, 4, 64), (64,)), ((2, 3, 4, 16), (16,))]

@@ -15,6 +15,7 @@ from olmax.train.loss import IGNORE_INDEX, lm_loss_sums, loss_denominator, make_
 from olmax.train.optim import skip_step_adamw
 from olmax.train.state import init_train_state
 from olmax.train.step import make_train_step
+from helpers.reference import require
 
 CFG = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
                   vocab_size=120, padded_vocab_size=128, window_pattern=(8, 8, 8, None), max_seq_len=32)
@@ -28,8 +29,9 @@ def _batch(seed=0, b=4, t=24):
     return tokens, mask
 
 
+@pytest.mark.reference
 def test_labels_and_denominator_match_olmo_core():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from olmo_core.data.utils import get_labels
 
     tokens, mask = _batch()
@@ -42,9 +44,10 @@ def test_labels_and_denominator_match_olmo_core():
     assert float(loss_denominator(ours, jnp.asarray(mask))) == 3 * 23 + 24
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("chunk", [24, 5])
 def test_chunked_loss_sums_match_olmo_core_cross_entropy(chunk):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from olmo_core.nn.functional.cross_entropy_loss import cross_entropy_loss
 
     params = init_params(CFG, jax.random.key(0))

@@ -14,8 +14,6 @@ tests/train/test_oc_parity.py. Losses agree within 1e-5 relative at every step.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,9 +22,10 @@ import yaml
 import test_oc_parity as ref
 from olmax.cli import main
 from olmax.config import from_dict, ModelConfig
+from helpers.reference import require
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("olmo_core")
+torch = require("torch")
+require("olmo_core")
 
 VOCAB, PADDED = 120, 128
 THETA, EPS, WINDOW = 10_000.0, 1e-5, 6
@@ -75,8 +74,7 @@ def _olmo_core_from_hf(hf_dir):
 
 
 def test_training_from_hf_dir_matches_olmo_core_hf_init(tmp_path):
-    sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))
-    from hf_models import make_hf_model
+    from helpers.hf_models import make_hf_model
     from olmax.data.loader import build_train_data
     from olmax.train.recipes import load_recipe
 

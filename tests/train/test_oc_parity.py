@@ -28,9 +28,10 @@ from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.state import init_train_state
 from olmax.train.step import make_train_step
+from helpers.reference import require
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("olmo_core")
+torch = require("torch")
+require("olmo_core")
 
 STEPS = 24
 B, T, MICRO = 4, 24, 2

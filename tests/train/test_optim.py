@@ -14,9 +14,10 @@ import optax
 
 from olmax.config import OptimConfig
 from olmax.train.optim import clip_coefficient, last_step_info, skip_step_adamw
+from helpers.reference import require
 
-torch = pytest.importorskip("torch")
-oc_adamw = pytest.importorskip("olmo_core.optim.adamw")
+torch = require("torch")
+oc_adamw = require("olmo_core.optim.adamw")
 
 SHAPES = {"embed": (11, 6), "layers": {"w": (6, 5), "norm": (5,)}, "lm_head": (6, 11)}
 

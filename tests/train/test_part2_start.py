@@ -22,8 +22,9 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.reference import require
 
-pytest.importorskip("olmo_core")  # the official recipes name OLMo-core's mix files
+require("olmo_core")  # the official recipes name OLMo-core's mix files
 
 from olmo_core.optim.scheduler import CosWithWarmup, HalfCosWithWarmup  # noqa: E402
 from olmo_core.train import Duration, Trainer  # noqa: E402

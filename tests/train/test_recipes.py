@@ -3,8 +3,9 @@
 import math
 
 import pytest
+from helpers.reference import require
 
-pytest.importorskip("olmo_core")  # the official recipes name OLMo-core's mix files
+require("olmo_core")  # the official recipes name OLMo-core's mix files
 
 from olmax.model.params import count_params
 from olmax.train.recipes import load_recipe, packaged_recipes

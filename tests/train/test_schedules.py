@@ -6,8 +6,9 @@ import pytest
 
 from olmax.config import ConfigError, SchedulerConfig
 from olmax.train.schedules import build_schedule
+from helpers.reference import require
 
-sched = pytest.importorskip("olmo_core.optim.scheduler")
+sched = require("olmo_core.optim.scheduler")
 
 
 def _steps(t_max, warmup):

