@@ -44,25 +44,25 @@ def synthetic(name: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def write_synthetic_hf(out: Path, preset: str, shard_bytes: int) -> tuple[int, int]:
-    from olmax.interop import hf
+    from olmax.interop import hf, hf_config, safetensors
     from olmax.model.presets import get_preset
 
     cfg = get_preset(preset)
     out.mkdir(parents=True)
     shapes = hf.hf_tensor_shapes(cfg)
-    weight_map = hf.plan_shards(shapes, 2, shard_bytes)
+    weight_map = safetensors.plan_shards(shapes, 2, shard_bytes)
     total = 0
     for fname in dict.fromkeys(weight_map.values()):
         layout = [(name, shapes[name], np.dtype(ml_dtypes.bfloat16))
                   for name, f in weight_map.items() if f == fname]
-        nbytes = hf._write_safetensors(out / fname, layout,
+        nbytes = safetensors.write_safetensors(out / fname, layout,
                                        ((name, synthetic(name, shape)) for name, shape, _ in layout))
         total += nbytes
         print(f"  wrote {fname} ({nbytes / 1e9:.2f} GB)", file=sys.stderr, flush=True)
     if len(set(weight_map.values())) > 1:
-        (out / hf.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
+        (out / safetensors.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
                                                       "weight_map": weight_map}, indent=2))
-    (out / "config.json").write_text(json.dumps(hf.hf_config_from_model(cfg, dtype="bfloat16"), indent=2))
+    (out / "config.json").write_text(json.dumps(hf_config.hf_config_from_model(cfg, dtype="bfloat16"), indent=2))
     return total, len(shapes)
 
 
@@ -93,7 +93,7 @@ def main() -> int:
     p.add_argument("--json", dest="json_out")
     a = p.parse_args()
 
-    from olmax.interop.hf import SafetensorsDir
+    from olmax.interop.safetensors import SafetensorsDir
 
     work = Path(a.work or tempfile.mkdtemp(prefix="olmax-convert-scale-"))
     hf_in, ckpt, hf_out = work / "hf_in", work / "olmax", work / "hf_out"

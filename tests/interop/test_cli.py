@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from olmax.cli import main
+from helpers.reference import require
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+require("torch")
+require("transformers")
 
-from hf_models import make_hf_model  # noqa: E402
+from helpers.hf_models import make_hf_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +186,8 @@ def test_export_failure_leaves_nothing(tmp_path, hf_dir, monkeypatch):
             raise OlmaxError("disk full")
         return real(path, *args)
 
-    real = hfio._write_safetensors
-    monkeypatch.setattr(hfio, "_write_safetensors", flaky)
+    real = hfio.write_safetensors
+    monkeypatch.setattr(hfio, "write_safetensors", flaky)
     with pytest.raises(OlmaxError, match="disk full"):
         hfio.convert_olmax_to_hf(ckpt, out, max_shard_bytes=30_000)
     assert not (tmp_path / "deep").exists()

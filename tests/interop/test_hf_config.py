@@ -3,7 +3,7 @@
 import pytest
 
 from olmax.config import OlmaxError, YarnConfig
-from olmax.interop.hf import hf_config_from_model, model_config_from_hf
+from olmax.interop.hf_config import hf_config_from_model, model_config_from_hf
 from olmax.model import get_preset
 
 S, F = "sliding_attention", "full_attention"

@@ -23,13 +23,13 @@ from olmax.data.manifests import check_against_manifest, directory_hint
 from olmax.data.remote import is_remote, remote_files
 from olmax.io import atomic_output, sha256_file
 
-DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64}
+TOKEN_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64}
 
 
 def parse_dtype(name: str) -> np.dtype:
-    if name not in DTYPES:
-        raise ConfigError(f"data.dtype: expected one of {', '.join(DTYPES)}, got {name!r}")
-    return np.dtype(DTYPES[name]).newbyteorder("<")
+    if name not in TOKEN_DTYPES:
+        raise ConfigError(f"data.dtype: expected one of {', '.join(TOKEN_DTYPES)}, got {name!r}")
+    return np.dtype(TOKEN_DTYPES[name]).newbyteorder("<")
 
 
 def file_size(path: str, cache_dir: str | os.PathLike | None = None) -> int:

@@ -26,7 +26,8 @@ from typing import Any, Mapping
 from olmax.checkpoint.format import resolve_step_dir
 from olmax.checkpoint.params import load_model_config
 from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dict
-from olmax.interop.hf import check_safetensors_dir, model_config_from_hf, read_hf_config
+from olmax.interop.hf_config import model_config_from_hf, read_hf_config
+from olmax.interop.safetensors import check_safetensors_dir
 from olmax.model.presets import get_preset
 
 # Every field of ModelConfig but the three that do not change what a model computes.

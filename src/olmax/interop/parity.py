@@ -33,11 +33,13 @@ from olmax.checkpoint.params import load_model_config, load_params
 from olmax.config import ConfigError, ModelConfig, OlmaxError
 from olmax.data.tokenizer import get_tokenizer
 from olmax.interop.architecture import describe, differences
-from olmax.interop.hf import check_safetensors_dir, load_hf, model_config_from_hf, read_hf_config
+from olmax.interop.hf import load_hf
+from olmax.interop.hf_config import model_config_from_hf, read_hf_config
+from olmax.interop.safetensors import check_safetensors_dir
 from olmax.model.olmo3 import forward
 from olmax.model.runtime import Runtime
 
-DTYPES = ("float32", "bfloat16")
+PARITY_DTYPES = ("float32", "bfloat16")
 
 
 def _reference():
@@ -197,8 +199,8 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     olmax in bfloat16 against HF in float32."""
     hf_dtype = hf_dtype or dtype
     for d in (dtype, hf_dtype):
-        if d not in DTYPES:
-            raise ConfigError(f"unsupported dtype '{d}' (choose from {', '.join(DTYPES)})")
+        if d not in PARITY_DTYPES:
+            raise ConfigError(f"unsupported dtype '{d}' (choose from {', '.join(PARITY_DTYPES)})")
     if batch < 1 or (seq_len is not None and seq_len < 1):
         raise ConfigError("batch and seq_len must be positive")
     runtime = Runtime.resolve(dtype, attn_impl=attn_impl, profile=profile)

@@ -26,7 +26,7 @@ from olmax.model.attention import IMPLEMENTATIONS
 from olmax.model.kernels import KERNELS, Kernels
 from olmax.platforms import Profile, backend_of, profile_for
 
-DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+COMPUTE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 def _save_names_and_kernels(*names: str):
@@ -63,9 +63,9 @@ def dtype_of(name: str | Any) -> Any:
     """A dtype given by name (``float32``, ``bfloat16``, ``float16``); a dtype passes through."""
     if not isinstance(name, str):
         return name
-    if name not in DTYPES:
-        raise ConfigError(f"unknown dtype '{name}' (known: {', '.join(DTYPES)})")
-    return DTYPES[name]
+    if name not in COMPUTE_DTYPES:
+        raise ConfigError(f"unknown dtype '{name}' (known: {', '.join(COMPUTE_DTYPES)})")
+    return COMPUTE_DTYPES[name]
 
 
 @dataclass(frozen=True)
