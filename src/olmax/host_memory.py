@@ -1,7 +1,7 @@
 """Opt-in host allocator set-up for CPU training: large blocks kept mapped between steps.
 
-XLA's CPU runtime allocates a compiled program's temporaries (at shape B of
-``benchmarks/shapes.py``, bf16: 2.4 GiB) anew on every execution and frees them at its end. glibc
+XLA's CPU runtime allocates a compiled program's temporaries (gigabytes for a training step) anew
+on every execution and frees them at its end. glibc
 serves a block that large from a fresh ``mmap`` and gives it back with ``munmap`` when it is
 freed -- always, from a worker thread's arena, whatever ``M_MMAP_THRESHOLD`` says. Every step then
 faults every page of its temporaries in again (the kernel zeroes each 4 KiB page).
@@ -9,19 +9,18 @@ faults every page of its temporaries in again (the kernel zeroes each 4 KiB page
 With ``OLMAX_HOST_MALLOC=keep``, :func:`keep_host_memory_mapped` tells glibc (``mallopt``) to serve
 every thread from the main arena (``M_ARENA_MAX`` 1), never with a private ``mmap``
 (``M_MMAP_MAX`` 0), and to keep freed memory (``M_TRIM_THRESHOLD`` -1: never trim), so that a step
-reuses the pages of the step before. Measured on a 2-core AMD EPYC at shape B, bf16: 4.20 -> 3.45
-s per step, the same losses. The price is memory: a small allocation that glibc carves out of the
-freed temporaries leaves a hole too small for the next step's, the heap grows by a whole block
-and never shrinks -- the same run's resident memory went 3.4 -> 5.8 -> 8.3 GiB at steps 5 and 6
-(glibc's defaults: 3.5 GiB throughout). Hence opt-in, for short CPU runs with memory to spare;
-the default is glibc's own behaviour. Transparent huge pages (``glibc.malloc.hugetlb``) cut the
-faults too, but direct compaction made the step slower (4.20 -> 5.32 s).
+reuses the pages of the step before: faster steps, the same losses. The price is memory: a small
+allocation that glibc carves out of the freed temporaries leaves a hole too small for the next
+step's, so the heap grows by a whole block and never shrinks. Hence opt-in, for short CPU runs with
+memory to spare; the default is glibc's own behaviour. Transparent huge pages
+(``glibc.malloc.hugetlb``) cut the faults too, but direct compaction made the step slower.
+Measurements: benchmarks/README.md ("CPU shape B, continued").
 
 Read by the ``olmax`` command at start-up (before any thread exists), and applied only where JAX
 computes on one CPU device: no accelerator plugin is installed or ``JAX_PLATFORMS`` names ``cpu``
 first, and ``XLA_FLAGS`` does not split the CPU into several devices (their executors allocate at
-once and one arena fragments: ``olmax train olmo3_tiny train.max_steps=5`` on 8 devices peaked
-at 3.62 GB resident instead of 2.39 GB). A non-glibc C library is left alone.
+once and one arena fragments, growing the resident memory by half). A non-glibc C library is left
+alone.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ On a mesh (``mesh=``, the training run's), the programs are traced with the mode
 placed as in training (rows over the data-parallel devices, :func:`olmax.parallel.sharding.placed_on`)
 and the batch is put row-sharded: without it XLA keeps the hidden states split along the model
 dimension as the FSDP-sharded embedding produces them, and every device computes the whole batch's
-full-vocabulary logits chunk (on 8 CPU devices, 7 GB for ``olmo3_tiny``'s held-out batches of 8 x 256).
+full-vocabulary logits chunk.
 """
 
 from __future__ import annotations

@@ -146,8 +146,8 @@ def skip_step_adamw(cfg: OptimConfig) -> optax.GradientTransformationExtraArgs:
         inner = jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_inner, state.inner)
         # The step's direction from the moments just kept (optax scale_by_adam's formula, then the
         # masked decoupled decay), not from the old moments again: the moments' buffers are updated
-        # in place, and XLA copied every moment first (4 x 103 MB at a 100352 x 256 vocabulary)
-        # when a later pass still read the old values.
+        # in place, and XLA would copy every moment first when a later pass still read the old
+        # values.
         adam = inner[0]
         mu_hat = optax.tree.bias_correction(adam.mu, b1, adam.count)
         nu_hat = optax.tree.bias_correction(adam.nu, b2, adam.count)
