@@ -1,3 +1,3 @@
 """olmax: faithful OLMo 3 pre-training in JAX."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"   # CHANGELOG.md; pyproject.toml reads it

@@ -20,6 +20,7 @@ import os
 import sys
 from typing import Sequence
 
+import olmax
 from olmax.commands import HELP
 from olmax.host_memory import keep_host_memory_mapped
 from olmax.reporting import DEBUG_FLAG, debug_requested, quiet_libraries, run_reporting
@@ -36,6 +37,7 @@ class Parser(argparse.ArgumentParser):
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser, with the command ``argv`` names (its first word) fully built."""
     parser = Parser(prog="olmax", description="OLMo 3 pre-training in JAX.")
+    parser.add_argument("--version", action="version", version=f"olmax {olmax.__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an error (also: OLMAX_DEBUG=1; the flag may "
                              "stand anywhere on the command line)")

@@ -175,3 +175,16 @@ def test_orbax_notes_and_closed_loop_tracebacks_are_filtered(caplog, monkeypatch
                                                  exc_traceback=exc.__traceback__, err_msg=None,
                                                  object=None))
     assert passed_on == [other]
+
+
+def test_version_names_the_release(capsys):
+    """``olmax --version``: the package's version, the one pip installed (pyproject reads it)."""
+    from importlib.metadata import version
+
+    import olmax
+    from olmax.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"olmax {olmax.__version__}" == f"olmax {version('olmax')}"
