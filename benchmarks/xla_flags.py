@@ -1,13 +1,12 @@
 """A/B-measure XLA flags on the trainer's step: each flag set against the baseline, interleaved.
 
 XLA reads ``XLA_FLAGS`` once per process, so every variant runs in a worker process of its own
-(``--worker``), compiled once and kept alive. One baseline worker lives for the whole run; the
-variants are measured one at a time beside it (two workers in memory, not one per variant), with
-their timed steps interleaved (baseline, variant, baseline, variant, ...) so that both see the same
-load on a shared machine. Per variant it reports the compile time, the median step time, the
-speed-up over the baseline (the median of the per-round ratios, robust to load drifting), and
-whether its losses equal the baseline's bit for bit: a flag that changes the numbers breaks the
-determinism contract and is reported as such, however fast it is.
+(``olmax.perf.abtest``), measured beside a fresh baseline worker (two workers in memory, not one
+per variant), their timed steps interleaved so that both see the same load on a shared machine.
+Per variant it reports the compile time, the median step time, the speed-up over the baseline (the
+median of the per-round ratios, robust to load drifting), whether the compiled program differs at
+all (``program_hash``), and whether its losses equal the baseline's bit for bit: a flag that
+changes the numbers breaks the determinism contract and is reported as such, however fast it is.
 
     python benchmarks/xla_flags.py [--recipe olmo3_tiny] [--rounds 5] [--set key=value ...]
         [--variant NAME=FLAGS ...] [--json benchmarks/results/xla_flags_cpu.json]
@@ -21,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from cpu_side_by_side import write_json
+
+from olmax.perf.abtest import Leg, interleave
 
 # Candidates worth measuring; none is assumed to help.
 CPU_VARIANTS = {
@@ -50,62 +49,6 @@ CPU_SHAPE = ["model.preset=olmo3-190m", "model.n_layers=4", "model.window_patter
              "train.compute_dtype=float32"]
 
 
-def worker(recipe: str, overrides: list[str]) -> int:
-    """Compile the trainer's step, print ``READY compile_s``, then one ``STEP seconds loss`` line
-    per ``step`` line read from stdin."""
-    import jax
-
-    from olmax.perf.bench import TrainStepRunner
-    from olmax.train.recipes import load_recipe
-
-    runner = TrainStepRunner(load_recipe(recipe, overrides))
-    print("READY", runner.compile_s, jax.__version__, jax.devices()[0].device_kind, flush=True)
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
-        dt = runner.run()
-        print("STEP", dt, repr(float(runner.metrics["loss"])), flush=True)
-    return 0
-
-
-class Worker:
-    def __init__(self, name: str, flags: str, recipe: str, overrides: list[str]) -> None:
-        env = dict(os.environ)
-        env["XLA_FLAGS"] = " ".join(x for x in (os.environ.get("XLA_FLAGS", ""), flags) if x)
-        self.name, self.flags = name, flags
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", "--recipe", recipe,
-                                      *[f"--set={o}" for o in overrides]],
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline().split()
-        if not line or line[0] != "READY":
-            err = self.proc.stderr.read().strip().splitlines()
-            self.close()
-            raise RuntimeError(err[-1] if err else f"worker exited with {self.proc.returncode}")
-        self.compile_s, self.jax_version, self.device = float(line[1]), line[2], " ".join(line[3:])
-        self.times: list[float] = []
-        self.losses: list[str] = []
-
-    def step(self) -> float:
-        self.proc.stdin.write("step\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline().split()
-        if not line or line[0] != "STEP":
-            raise RuntimeError(f"{self.name}: worker died: {self.proc.stderr.read()[-2000:]}")
-        self.times.append(float(line[1]))
-        self.losses.append(line[2])
-        return self.times[-1]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-
-
 def default_platform() -> str:
     plat = os.environ.get("JAX_PLATFORMS", "")
     if plat:
@@ -115,7 +58,6 @@ def default_platform() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--recipe", default="olmo3_tiny")
     p.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
                    help="recipe override (repeatable); default on CPU: the side-by-side shape")
@@ -128,58 +70,42 @@ def main() -> int:
     a = p.parse_args()
     platform = a.platform or default_platform()
     overrides = a.overrides if a.overrides is not None else (CPU_SHAPE if platform == "cpu" else [])
-    if a.worker:
-        return worker(a.recipe, overrides)
-
     variants = dict(v.split("=", 1) for v in a.variant) if a.variant else \
         (CPU_VARIANTS if platform == "cpu" else GPU_VARIANTS)
-    base = Worker("baseline", "", a.recipe, overrides)
-    for _ in range(a.warmup):
-        base.step()
-    print(f"baseline ready (compile {base.compile_s:.1f} s, jax {base.jax_version}, {base.device})",
-          file=sys.stderr, flush=True)
+    common = os.environ.get("XLA_FLAGS", "")
     rows = []
     result = {"recipe": a.recipe, "overrides": overrides, "platform": platform,
-              "xla_flags_common": os.environ.get("XLA_FLAGS", ""), "jax": base.jax_version,
-              "device": base.device, "rounds": a.rounds, "rows": rows}
+              "xla_flags_common": common, "rounds": a.rounds, "rows": rows}
+    base = None
     for name, flags in variants.items():
+        env = {"XLA_FLAGS": " ".join(x for x in (common, flags) if x)}
         try:
-            var = Worker(name, flags, a.recipe, overrides)
+            run = interleave([Leg("baseline", a.recipe, overrides), Leg(name, a.recipe, overrides, env)],
+                             rounds=a.rounds, warmup=a.warmup)
         except RuntimeError as e:
             rows.append({"variant": name, "flags": flags, "error": str(e)})
             print(f"{name}: failed to start: {e}", file=sys.stderr, flush=True)
             continue
-        for _ in range(a.warmup):
-            var.step()
-        b0 = len(base.times)
-        load = []
-        for i in range(a.rounds):
-            pair = (base, var) if i % 2 == 0 else (var, base)
-            for w in pair:
-                w.step()
-            load.append(os.getloadavg()[0])
-        bt, vt = base.times[b0:], var.times[-a.rounds:]
-        ratios = [x / y for x, y in zip(bt, vt)]
-        # the variant's losses vs the baseline's over the same steps 1..warmup+rounds from init
-        ref = base.losses[:len(var.losses)]
-        same = var.losses == ref
-        rel = max(abs(float(x) - float(y)) / abs(float(y)) for x, y in zip(var.losses, ref))
-        rows.append({"variant": name, "flags": flags, "compile_s": var.compile_s,
-                     "baseline_compile_s": base.compile_s,
-                     "step_s_median": statistics.median(vt), "baseline_step_s_median": statistics.median(bt),
-                     "speedup_median": statistics.median(ratios), "speedup_per_round": ratios,
-                     "losses_bit_identical": same, "loss_max_rel_diff": rel, "loadavg": load})
-        print(f"{name}: step {statistics.median(vt):.3f} s vs baseline {statistics.median(bt):.3f} s, "
-              f"speed-up {statistics.median(ratios):.3f}x (rounds {', '.join(f'{r:.2f}' for r in ratios)}), "
-              f"compile {var.compile_s:.1f} s vs {base.compile_s:.1f} s, losses "
-              f"{'bit-identical' if same else f'differ (max rel {rel:.1e})'}", file=sys.stderr, flush=True)
-        var.close()
+        base, var = run["rows"]
+        result.update(jax=base["jax"], device=base["device"])
+        same = var["losses"] == base["losses"]
+        rel = max(abs(x - y) / abs(y) for x, y in zip(var["losses"], base["losses"]))
+        rows.append({"variant": name, "flags": flags, "compile_s": var["compile_s"],
+                     "baseline_compile_s": base["compile_s"], "step_s_median": var["step_s_median"],
+                     "baseline_step_s_median": base["step_s_median"],
+                     "speedup_median": var["speed_vs_first"], "speedup_per_round": var["speed_vs_first_per_round"],
+                     "program_identical": var["program_hash"] == base["program_hash"],
+                     "losses_bit_identical": same, "loss_max_rel_diff": rel, "loadavg": run["loadavg"]})
+        print(f"{name}: step {var['step_s_median']:.3f} s vs baseline {base['step_s_median']:.3f} s, "
+              f"speed-up {var['speed_vs_first']:.3f}x, compile {var['compile_s']:.1f} s vs "
+              f"{base['compile_s']:.1f} s, losses {'bit-identical' if same else f'differ (max rel {rel:.1e})'}",
+              file=sys.stderr, flush=True)
         write_json(a.json_out, result)
-    base.close()
 
     print("\n| variant | XLA flags | compile s | step s (median) | speed-up vs baseline | losses |")
     print("|---|---|---|---|---|---|")
-    print(f"| baseline | (none) | {base.compile_s:.1f} | {statistics.median(base.times[a.warmup:]):.3f} | 1.000x | - |")
+    if base is not None:
+        print(f"| baseline | (none) | {base['compile_s']:.1f} | {base['step_s_median']:.3f} | 1.000x | - |")
     for r in rows:
         if "error" in r:
             print(f"| {r['variant']} | `{r['flags']}` | failed: {r['error']} | | | |")

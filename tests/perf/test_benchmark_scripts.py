@@ -28,6 +28,7 @@ def test_xla_flags_ab(tmp_path):
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     # the defaults in a second process reproduce the baseline's losses bit for bit
     assert rows["same"]["losses_bit_identical"] is True and rows["same"]["loss_max_rel_diff"] == 0
+    assert rows["same"]["program_identical"] is True
     assert len(rows["same"]["speedup_per_round"]) == 2 and rows["same"]["speedup_median"] > 0
     # an unknown flag is reported as that variant's failure, not a crash of the benchmark
     assert "xla_cpu_no_such_flag" in rows["bogus"]["error"]
