@@ -136,7 +136,7 @@ class _Pwned:
 def make_workspace(root: Path) -> dict[str, str]:
     """Create the scratch files every case uses; returns names for the ones cases refer to."""
     from olmax.config import CheckpointConfig, to_dict
-    from olmax.checkpoint.params import save_params
+    from olmax.checkpoint.weights import save_params
     from olmax.checkpoint.checkpointer import Checkpointer
     from olmax.train.optim import build_optimizer
     from olmax.config import OptimConfig

@@ -28,7 +28,7 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ckpt(files):
-    from olmax.checkpoint.params import save_params
+    from olmax.checkpoint.weights import save_params
 
     tmp, _, _ = files
     cfg = tiny_cfg(vocab_size=100278, padded_vocab_size=100352, d_model=16, head_dim=4, mlp_hidden=32)
@@ -85,7 +85,7 @@ def test_bad_input(files, ckpt, capsys):
         (["eval", str(tmp / "nope"), "--heldout", held], "checkpoint not found"),
         (["eval", ckpt[0], "--heldout", str(tmp / "missing.bin")], "token file not found"),
     ]
-    from olmax.checkpoint.params import save_params
+    from olmax.checkpoint.weights import save_params
 
     other = tiny_cfg(vocab_size=100278, padded_vocab_size=100352, d_model=24, head_dim=6, mlp_hidden=32)
     wrong = save_params(tmp / "wrong", init_params(ckpt[1], jax.random.key(0)), other)

@@ -23,7 +23,7 @@ import pytest
 
 from olmax.config import CheckpointConfig, OlmaxError
 from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree, open_step_dir
-from olmax.checkpoint.params import load_params
+from olmax.checkpoint.weights import load_params
 from olmax.train.callbacks.saver import StopSignal
 from olmax.train.run_log import rewind_jsonl
 from olmax.train.state import TrainState
@@ -75,7 +75,7 @@ def test_roundtrip_meta_and_step(tmp_path):
     assert int(st.step) == 2 and st.step.dtype == jnp.int32
     assert meta == {**meta_for(2), "format_version": 1, "step": 2}
     ck.close()
-    # the layout olmax.checkpoint.params reads: <step>/{params,opt_state,meta}
+    # the layout olmax.checkpoint.weights reads: <step>/{params,opt_state,meta}
     assert {p.name for p in (tmp_path / "checkpoints" / "4").iterdir()} >= {"params", "opt_state", "meta"}
     ro, step = open_step_dir(tmp_path)
     assert step == 4 and ro.directory == tmp_path / "checkpoints"

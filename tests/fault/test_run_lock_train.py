@@ -30,7 +30,7 @@ def _rows(run_dir):
 
 
 def _params(run_dir, step):
-    from olmax.checkpoint.params import load_params
+    from olmax.checkpoint.weights import load_params
 
     params, _ = load_params(run_dir / "checkpoints" / str(step))
     import jax

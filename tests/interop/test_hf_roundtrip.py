@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from olmax.interop import hf as hfio
-from olmax.checkpoint.params import load_meta, load_params
+from olmax.checkpoint.weights import load_meta, load_params
 from helpers.reference import require
 
 torch = require("torch")
@@ -166,7 +166,7 @@ def test_conversion_streams_both_ways_chunk_by_chunk(tmp_path):
     assert np.asarray(got["embed"])[1000:].all() and np.asarray(got["lm_head"])[:, 1000:].all()
     meta = json.loads((tmp_path / "ckpt" / "params" / "_METADATA").read_text())
     assert {v["value_metadata"]["value_type"] for v in meta["tree_metadata"].values()} == {"np.ndarray"}
-    from olmax.checkpoint.params import stored_arrays
+    from olmax.checkpoint.weights import stored_arrays
 
     stored, _ = stored_arrays(tmp_path / "ckpt")
     chunk = stored["layers"]["gate_proj"]._store.chunk_layout.write_chunk.shape

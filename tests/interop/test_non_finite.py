@@ -13,7 +13,7 @@ from olmax.config import CheckpointConfig, ModelConfig, OlmaxError, OptimConfig,
 from olmax.interop import hf as hfio
 from olmax.model.finite import check_params, params_problems
 from olmax.model.params import init_params
-from olmax.checkpoint.params import save_params
+from olmax.checkpoint.weights import save_params
 from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state

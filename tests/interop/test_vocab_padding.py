@@ -19,7 +19,7 @@ from olmax.config import ModelConfig
 from olmax.interop import hf as hfio
 from olmax.interop.vocab_padding import mean_resized_rows, softmax_vocab
 from olmax.model.params import init_params
-from olmax.checkpoint.params import load_meta, load_params
+from olmax.checkpoint.weights import load_meta, load_params
 
 from helpers.hf_models import make_hf_model
 from helpers.reference import require

@@ -9,7 +9,7 @@ A *step directory* holds Orbax items::
 Training writes ``RUN_DIR/checkpoints/<step>/`` (:class:`olmax.checkpoint.checkpointer.Checkpointer`,
 meta ``step``, ``data_position``, ``seed``, ``model``, ``config``, ...); conversion and export write a
 single step directory with ``params`` and ``meta`` (``model`` and ``source``;
-:mod:`olmax.checkpoint.params`). Both read the other's.
+:mod:`olmax.checkpoint.weights`). Both read the other's.
 
 The version rule: ``format_version`` must be an integer from 1 up to :data:`FORMAT_VERSION`; a
 newer one (written by a later olmax: :class:`NewerFormat`) or none at all is refused with one line

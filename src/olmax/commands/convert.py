@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from olmax.checkpoint.params import load_model_config
+from olmax.checkpoint.weights import load_model_config
 from olmax.commands import HELP
 from olmax.interop.hf import convert_hf_to_olmax, convert_olmax_to_hf
 

@@ -29,7 +29,7 @@ import glob
 import importlib.util
 import os
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from olmax.config import ConfigError, DataConfig, DataSource, OlmaxError
 from olmax.data.embedded import embedded_token_files
@@ -37,7 +37,12 @@ from olmax.data.manifests import directory_hint
 from olmax.data.mixfile import read_mix_file
 from olmax.data.remote import is_pattern, is_remote, join, remote_files
 
-Files = tuple[list[str], list[str] | None]   # token files, and their labels (mix, mixture)
+class TokenFiles(NamedTuple):
+    """A data section's token files, in order, and their labels (a mix's or a mixture's source
+    names; None for plain paths and the embedded corpus)."""
+
+    paths: list[str]
+    labels: list[str] | None
 
 
 def expand_globs(patterns: Sequence[str], where: str) -> list[str]:
@@ -59,32 +64,32 @@ def expand_globs(patterns: Sequence[str], where: str) -> list[str]:
 # Training data
 
 
-def _paths(cfg: DataConfig) -> Files:
-    return [join(cfg.root, p) for p in cfg.paths], None
+def _paths(cfg: DataConfig) -> TokenFiles:
+    return TokenFiles([join(cfg.root, p) for p in cfg.paths], None)
 
 
-def _mix(cfg: DataConfig) -> Files:
+def _mix(cfg: DataConfig) -> TokenFiles:
     entries = read_mix_file(resolve_mix(cfg.mix), root=cfg.root, tokenizer=cfg.mix_tokenizer,
                             remap=cfg.remap)
-    return [e.path for e in entries], [e.label for e in entries]
+    return TokenFiles([e.path for e in entries], [e.label for e in entries])
 
 
-def _embedded(cfg: DataConfig) -> Files:
-    return embedded_token_files("train", cfg.cache_dir), None
+def _embedded(cfg: DataConfig) -> TokenFiles:
+    return TokenFiles(embedded_token_files("train", cfg.cache_dir), None)
 
 
-def _mixture(cfg: DataConfig) -> Files:
+def _mixture(cfg: DataConfig) -> TokenFiles:
     pairs = [(p, s.name) for s in cfg.mixture.sources
              for p in expand_globs(s.paths, f"data.mixture source {s.name!r}")]
-    return [p for p, _ in pairs], [name for _, name in pairs]
+    return TokenFiles([p for p, _ in pairs], [name for _, name in pairs])
 
 
-RESOLVERS: dict[DataSource, Callable[[DataConfig], Files]] = {
+RESOLVERS: dict[DataSource, Callable[[DataConfig], TokenFiles]] = {
     "paths": _paths, "mix": _mix, "embedded": _embedded, "mixture": _mixture,
 }
 
 
-def resolve_paths(cfg: DataConfig) -> Files:
+def resolve_paths(cfg: DataConfig) -> TokenFiles:
     """The training token files of a data section, in order, with labels for a mix file or a
     mixture (else None). For a mixture these are all the files its sources may draw from."""
     return RESOLVERS[cfg.source()](cfg)

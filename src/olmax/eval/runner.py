@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from olmax.checkpoint.params import load_meta, load_params
+from olmax.checkpoint.weights import load_meta, load_params
 from olmax.config import ModelConfig, OlmaxError
 from olmax.data.heldout import load_heldout_sets
 from olmax.data.sources import heldout_sets

@@ -24,7 +24,7 @@ import os
 from typing import Any, Mapping
 
 from olmax.checkpoint.format import resolve_step_dir
-from olmax.checkpoint.params import load_model_config
+from olmax.checkpoint.weights import load_model_config
 from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dict
 from olmax.interop.hf_config import model_config_from_hf, read_hf_config
 from olmax.interop.safetensors import check_safetensors_dir

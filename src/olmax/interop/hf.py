@@ -13,7 +13,7 @@ The HF vocabulary (``vocab_size`` rows, e.g. dolma2's 100278) is padded to a mul
 as OLMo-core's HF loader makes them and stay out of an imported model's softmax
 (:mod:`olmax.interop.vocab_padding`). A tensor holding NaN/Inf is refused by name as it is read.
 Both directions stream (``benchmarks/convert_scale.py`` measures them): import hands the checkpoint
-writer :class:`~olmax.checkpoint.params.StreamedArray` leaves that read each chunk (one layer's
+writer :class:`~olmax.checkpoint.weights.StreamedArray` leaves that read each chunk (one layer's
 tensor, a block of vocabulary rows) from the safetensors files with plain reads as it is written;
 export reads the checkpoint slice by slice and writes each shard's header first, then its tensors
 one at a time. Neither holds more than a chunk and a tensor. Import then export reproduces every
@@ -30,7 +30,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from olmax.checkpoint.params import (StreamedArray, load_meta, load_model_config, save_params,
+from olmax.checkpoint.weights import (StreamedArray, load_meta, load_model_config, save_params,
                                      stored_arrays)
 from olmax.config import ConfigError, ModelConfig, OlmaxError
 from olmax.interop import vocab_padding

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olmax.checkpoint.params import load_model_config, load_params
+from olmax.checkpoint.weights import load_model_config, load_params
 from olmax.config import ConfigError, ModelConfig, OlmaxError
 from olmax.data.tokenizer import get_tokenizer
 from olmax.interop.architecture import describe, differences

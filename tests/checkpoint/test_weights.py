@@ -1,4 +1,4 @@
-"""olmax.checkpoint.params: the step-dir checkpoint layout shared with training."""
+"""olmax.checkpoint.weights: the step-dir checkpoint layout shared with training."""
 
 import json
 import os
@@ -14,7 +14,7 @@ import pytest
 from olmax.config import ModelConfig, OlmaxError, to_dict
 from olmax.model import param_shapes
 from olmax.checkpoint.format import resolve_step_dir
-from olmax.checkpoint.params import load_meta, load_model_config, load_params, save_params
+from olmax.checkpoint.weights import load_meta, load_model_config, load_params, save_params
 
 CFG = ModelConfig(d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, mlp_hidden=32,
                   vocab_size=100, padded_vocab_size=128, window_pattern=(4, None))
@@ -94,7 +94,7 @@ def test_restore_onto_another_device_layout(tmp_path, params):
         import jax, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec as P
         from olmax.model import param_shapes
-        from olmax.checkpoint.params import load_model_config, load_params
+        from olmax.checkpoint.weights import load_model_config, load_params
         mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
         cfg = load_model_config({str(tmp_path / "ck")!r})
         shard = jax.tree.map(lambda s: NamedSharding(mesh, P(*([None] * (len(s) - 1) + ["fsdp"]))
