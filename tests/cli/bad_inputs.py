@@ -249,7 +249,9 @@ def make_workspace(root: Path) -> dict[str, str]:
     _newer_surfaces(root, cfg, params, tokens, recipe)
     held = root / "run-held"
     held.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    # its own output: a caller reading this process's pipes must not wait for the holder to end
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     boot = Path("/proc/sys/kernel/random/boot_id")
     me = {"host": socket.gethostname(), "boot_id": boot.read_text().strip() if boot.exists() else None,
           "pid_ns": os.readlink("/proc/self/ns/pid") if os.path.exists("/proc/self/ns/pid") else None}

@@ -25,7 +25,8 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.fi
 def rows(tmp_path_factory):
     """All cases, run in a fresh process (as a user runs them)."""
     out = tmp_path_factory.mktemp("bad") / "rows.json"
-    env = {**__import__("os").environ, "PYTHONPATH": str(bad_inputs.ROOT / "src")}
+    env = {**__import__("os").environ,
+           "PYTHONPATH": __import__("os").pathsep.join(str(bad_inputs.ROOT / d) for d in ("src", "tests"))}
     env.pop("OLMAX_DEBUG", None)
     proc = subprocess.run([sys.executable, str(Path(bad_inputs.__file__)), "--json", str(out)],
                           env=env, capture_output=True, text=True, timeout=1800)
