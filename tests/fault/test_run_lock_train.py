@@ -90,6 +90,11 @@ def test_a_later_attempt_takes_over_and_the_earlier_one_stops_without_writing(re
     second = None
     try:
         wait_for_step(first, d, 4)
+        # paused with its step-3 checkpoint committed: a save still in flight when an attempt is
+        # superseded can commit after the takeover (same step, same state; left to pruning)
+        t_ckpt = time.time()
+        while 3 not in checkpoint_steps(d) and time.time() - t_ckpt < 120:
+            time.sleep(0.05)
         first.send_signal(signal.SIGSTOP)
         time.sleep(0.5)
         paused_at = metrics(d)[-1]["step"]
