@@ -6,6 +6,11 @@ still its own: a run whose directory was taken over (by a later attempt of its j
 heartbeat stalled) stops without writing. In a multi-process job the outcome of taking the lock is
 shared with every process, so all of them stop when the directory is taken.
 
+One write can still land after a takeover: an asynchronous checkpoint save that was in flight when
+the attempt was superseded (paused, say) commits when the process resumes, before its next step's
+check. Its contents are the state of that step, the same the new attempt computes (the determinism
+contract); the new attempt's keep-last-K policy prunes it at its next save.
+
 A trainer started by a scheduler is told its attempt (``olmax train --attempt JOB.N``): it takes
 over the lock of an earlier attempt of the same job at once, and waits out a fresh lock of anyone
 else (the lock's stale time plus two heartbeats) before it gives up, since a holder that died on
