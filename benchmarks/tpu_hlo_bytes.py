@@ -386,7 +386,7 @@ def compare(a: str, b: str, top: int) -> int:
 def olmax_parts(recipe: str, overrides: list[str], topology: str, out_dir: str, parts: str,
                 groups: int = 1) -> int:
     """Compile ``olmax plan``'s unscanned parts of RECIPE for TOPOLOGY and write their HLO."""
-    from olmax.config import OlmaxError
+    from olmax.errors import OlmaxError
     from olmax.model.runtime import Runtime
     from olmax.parallel.mesh import data_parallel_size, make_mesh
     from olmax.perf.plan import _part_costs, topology_devices

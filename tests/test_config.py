@@ -2,7 +2,8 @@ import typing
 
 import pytest
 
-from olmax.config import ConfigError, ModelConfig, apply_overrides, from_dict, to_dict
+from olmax.config import ModelConfig, apply_overrides, from_dict, to_dict
+from olmax.errors import ConfigError
 from olmax.train.recipes import run_config_from_dict
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.io import (as_inputs, contained, env_int, read_text, refuse_existing,
                       write_text_atomic)
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.lockfile import LockFile, LockHeld, identity, parse_attempt
 
 LOCK_NAME = ".olmax-lock"

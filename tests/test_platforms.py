@@ -11,7 +11,8 @@ import pytest
 
 import olmax.platforms as platforms
 import olmax.train.step as step_mod
-from olmax.config import ConfigError, TrainConfig
+from olmax.config import TrainConfig
+from olmax.errors import ConfigError
 from olmax.model.runtime import Runtime
 
 

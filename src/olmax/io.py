@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
-from olmax.config import OlmaxError, RestartableError
+from olmax.errors import OlmaxError, RestartableError
 from olmax.lockfile import LockFile, LockHeld, describe
 
 log = logging.getLogger(__name__)

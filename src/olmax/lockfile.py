@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 
 HEARTBEAT_S = 15.0
 STALE_S = 120.0

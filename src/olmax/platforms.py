@@ -44,7 +44,7 @@ from typing import Iterable
 import jax
 import jax.numpy as jnp
 
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 
 PROFILE_NAMES = ("auto", "cpu", "tpu", "gpu")
 

@@ -9,9 +9,9 @@ the generated jobs of ``olmax launch`` act on it; :func:`exit_code` decides it):
       may choose another code for that)
 2     a configuration or input error: a restart cannot help (a bad key or value, a missing or
       malformed input file, a run directory another trainer holds)
-3     the run cannot go on without a person (:class:`~olmax.config.NeedsAttentionError`: a
+3     the run cannot go on without a person (:class:`~olmax.errors.NeedsAttentionError`: a
       non-finite loss)
-75    a failure that a restart may cure (:class:`~olmax.config.RestartableError`, and
+75    a failure that a restart may cure (:class:`~olmax.errors.RestartableError`, and
       everything that is not one of the above: peers that did not come or were lost, a hang
       caught by the watchdog, storage errors, remote reads that ran out of retries, errors of
       the runtime)
@@ -20,7 +20,7 @@ the generated jobs of ``olmax launch`` act on it; :func:`exit_code` decides it):
 
 The lines:
 
-- olmax's own errors (:class:`~olmax.config.ConfigError`, :class:`~olmax.config.OlmaxError`) print
+- olmax's own errors (:class:`~olmax.errors.ConfigError`, :class:`~olmax.errors.OlmaxError`) print
   their message, which names the key or file;
 - any ``OSError`` prints its reason and the file it concerns (``cannot read FILE: Permission
   denied``);
@@ -46,7 +46,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.io import input_error
 
 DEBUG_ENV = "OLMAX_DEBUG"

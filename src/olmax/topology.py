@@ -19,7 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from olmax.analysis.curves import compare, compare_runs, ema, load_curve, plot_comparison, write_dashboard
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 
 
 def _loss(steps, seed=0):

@@ -114,7 +114,7 @@ def test_data_overlap_cli(tmp_path, capsys):
 @pytest.mark.reference
 def test_data_overlap_unknown_task(tmp_path, capsys):
 
-    from olmax.config import OlmaxError
+    from olmax.errors import OlmaxError
     from olmax.eval.olmes_data import wheel_path
 
     try:

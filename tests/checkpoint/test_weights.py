@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.config import ModelConfig, OlmaxError, to_dict
+from olmax.config import ModelConfig, to_dict
+from olmax.errors import OlmaxError
 from olmax.model import param_shapes
 from olmax.checkpoint.format import resolve_step_dir
 from olmax.checkpoint.weights import load_meta, load_model_config, load_params, save_params

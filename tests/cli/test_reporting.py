@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from olmax.cli import main
-from olmax.config import ConfigError, NeedsAttentionError, OlmaxError, RestartableError
+from olmax.errors import ConfigError, NeedsAttentionError, OlmaxError, RestartableError
 from olmax.reporting import describe, exit_code, quiet_libraries, run_reporting
 
 
@@ -145,7 +145,7 @@ def test_overrides_anywhere_in_every_command(monkeypatch, capsys):
 
 
 def test_orbax_notes_and_closed_loop_tracebacks_are_filtered(caplog, monkeypatch):
-    from olmax.config import OlmaxError
+    from olmax.errors import OlmaxError
 
     quiet_libraries()
     absl = logging.getLogger("absl")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from helpers.datahelp import DOLMA2, EOS, PAD, VOCAB, write_tokens
-from olmax.config import ConfigError, DataConfig, OlmaxError
+from olmax.config import DataConfig
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.heldout import padded_instances
 from olmax.data.loader import TrainData, build_train_data
 from helpers.reference import require

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from helpers.datahelp import DOLMA2, EOS, PAD, VOCAB
-from olmax.config import ConfigError, DataConfig, MixtureSourceConfig, SourceMixtureConfig
+from olmax.config import DataConfig, MixtureSourceConfig, SourceMixtureConfig
+from olmax.errors import ConfigError
 from olmax.data.loader import build_train_data
 from olmax.data.mixture import allocate, source_proportions
 from helpers.reference import require

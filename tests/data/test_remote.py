@@ -19,7 +19,7 @@ import pytest
 
 from helpers.datahelp import DOLMA2, EOS, VOCAB, write_tokens
 from olmax.cli import main
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.data import remote
 from olmax.data.loader import TrainData
 from helpers.remote_servers import file_server, s3_server

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from olmax.config import DataConfig, OlmaxError
+from olmax.config import DataConfig
+from olmax.errors import OlmaxError
 from olmax.data.heldout import load_heldout_sets
 from olmax.data.sources import data_config_for, expand_globs, heldout_sets, resolve_paths
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from olmax.cli import main
-from olmax.config import DataConfig, OlmaxError
+from olmax.config import DataConfig
+from olmax.errors import OlmaxError
 from olmax.data.loader import build_train_data
 from olmax.data.token_files import file_num_tokens
 

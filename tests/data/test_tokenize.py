@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from olmax.cli import main
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.data import tokenize_files as tk
 from olmax.data.tokenizer import get_tokenizer
 

@@ -138,7 +138,7 @@ def test_identical_on_whole_embedded_corpus(hf_dolma2):
 
 
 def test_unknown_tokenizer_is_a_config_error():
-    from olmax.config import ConfigError
+    from olmax.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown tokenizer"):
         get_tokenizer("no-such-tokenizer")

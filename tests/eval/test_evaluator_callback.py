@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from olmax.config import OlmaxError, to_dict
+from olmax.config import to_dict
+from olmax.errors import OlmaxError
 from olmax.model.params import init_params
 from olmax.train.callbacks import Run
 from olmax.train.callbacks.evaluator import EvaluatorCallback

@@ -6,7 +6,7 @@ import gzip
 import pytest
 
 from helpers.evref import EVTokenizer, ev_modules, olmes_wheel
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ and the streaming scan does not depend on its chunk size."""
 import numpy as np
 import pytest
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.eval.contamination import check_heldout_disjoint, ngram_hashes, overlap
 
 EOS = 100257

@@ -21,7 +21,8 @@ import numpy as np
 import optax
 import pytest
 
-from olmax.config import CheckpointConfig, OlmaxError
+from olmax.config import CheckpointConfig
+from olmax.errors import OlmaxError
 from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree, open_step_dir
 from olmax.checkpoint.weights import load_params
 from olmax.train.callbacks.saver import StopSignal
@@ -218,7 +219,8 @@ def test_unwritable_directory_is_a_clear_error(tmp_path):
 DISK_FULL = textwrap.dedent("""
     import resource, signal, sys
     import jax, jax.numpy as jnp, numpy as np
-    from olmax.config import CheckpointConfig, OlmaxError
+    from olmax.config import CheckpointConfig
+    from olmax.errors import OlmaxError
     from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree
     d = sys.argv[1]
     small = {"params": {"w": jnp.ones((4,))}, "opt_state": {"m": jnp.zeros((4,))}}

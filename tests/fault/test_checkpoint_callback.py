@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree
-from olmax.config import CheckpointConfig, InitConfig, OlmaxError, OptimConfig, RunConfig
+from olmax.config import CheckpointConfig, InitConfig, OptimConfig, RunConfig
+from olmax.errors import OlmaxError
 from olmax.model.presets import get_preset
 from olmax.train.callbacks import Run
 from olmax.train.callbacks.saver import CheckpointSaver

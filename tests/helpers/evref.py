@@ -18,7 +18,7 @@ from helpers.reference import require, unavailable
 
 
 def olmes_wheel():
-    from olmax.config import OlmaxError
+    from olmax.errors import OlmaxError
     from olmax.eval.olmes_data import wheel_path
 
     try:

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from olmax.config import ModelConfig, OlmaxError, RunConfig
+from olmax.config import ModelConfig, RunConfig
+from olmax.errors import OlmaxError
 from olmax.interop import hf as hfio
 from olmax.model.params import init_params
 from olmax.train.recipes import load_recipe

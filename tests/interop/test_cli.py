@@ -173,7 +173,7 @@ def test_non_empty_output_dir_is_refused_and_untouched(tmp_path, hf_dir, capsys)
 
 
 def test_export_failure_leaves_nothing(tmp_path, hf_dir, monkeypatch):
-    from olmax.config import OlmaxError
+    from olmax.errors import OlmaxError
     from olmax.interop import hf as hfio
 
     ckpt, out = tmp_path / "ckpt", tmp_path / "deep" / "er" / "out"

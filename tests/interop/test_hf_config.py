@@ -2,7 +2,8 @@
 
 import pytest
 
-from olmax.config import OlmaxError, YarnConfig
+from olmax.config import YarnConfig
+from olmax.errors import OlmaxError
 from olmax.interop.hf_config import hf_config_from_model, model_config_from_hf
 from olmax.model import get_preset
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from olmax.cli import main
-from olmax.config import CheckpointConfig, ModelConfig, OlmaxError, OptimConfig, to_dict
+from olmax.config import CheckpointConfig, ModelConfig, OptimConfig, to_dict
+from olmax.errors import OlmaxError
 from olmax.interop import hf as hfio
 from olmax.model.finite import check_params, params_problems
 from olmax.model.params import init_params

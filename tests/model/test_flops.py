@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 from olmax.model.flops import (
     attention_flops_per_token, causal_attention_pairs, flops_per_token, matmul_params, mfu,
     peak_flops,

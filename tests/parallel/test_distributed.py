@@ -7,7 +7,8 @@ from __future__ import annotations
 import jax
 import pytest
 
-from olmax.config import ConfigError, DistributedConfig
+from olmax.config import DistributedConfig
+from olmax.errors import ConfigError
 from olmax.parallel.distributed import (check_devices, maybe_initialize, parse_expected_devices,
                                         slurm_local_device_ids)
 

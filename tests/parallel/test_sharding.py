@@ -6,7 +6,8 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from olmax.config import ConfigError, MeshConfig, OptimConfig
+from olmax.config import MeshConfig, OptimConfig
+from olmax.errors import ConfigError
 from olmax.model.params import abstract_params, param_axes, param_shapes
 from olmax.model.presets import get_preset
 from olmax.parallel.mesh import resolve_mesh_shape

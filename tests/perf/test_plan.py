@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from olmax.cli import main
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.model.flops import flops_per_token
 from olmax.model.params import count_params
 from olmax.perf import hlo

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.reporting import exit_code
 from olmax.train.callbacks.run_lock import (LOCK_NAME, NoLock, RunDirInUse, RunDirLockLost, RunLock,
                                             lock_run_dir)

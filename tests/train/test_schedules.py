@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from olmax.config import ConfigError, SchedulerConfig
+from olmax.config import SchedulerConfig
+from olmax.errors import ConfigError
 from olmax.train.schedules import build_schedule
 from helpers.reference import require
 

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.io import read_text, write_bytes_atomic
 
 

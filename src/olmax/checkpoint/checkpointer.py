@@ -41,7 +41,8 @@ from jax.experimental import multihost_utils
 
 from olmax.checkpoint.format import (ARRAY_ITEMS, META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, STEP_RE,
                                      TMP_RE, NewerFormat, check_meta, resolve_step_dir, stamp_meta)
-from olmax.config import CheckpointConfig, OlmaxError
+from olmax.config import CheckpointConfig
+from olmax.errors import OlmaxError
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 
 FORMAT_VERSION = 1
 PARAMS_ITEM = "params"

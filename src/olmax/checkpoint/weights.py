@@ -35,7 +35,8 @@ import tensorstore as ts
 
 from olmax.checkpoint.format import (META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, check_meta, resolve_step_dir,
                                      stamp_meta)
-from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dict
+from olmax.config import ModelConfig, from_dict, to_dict
+from olmax.errors import ConfigError, OlmaxError
 from olmax.io import atomic_output_dir
 from olmax.model.finite import check_params, raise_non_finite, tensor_problem
 from olmax.model.params import param_shapes

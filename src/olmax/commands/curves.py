@@ -13,7 +13,7 @@ from pathlib import Path
 
 from olmax.analysis.curves import compare_runs, load_curve, metrics_file, plot_comparison
 from olmax.commands import HELP
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 from olmax.io import refuse_existing, write_json_atomic
 
 

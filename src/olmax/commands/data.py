@@ -23,7 +23,8 @@ import sys
 
 from olmax.commands import HELP
 from olmax.commands.data_overlap import add_overlap_parser
-from olmax.config import ConfigError, DataConfig
+from olmax.config import DataConfig
+from olmax.errors import ConfigError
 from olmax.data.fetch import fetch, plan
 from olmax.data.loader import batch_hash, build_train_data
 

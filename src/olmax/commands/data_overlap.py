@@ -12,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 from olmax.data.sources import (data_config_for, heldout_sets, is_heldout_entry, resolve_paths,
                                 token_file_exists)
 from olmax.data.tokenizer import get_tokenizer

@@ -13,7 +13,8 @@ import math
 import sys
 
 from olmax.commands import HELP
-from olmax.config import ConfigError, OlmaxError, to_dict
+from olmax.config import to_dict
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.tokenizer import get_tokenizer
 from olmax.eval.runner import EvalSuite, load_model, log_metrics
 from olmax.eval.scoring import Scorer

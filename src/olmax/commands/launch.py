@@ -21,7 +21,7 @@ import argparse
 import sys
 
 from olmax.commands import HELP
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 from olmax.launch import job as launch_job
 from olmax.launch.job import shell_join
 from olmax.launch.targets import TARGETS

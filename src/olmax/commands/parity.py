@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import get_args
 
 from olmax.commands import HELP
-from olmax.config import AttnImpl, OlmaxError
+from olmax.config import AttnImpl
+from olmax.errors import OlmaxError
 from olmax.interop.parity import format_report, run_parity
 from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.platforms import PROFILE_NAMES

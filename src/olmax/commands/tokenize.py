@@ -6,7 +6,7 @@ import argparse
 import os
 
 from olmax.commands import HELP
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 from olmax.data.tokenize_files import TokenizeSettings, tokenize_files
 
 

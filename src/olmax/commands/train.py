@@ -34,7 +34,7 @@ import argparse
 import sys
 
 from olmax.commands import HELP
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.lockfile import parse_attempt
 from olmax.parallel.distributed import parse_expected_devices
 from olmax.train.recipes import default_run_dir, load_recipe

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 from olmax.data.token_files import DocumentWriter
 from olmax.data.tokenizer import get_tokenizer
 from olmax.io import cache_root, write_bytes_atomic

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import numpy as np
 from tqdm import tqdm
 
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.mixfile import DEFAULT_MIX_TOKENIZER, read_mix_file
 from olmax.data.remote import Stopped, download, is_remote, join, remote_files, verified_copy
 from olmax.data.token_files import parse_dtype

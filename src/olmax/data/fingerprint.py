@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 
 FINGERPRINT_VERSION = 1
 OVERRIDE = "data.ignore_fingerprint_mismatch=true"

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.token_files import check_ids, open_tokens
 
 SCAN_TOKENS = 1 << 24

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.token_files import file_num_tokens, prefetch_sizes
 from olmax.io import build_once, cache_root
 

@@ -22,7 +22,8 @@ import grain
 import numpy as np
 from absl import flags
 
-from olmax.config import ConfigError, DataConfig
+from olmax.config import DataConfig
+from olmax.errors import ConfigError
 from olmax.data.filters import RepetitionFilter, instance_mask
 from olmax.data.fingerprint import check_fingerprint, make_fingerprint
 from olmax.data.instances import BatchPlan, InstanceIndex

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 
 MANIFEST = "manifest.json"
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from olmax.config import ConfigError, SourceMixtureConfig
+from olmax.config import SourceMixtureConfig
+from olmax.errors import ConfigError
 from olmax.data.sources import expand_globs
 from olmax.data.token_files import file_num_tokens, prefetch_sizes
 

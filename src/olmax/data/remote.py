@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 
 import fsspec
 
-from olmax.config import OlmaxError, RestartableError
+from olmax.errors import OlmaxError, RestartableError
 from olmax.io import contained, env_int, hash_into, publish_file, write_error, write_json_atomic
 
 log = logging.getLogger(__name__)

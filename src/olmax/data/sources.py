@@ -31,7 +31,8 @@ import os
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
-from olmax.config import ConfigError, DataConfig, DataSource, OlmaxError
+from olmax.config import DataConfig, DataSource
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.embedded import embedded_token_files
 from olmax.data.manifests import directory_hint
 from olmax.data.mixfile import read_mix_file

@@ -18,7 +18,7 @@ from typing import Iterable
 
 import numpy as np
 
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.manifests import check_against_manifest, directory_hint
 from olmax.data.remote import is_remote, remote_files
 from olmax.io import atomic_output, sha256_file

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Sequence
 import zstandard
 from tqdm import tqdm
 
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.token_files import DocumentWriter
 from olmax.data.tokenizer import get_tokenizer, token_dtype
 from olmax.io import write_bytes_atomic

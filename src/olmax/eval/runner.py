@@ -19,7 +19,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from olmax.checkpoint.weights import load_meta, load_params
-from olmax.config import ModelConfig, OlmaxError
+from olmax.config import ModelConfig
+from olmax.errors import OlmaxError
 from olmax.data.heldout import load_heldout_sets
 from olmax.data.sources import heldout_sets
 from olmax.data.tokenizer import get_tokenizer

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
-from olmax.config import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.eval.olmes_data import OlmesData
 
 # OLMo-core eval/task_groups.py: FAST_TASKS (the OLMo 3 stage-1 in-loop downstream set).

@@ -25,7 +25,8 @@ from typing import Any, Mapping
 
 from olmax.checkpoint.format import resolve_step_dir
 from olmax.checkpoint.weights import load_model_config
-from olmax.config import ConfigError, ModelConfig, OlmaxError, from_dict, to_dict
+from olmax.config import ModelConfig, from_dict, to_dict
+from olmax.errors import ConfigError, OlmaxError
 from olmax.interop.hf_config import model_config_from_hf, read_hf_config
 from olmax.interop.safetensors import check_safetensors_dir
 from olmax.model.presets import get_preset

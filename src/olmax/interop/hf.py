@@ -32,7 +32,8 @@ import numpy as np
 
 from olmax.checkpoint.weights import (StreamedArray, load_meta, load_model_config, save_params,
                                      stored_arrays)
-from olmax.config import ConfigError, ModelConfig, OlmaxError
+from olmax.config import ModelConfig
+from olmax.errors import ConfigError, OlmaxError
 from olmax.interop import vocab_padding
 from olmax.interop.hf_config import HF_ARCHITECTURE, hf_config_from_model, model_config_from_hf, read_hf_config
 from olmax.interop.safetensors import (DEFAULT_MAX_SHARD_BYTES, DTYPES as SAFETENSORS_DTYPES, INDEX_FILE,

@@ -22,7 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from olmax.config import ConfigError, ModelConfig, OlmaxError, YarnConfig
+from olmax.config import ModelConfig, YarnConfig
+from olmax.errors import ConfigError, OlmaxError
 from olmax.io import read_text
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from olmax.checkpoint.weights import load_model_config, load_params
-from olmax.config import ConfigError, ModelConfig, OlmaxError
+from olmax.config import ModelConfig
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.tokenizer import get_tokenizer
 from olmax.interop.architecture import describe, differences
 from olmax.interop.hf import load_hf

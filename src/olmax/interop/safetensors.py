@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 import ml_dtypes
 import numpy as np
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 from olmax.model.finite import raise_non_finite, tensor_problem
 
 SINGLE_FILE = "model.safetensors"

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Sequence
 
 import olmax
-from olmax.config import ConfigError, MeshConfig, RunConfig
+from olmax.config import MeshConfig, RunConfig
+from olmax.errors import ConfigError
 from olmax.io import as_inputs, refuse_existing, write_bytes_atomic
 from olmax.parallel.mesh import resolve_mesh_shape
 from olmax.data.sources import resolve_mix

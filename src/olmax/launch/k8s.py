@@ -39,7 +39,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from olmax.config import ConfigError, safe_load_strict
+from olmax.config import safe_load_strict
+from olmax.errors import ConfigError
 from olmax.io import read_text
 from olmax.launch.job import SET_ME, Fit, Job, check_label, comment, provenance, train_argv
 from olmax.topology import TpuSlice

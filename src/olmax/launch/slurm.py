@@ -29,7 +29,7 @@ import re
 import shlex
 from typing import Sequence
 
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 from olmax.launch.job import SET_ME, Fit, Job, comment, provenance, shell_join, train_argv
 
 _WORD = re.compile(r"[^\s#'\"\\]+")

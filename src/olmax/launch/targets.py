@@ -13,7 +13,7 @@ import argparse
 import os
 from pathlib import Path
 
-from olmax.config import ConfigError
+from olmax.errors import ConfigError
 from olmax.launch import k8s, slurm, tpu
 from olmax.launch.job import Fit, Job, check_name, default_name, parse_env
 from olmax.topology import TpuSlice, parse_tpu

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 
 MAX_NAMED = 8
 

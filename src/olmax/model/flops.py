@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from olmax.config import ConfigError, ModelConfig
+from olmax.config import ModelConfig
+from olmax.errors import ConfigError
 from olmax.model.params import matmul_params
 
 CONVENTIONS = ("olmo_core", "causal")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from olmax.config import ConfigError, ModelConfig, from_dict, to_dict
+from olmax.config import ModelConfig, from_dict, to_dict
+from olmax.errors import ConfigError
 
 _OLMO3 = dict(vocab_size=100278, padded_vocab_size=100352, rope_theta=500_000.0, norm_eps=1e-6,
               qk_norm="full", block_type="reordered_norm", window_pattern=(4096, 4096, 4096, None),

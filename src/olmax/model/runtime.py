@@ -21,7 +21,8 @@ from typing import Any, Iterable
 import jax
 import jax.numpy as jnp
 
-from olmax.config import ConfigError, TrainConfig
+from olmax.config import TrainConfig
+from olmax.errors import ConfigError
 from olmax.model.attention import IMPLEMENTATIONS
 from olmax.model.kernels import KERNELS, Kernels
 from olmax.platforms import Profile, backend_of, profile_for

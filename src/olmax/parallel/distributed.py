@@ -31,7 +31,8 @@ from typing import Mapping
 
 import jax
 
-from olmax.config import ConfigError, DistributedConfig
+from olmax.config import DistributedConfig
+from olmax.errors import ConfigError
 from olmax.platforms import backend_of
 
 DEFAULT_INIT_TIMEOUT_S = 300     # JAX's own

@@ -16,7 +16,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from olmax.config import ConfigError, MeshConfig
+from olmax.config import MeshConfig
+from olmax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")

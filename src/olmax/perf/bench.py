@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olmax.config import ConfigError, RunConfig
+from olmax.config import RunConfig
+from olmax.errors import ConfigError
 from olmax.model.flops import flops_per_token, mfu, peak_flops
 from olmax.model.params import count_params, init_params
 from olmax.model.runtime import Runtime, dtype_of

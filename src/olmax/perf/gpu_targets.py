@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from olmax.config import OlmaxError
+from olmax.errors import OlmaxError
 
 # The share of a GPU's memory JAX's allocator takes (``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's own
 # default is 0.75): ``olmax launch`` exports this value in GPU jobs and ``olmax plan`` judges a GPU

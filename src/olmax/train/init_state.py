@@ -34,7 +34,8 @@ import jax.numpy as jnp
 from olmax.checkpoint.checkpointer import Checkpointer, open_step_dir
 from olmax.checkpoint.format import OPT_STATE_ITEM, resolve_step_dir
 from olmax.checkpoint.weights import load_model_config, load_params
-from olmax.config import ModelConfig, OlmaxError, RunConfig, to_dict
+from olmax.config import ModelConfig, RunConfig, to_dict
+from olmax.errors import OlmaxError
 from olmax.interop.architecture import check_model, describe
 from olmax.interop.hf import load_hf
 from olmax.model.finite import check_params

@@ -7,8 +7,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from olmax.config import (DATA_SOURCES, ConfigError, RunConfig, apply_overrides, from_dict, load_yaml,
+from olmax.config import (DATA_SOURCES, RunConfig, apply_overrides, from_dict, load_yaml,
                           parse_override)
+from olmax.errors import ConfigError
 from olmax.data.sources import resolve_mix
 from olmax.interop.architecture import model_from_init
 from olmax.model.presets import resolve_model

@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from olmax.config import ConfigError, SchedulerConfig
+from olmax.config import SchedulerConfig
+from olmax.errors import ConfigError
 
 def _linear_warmup(peak: float, current: int, warmup: int, warmup_min_lr: float) -> float:
     return warmup_min_lr + (peak - warmup_min_lr) * min(current, warmup) / warmup

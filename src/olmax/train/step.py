@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from olmax.config import ConfigError, ModelConfig, TrainConfig
+from olmax.config import ModelConfig, TrainConfig
+from olmax.errors import ConfigError
 from olmax.model.params import abstract_params, init_params
 from olmax.model.runtime import Runtime
 from olmax.parallel.mesh import data_parallel_size

@@ -50,7 +50,8 @@ from tqdm import tqdm
 
 import olmax
 from olmax.checkpoint.checkpointer import Checkpointer
-from olmax.config import NeedsAttentionError, OlmaxError, RunConfig, to_dict
+from olmax.config import RunConfig, to_dict
+from olmax.errors import NeedsAttentionError, OlmaxError
 from olmax.data.loader import batch_hash, build_train_data
 from olmax.io import write_json_atomic, write_text_atomic
 from olmax.model.params import count_params

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from olmax.config import OlmaxError, RestartableError
+from olmax.errors import OlmaxError, RestartableError
 from olmax.lockfile import LockFile, LockHeld
 from olmax.train.callbacks.base import Callback
 

@@ -1,0 +1,398 @@
+"""The run configuration's schema: one frozen dataclass per section.
+
+Every section checks its own values when it is built (``__post_init__``; choices are ``Literal``
+types), so a bad recipe or override fails at load time, before any JAX work. What depends on
+several sections is checked by :class:`RunConfig` itself; what depends on the machine (a mesh that
+does not divide the devices) where the two meet, the mesh. Recipes are resolved into a RunConfig
+by :mod:`olmax.train.recipes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from olmax.config.load import check_choices, check_positive
+from olmax.errors import ConfigError
+
+
+
+
+@dataclass(frozen=True)
+class YarnConfig:
+    """YaRN RoPE scaling (OLMo 3 long-context stage; OLMo-core ``YaRNRoPEScalingConfig``)."""
+
+    factor: float = 8.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    original_max_position_embeddings: int = 8192
+    # None: 0.1 * ln(factor) + 1, as OLMo-core and HF compute it.
+    attention_factor: float | None = None
+    # OLMo 3 applies YaRN to the full-attention layers only.
+    full_attention_only: bool = True
+
+
+QkNorm = Literal["full", "head", "none"]
+BlockType = Literal["reordered_norm", "prenorm"]
+QK_NORM_SCOPES = typing.get_args(QkNorm)
+BLOCK_TYPES = typing.get_args(BlockType)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every architectural choice of an OLMo-family decoder, as data.
+
+    ``window_pattern`` repeats over the layers; an int W means sliding-window attention where a
+    query sees W keys including itself, ``None`` means full causal attention.
+    """
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    mlp_hidden: int
+    vocab_size: int = 100278
+    padded_vocab_size: int = 100352
+    rope_theta: float = 500_000.0
+    rope_scaling: YarnConfig | None = None
+    norm_eps: float = 1e-6
+    qk_norm: QkNorm = "full"
+    block_type: BlockType = "reordered_norm"
+    window_pattern: tuple[int | None, ...] = (4096, 4096, 4096, None)
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    max_seq_len: int = 8192
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise ConfigError(f"model: {msg}")
+
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
+                     "vocab_size", "padded_vocab_size"):
+            if getattr(self, name) <= 0:
+                bad(f"{name} must be positive (got {getattr(self, name)})")
+        if self.n_heads % self.n_kv_heads:
+            bad(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.padded_vocab_size < self.vocab_size:
+            bad(f"padded_vocab_size ({self.padded_vocab_size}) < vocab_size ({self.vocab_size})")
+        check_choices(self, "model")
+        if not self.window_pattern:
+            bad("window_pattern must not be empty")
+        if self.n_layers % len(self.window_pattern):
+            bad(f"n_layers ({self.n_layers}) must be a multiple of len(window_pattern) "
+                f"({len(self.window_pattern)})")
+        for w in self.window_pattern:
+            if w is not None and w <= 0:
+                bad(f"window sizes must be positive or null (got {w})")
+        if self.head_dim % 2:
+            bad(f"head_dim must be even for RoPE (got {self.head_dim})")
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """The attention window of every layer (None = full attention)."""
+        p = self.window_pattern
+        return tuple(p[i % len(p)] for i in range(self.n_layers))
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+
+
+
+@dataclass(frozen=True)
+class MixtureSourceConfig:
+    """One source of a run-time mixture (OLMo-core ``SourceMixtureConfig``)."""
+
+    name: str
+    target_ratio: float
+    paths: tuple[str, ...]               # token files; globs allowed (sorted)
+    max_repetition_ratio: float = 1.0
+    max_source_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        where = f"data.mixture source {self.name!r}"
+        if not 0 < self.target_ratio <= 1:
+            raise ConfigError(f"{where}: target_ratio must be in (0, 1]")
+        if not 0 < self.max_source_fraction <= 1:
+            raise ConfigError(f"{where}: max_source_fraction must be in (0, 1]")
+        if self.max_repetition_ratio < 1:
+            raise ConfigError(f"{where}: max_repetition_ratio must be >= 1")
+        if not self.paths:
+            raise ConfigError(f"{where}: paths must not be empty")
+
+
+@dataclass(frozen=True)
+class SourceMixtureConfig:
+    """Run-time source mixture (OLMo-core ``SourceMixtureDatasetConfig``); global batch and seq_len
+    come from the train section."""
+
+    sources: tuple[MixtureSourceConfig, ...] = ()
+    requested_tokens: int = 0
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ConfigError("data.mixture.sources must not be empty")
+        if self.requested_tokens <= 0:
+            raise ConfigError("data.mixture.requested_tokens must be > 0")
+        total = sum(s.target_ratio for s in self.sources)
+        if abs(total - 1.0) > 1e-8 + 1e-5:   # numpy.allclose(total, 1.0), as OLMo-core checks
+            raise ConfigError(f"data.mixture target ratios must sum to 1.0, got {total}")
+
+
+TokenDtype = Literal["uint8", "uint16", "uint32", "uint64"]
+DataSource = Literal["paths", "mix", "embedded", "mixture"]   # the exclusive ways to name training data
+DATA_SOURCES: tuple[DataSource, ...] = typing.get_args(DataSource)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training data: one source (explicit ``paths``, an OLMo-core ``mix`` file, the ``embedded``
+    corpus or a run-time ``mixture``) and how to read it. More than one source is an error here;
+    none is an error when the data is resolved (:mod:`olmax.data.sources`)."""
+
+    paths: tuple[str, ...] = ()          # raw uint32 token files, in mix order (paths or s3/gs/http(s) URLs)
+    mix: str | None = None               # OLMo-core mix file (label,path lines with {TOKENIZER})
+    root: str | None = None              # where the mix's relative paths live (a folder or a URL)
+    tokenizer: str = "dolma2"
+    dtype: TokenDtype = "uint32"
+    epoch: int = 1                       # OLMo-core's trainer starts at epoch 1
+    repetition_filter: bool = False      # OLMo 3 7B ran without it
+    num_workers: int = 0
+    prefetch: int = 2
+    ignore_fingerprint_mismatch: bool = False
+    embedded: bool = False               # use the embedded corpus (stdlib sources + pydoc topics)
+    mix_tokenizer: str = "allenai/dolma3-tokenizer"  # substituted for {TOKENIZER} in mix files
+    remap: tuple[str, ...] = ()          # "OLD=NEW" path-prefix rewrites for mix entries
+    repetition_max_period: int = 13      # OLMo-core InstanceFilterConfig defaults
+    repetition_min_period: int = 1
+    repetition_max_count: int = 32
+    cache_dir: str | None = None         # index/embedded caches (None: $OLMAX_CACHE or ~/.cache/olmax);
+    #                                      when set, also a read-through cache of remote token files
+    mixture: SourceMixtureConfig | None = None  # run-time source mixture instead of paths/mix
+    max_target_seq_len: int | None = None  # OLMo-core max_target_sequence_length (OLMo 3 scripts: 8192)
+
+    def __post_init__(self) -> None:
+        check_choices(self, "data")
+        if len(self.sources_set()) > 1:
+            raise ConfigError("set exactly one of data.paths, data.mix, data.embedded, data.mixture "
+                              f"(got {', '.join(self.sources_set())})")
+        for item in self.remap:
+            if "=" not in item:
+                raise ConfigError(f"data.remap: expected OLD=NEW, got {item!r}")
+        check_positive(self, "data", "max_target_seq_len", optional=True)
+        if self.num_workers < 0 or self.prefetch < 0:
+            raise ConfigError("data.num_workers and data.prefetch must be >= 0")
+
+    def sources_set(self) -> list[str]:
+        """The data sources this section names (``data.paths``, ...): exactly one for training."""
+        on = {"paths": bool(self.paths), "mix": bool(self.mix), "embedded": self.embedded,
+              "mixture": self.mixture is not None}
+        return [f"data.{name}" for name in DATA_SOURCES if on[name]]
+
+    def source(self) -> DataSource:
+        """The one source this section names (a tagged view of the four fields); ConfigError
+        when it names none."""
+        named = self.sources_set()
+        if not named:
+            raise ConfigError("set exactly one of data.paths, data.mix, data.embedded, data.mixture "
+                              "(got none)")
+        return named[0].removeprefix("data.")  # type: ignore[return-value]
+
+
+ComputeDtype = Literal["float32", "bfloat16"]
+AttnImpl = Literal["auto", "xla", "chunked", "dot_product", "cudnn", "splash"]   # olmax.model.attention
+PlatformProfile = Literal["auto", "cpu", "tpu", "gpu"]   # olmax.platforms
+Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs", "save_attn",
+                "save_proj"]   # olmax.model.runtime.REMAT_POLICIES
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seq_len: int = 8192
+    global_batch_size: int = 512         # sequences
+    micro_batch_size: int | None = None  # sequences per device per micro-step (None: no accumulation)
+    max_steps: int = 100
+    compute_dtype: ComputeDtype = "float32"   # params and Adam state stay fp32
+    attn_impl: AttnImpl = "xla"
+    remat: Remat = "none"
+    # How the model is computed (kernels, layer scan, RoPE tables, attn_impl=auto, loss chunks):
+    # "auto" follows the devices; "cpu", "tpu", "gpu" force that platform's code path anywhere.
+    profile: PlatformProfile = "auto"
+    z_loss_multiplier: float = 1e-5
+    log_interval: int = 1
+    # Seconds without a completed step (the first step, which compiles, excluded) after which
+    # every thread's stack goes to RUN_DIR/hangs/ and the process exits 75 (None: no watchdog).
+    watchdog_s: float | None = None
+
+    def __post_init__(self) -> None:
+        check_choices(self, "train")
+        check_positive(self, "train", "max_steps", "global_batch_size")
+        check_positive(self, "train", "micro_batch_size", "watchdog_s", optional=True)
+        if self.seq_len <= 1:
+            raise ConfigError(f"train.seq_len must be at least 2 (got {self.seq_len})")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: Literal["skip_step_adamw", "adamw"] = "skip_step_adamw"
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    no_decay: tuple[str, ...] = ("embed",)     # parameter names excluded from weight decay
+    max_grad_norm: float = 1.0
+    skip_steps: bool = True
+    rolling_interval_length: int = 128
+    sigma_factor: float = 6.0
+
+    def __post_init__(self) -> None:
+        check_choices(self, "optim")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    name: Literal["constant", "cos_with_warmup", "half_cos_with_warmup",
+                  "linear_with_warmup"] = "cos_with_warmup"
+    warmup_steps: int = 2000
+    alpha_f: float = 0.1
+    t_max: int | None = None        # None: train.max_steps
+    warmup_min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_choices(self, "scheduler")
+        if self.name != "constant" and self.warmup_steps < 0:
+            raise ConfigError(f"scheduler.warmup_steps must be >= 0 (got {self.warmup_steps})")
+        check_positive(self, "scheduler", "t_max", optional=True)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    interval: int = 1000
+    keep: int = 3
+    permanent_interval: int | None = None
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        check_positive(self, "checkpoint", "interval", "keep")
+
+
+SEED_LIMIT = 2**63     # seeds are int64 for jax.random.key and non-negative for numpy's PCG64
+
+
+def check_seed(value: int | None, key: str) -> None:
+    if value is not None and not 0 <= value < SEED_LIMIT:
+        raise ConfigError(f"{key} must be an integer in [0, 2^63) (got {value})")
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    seed: int | None = None          # model init seed (None: the run seed)
+    hf_dir: str | None = None        # start from HF Olmo3ForCausalLM weights
+    checkpoint: str | None = None    # warm start from an olmax checkpoint
+    load_optimizer: bool = False     # with checkpoint: carry Adam moments and step count
+    # The model comes from the checkpoint's config (olmax.interop.architecture): true lets the
+    # recipe's model fields win where they differ (shapes must still agree).
+    allow_architecture_override: bool = False
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed, "init.seed")
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    # Seconds every process waits for the others to join (None: JAX's 300); a process whose peers
+    # have not all come by then exits 75. ``olmax launch`` jobs set 1800.
+    init_timeout_s: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self, "distributed", "init_timeout_s", optional=True)
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    data: int = 1
+    fsdp: int = -1                  # -1: all remaining devices
+    tensor: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        if sum(s == -1 for s in sizes.values()) > 1:
+            raise ConfigError("mesh: at most one of data/fsdp/tensor may be -1")
+        for name, s in sizes.items():
+            if s == 0 or s < -1:
+                raise ConfigError(f"mesh.{name} must be a positive size or -1 (got {s})")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """In-loop evaluation (``olmax.train.callbacks.evaluator``; OLMo-core LM + downstream evaluators)."""
+
+    interval: int | None = None      # steps between in-loop evaluations (None: off)
+    heldout: tuple[str, ...] = ()    # LABEL=PATH[,PATH] | PATH/glob | mix .txt | "embedded"
+    tasks: tuple[str, ...] = ()      # OLMES task names or suites ("fast": OLMo 3 stage 1)
+    limit: int | None = None         # first N documents of each downstream task (None: all)
+    batch_size: int = 8
+    heldout_max_docs: int | None = None   # first N documents of each held-out set (None: all)
+    seq_len: int | None = None       # held-out instance length and request context (None: train.seq_len)
+    on_start: bool = False           # also evaluate before the first step
+    on_end: bool = True              # evaluate after the last step when it is not an eval step
+    overlap_check: bool = True       # refuse held-out sets that overlap the training files
+    allow_overlap: bool = False      # ... or only warn
+    drop_overlapping: bool = False   # ... or evaluate without the overlapping documents
+    overlap_max_train_tokens: int | None = 1_000_000_000   # scan budget (None: every token)
+
+    def __post_init__(self) -> None:
+        check_positive(self, "eval", "interval", "limit", "heldout_max_docs", "seq_len",
+                  "overlap_max_train_tokens", optional=True)
+        check_positive(self, "eval", "batch_size")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str | None = None
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    seed: int = 34521
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed, "seed")
+
+
+__all__ = [
+    "ModelConfig", "YarnConfig", "QkNorm", "BlockType", "QK_NORM_SCOPES", "BLOCK_TYPES",
+    "RunConfig", "DataConfig", "SourceMixtureConfig", "MixtureSourceConfig", "TokenDtype",
+    "DataSource", "DATA_SOURCES", "TrainConfig", "ComputeDtype", "AttnImpl", "PlatformProfile",
+    "Remat", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig", "SEED_LIMIT",
+    "check_seed", "DistributedConfig", "MeshConfig", "EvalConfig", "LoggingConfig",
+]
