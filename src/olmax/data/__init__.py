@@ -10,6 +10,8 @@
 - ``mixfile``: OLMo-core mix files (``label,path`` with ``{TOKENIZER}``), root and remap.
 - ``mixture``: run-time source mixtures (OLMo-core ``SourceMixtureDatasetConfig``).
 - ``instances``: ``NumpyFSLDataset`` instances and ``NumpyFSLDataLoader``'s per-epoch order.
+- ``packed``: ``NumpyPackedFSLDataset`` instances (best-fit-decreasing document packing, per source
+  group), their label masks and document lengths (``doc_lens``).
 - ``filters``: OLMo-core's repetition filter (instance mask).
 - ``fingerprint``: what a resume checks (including OLMo-core's own dataset fingerprint).
 - ``loader``: ``TrainData`` / ``build_train_data``: stateless global batches, per-host slices, grain.

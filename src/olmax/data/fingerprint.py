@@ -22,19 +22,28 @@ OVERRIDE = "data.ignore_fingerprint_mismatch=true"
 
 
 def olmo_core_fingerprint(paths: tuple[str, ...], sizes: tuple[int, ...], *, vocab_size: int,
+                          seq_len: int | None = None,
                           pad_token_id: int, eos_token_id: int, dtype: np.dtype,
                           bos_token_id: int | None, class_name: str = "NumpyFSLDataset",
-                          max_target_seq_len: int | None = None) -> str:
+                          max_target_seq_len: int | None = None, packing: Any = None) -> str:
     """``NumpyFSLDataset.fingerprint`` (``data/numpy_dataset.py``).
 
     OLMo 3's official scripts set ``max_target_sequence_length=8192``; it is part of the hash.
 
-    For a source mixture, ``class_name="NumpyFSLDatasetMixture"`` and sizes are the allocations."""
+    For a source mixture, ``class_name="NumpyFSLDatasetMixture"`` and sizes are the allocations.
+    With ``packing`` (:class:`olmax.data.packed.Packing`), ``NumpyPackedFSLDataset``'s fields."""
     h = hashlib.sha256()
     h.update(f"class={class_name}".encode())
-    fields = (("vocab_size", vocab_size), ("pad_token_id", pad_token_id),
-              ("eos_token_id", eos_token_id), ("dtype", np.dtype(dtype).type),
-              ("max_target_sequence_length", max_target_seq_len), ("bos_token_id", bos_token_id))
+    common = (("vocab_size", vocab_size), ("pad_token_id", pad_token_id),
+              ("eos_token_id", eos_token_id), ("dtype", np.dtype(dtype).type))
+    if packing is None:
+        fields = common + (("max_target_sequence_length", max_target_seq_len),
+                           ("bos_token_id", bos_token_id))
+    else:
+        fields = common + (("long_doc_strategy", packing.long_doc_strategy),
+                           ("bos_token_id", bos_token_id), ("sequence_length", seq_len))
+        if packing.source_group_size > 1:
+            fields += (("source_group_size", packing.source_group_size),)
     for name, value in fields:
         h.update(f"{name}={value},".encode())
     for path, size in zip(paths, sizes):
@@ -45,13 +54,16 @@ def olmo_core_fingerprint(paths: tuple[str, ...], sizes: tuple[int, ...], *, voc
 def make_fingerprint(paths: tuple[str, ...], file_tokens: tuple[int, ...], *, seq_len: int,
                      dtype: np.dtype, tokenizer: dict[str, Any],
                      class_name: str = "NumpyFSLDataset",
-                     max_target_seq_len: int | None = None) -> dict[str, Any]:
+                     max_target_seq_len: int | None = None, packing: Any = None) -> dict[str, Any]:
     dtype = np.dtype(dtype)
     sizes = tuple(n * dtype.itemsize for n in file_tokens)
     return {
         "version": FINGERPRINT_VERSION,
         "seq_len": seq_len,
         "max_target_seq_len": max_target_seq_len,
+        "packing": None if packing is None else {
+            "source_group_size": packing.source_group_size,
+            "long_doc_strategy": packing.long_doc_strategy},
         "dtype": dtype.name,
         "tokenizer": {k: tokenizer.get(k) for k in
                       ("name", "vocab_size", "eos_token_id", "pad_token_id", "bos_token_id")},
@@ -60,7 +72,7 @@ def make_fingerprint(paths: tuple[str, ...], file_tokens: tuple[int, ...], *, se
             paths, sizes, vocab_size=tokenizer["vocab_size"], pad_token_id=tokenizer["pad_token_id"],
             eos_token_id=tokenizer["eos_token_id"], dtype=dtype,
             bos_token_id=tokenizer.get("bos_token_id"), class_name=class_name,
-            max_target_seq_len=max_target_seq_len),
+            max_target_seq_len=max_target_seq_len, seq_len=seq_len, packing=packing),
     }
 
 
@@ -69,7 +81,7 @@ def fingerprint_difference(saved: dict[str, Any], current: dict[str, Any]) -> st
 
     Files are compared by basename and size (OLMo-core's rule), so moving the data is not a change.
     """
-    for key in ("seq_len", "max_target_seq_len", "dtype"):
+    for key in ("seq_len", "max_target_seq_len", "dtype", "packing"):
         if saved.get(key) != current.get(key):
             return f"{key} was {saved.get(key)!r}, now {current.get(key)!r}"
     if saved.get("tokenizer") != current.get("tokenizer"):

@@ -16,6 +16,7 @@ does. :meth:`TrainData.iterate` runs the reads in grain (threads, prefetch, opti
 from __future__ import annotations
 
 import hashlib
+import random
 from typing import Any, Iterator
 
 import grain
@@ -28,6 +29,7 @@ from olmax.data.filters import RepetitionFilter, instance_mask
 from olmax.data.fingerprint import check_fingerprint, make_fingerprint
 from olmax.data.instances import BatchPlan, InstanceIndex
 from olmax.data.mixture import allocate
+from olmax.data.packed import Packing, PackedIndex, document_lengths
 from olmax.data.sources import resolve_paths
 from olmax.data.token_files import TokenReader, check_ids, parse_dtype
 from olmax.data.tokenizer import get_tokenizer
@@ -54,13 +56,26 @@ class TrainData:
                  num_workers: int = 0, prefetch: int = 2, labels: list[str] | None = None,
                  ignore_fingerprint_mismatch: bool = False, cache_dir: str | None = None,
                  token_limits: tuple[int, ...] | None = None,
-                 max_target_seq_len: int | None = None) -> None:
+                 max_target_seq_len: int | None = None, packing: Packing | None = None) -> None:
         self.dtype = parse_dtype(dtype)
         self.tokenizer = dict(tokenizer)
         self.vocab_size = int(tokenizer["vocab_size"])
         if self.vocab_size - 1 > np.iinfo(self.dtype).max:
             raise ConfigError(f"data.dtype {dtype} cannot hold vocab size {self.vocab_size}")
-        self.index = InstanceIndex.build(tuple(paths), seq_len, self.dtype, token_limits, max_target_seq_len)
+        self.packing = packing
+        if packing is None:
+            self.index = InstanceIndex.build(tuple(paths), seq_len, self.dtype, token_limits,
+                                             max_target_seq_len)
+        else:
+            if token_limits is not None or max_target_seq_len is not None:
+                raise ConfigError("packed instances take neither a source mixture nor "
+                                  "data.max_target_seq_len")
+            self.index = PackedIndex(
+                paths, seq_len, self.dtype, eos_token_id=int(tokenizer["eos_token_id"]),
+                pad_token_id=int(tokenizer["pad_token_id"]), bos_token_id=tokenizer.get("bos_token_id"),
+                source_group_size=packing.source_group_size,
+                long_doc_strategy=packing.long_doc_strategy, cache_dir=cache_dir,
+                start_group=random.random())
         self.plan = BatchPlan(self.index.num_instances, global_batch_size, seed, epoch, cache_dir)
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
@@ -73,9 +88,10 @@ class TrainData:
         self.ignore_fingerprint_mismatch = ignore_fingerprint_mismatch
         self.fingerprint = make_fingerprint(self.index.paths, self.index.file_tokens,
                                             seq_len=seq_len, dtype=self.dtype, tokenizer=tokenizer,
-                                            class_name="NumpyFSLDataset" if token_limits is None
-                                            else "NumpyFSLDatasetMixture",
-                                            max_target_seq_len=max_target_seq_len)
+                                            class_name=("NumpyPackedFSLDataset" if packing
+                                                        else "NumpyFSLDataset" if token_limits is None
+                                                        else "NumpyFSLDatasetMixture"),
+                                            max_target_seq_len=max_target_seq_len, packing=packing)
         self._reader = TokenReader(self.dtype, cache_dir=cache_dir)
 
     # -- shape of the stream ----------------------------------------------------------------
@@ -97,6 +113,8 @@ class TrainData:
     # -- reading ----------------------------------------------------------------------------
     def read_instances(self, ids: np.ndarray) -> np.ndarray:
         """Tokens of the given global instance ids, int32 ``[len(ids), seq_len]``."""
+        if self.packing is not None:
+            return self.read_packed(ids)[0]
         files, starts = self.index.locate(ids)
         spans = [(self.index.paths[f], s, s + self.seq_len)
                  for f, s in zip(files.tolist(), starts.tolist())]
@@ -105,6 +123,29 @@ class TrainData:
             check_ids(tokens, self.vocab_size, f"{path} (tokens {s}..{e})")
             out[row] = tokens
         return out
+
+    def read_packed(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Packed instances: tokens int32 ``[n, seq_len]`` (padded with the pad id), ``label_mask``
+        bool ``[n, seq_len]`` (False on padding) and ``doc_lens`` int32 ``[n, max_docs]``
+        (OLMo-core's document lengths of each row, zero-padded)."""
+        index: PackedIndex = self.index  # type: ignore[assignment]
+        per_row = [index.documents(int(k)) for k in np.asarray(ids).tolist()]
+        spans = [span for row in per_row for span in row]
+        docs = iter(self._reader.read_many(spans))
+        tokens = np.full((len(per_row), self.seq_len), index.pad, dtype=np.int32)
+        label_mask = np.zeros((len(per_row), self.seq_len), dtype=bool)
+        doc_lens = np.zeros((len(per_row), index.max_docs), dtype=np.int32)
+        for row, row_spans in enumerate(per_row):
+            at = 0
+            for path, s, e in row_spans:
+                doc = next(docs)
+                check_ids(doc, self.vocab_size, f"{path} (tokens {s}..{e})")
+                tokens[row, at:at + len(doc)] = doc
+                at += len(doc)
+            label_mask[row, :at] = True
+            lens = document_lengths(tokens[row], index.eos, index.bos)
+            doc_lens[row, :len(lens)] = lens
+        return tokens, label_mask, doc_lens
 
     def host_batch(self, b: int, process_index: int = 0, process_count: int = 1) -> dict[str, np.ndarray]:
         """Rows ``[p * B / P, (p + 1) * B / P)`` of global batch b; only those rows are read."""
@@ -115,9 +156,16 @@ class TrainData:
             raise ConfigError(f"process index {process_index} not in [0, {process_count})")
         per = B // process_count
         ids = self.plan.instance_ids(b, process_index * per, (process_index + 1) * per)
-        tokens = self.read_instances(ids)
-        return {"tokens": tokens, "instance_ids": ids,
-                "instance_mask": instance_mask(tokens, self.repetition_filter)}
+        if self.packing is None:
+            tokens = self.read_instances(ids)
+            return {"tokens": tokens, "instance_ids": ids,
+                    "instance_mask": instance_mask(tokens, self.repetition_filter)}
+        tokens, label_mask, doc_lens = self.read_packed(ids)
+        out = {"tokens": tokens, "instance_ids": ids, "label_mask": label_mask,
+               "instance_mask": instance_mask(tokens, self.repetition_filter)}
+        if self.packing.doc_lens:
+            out["doc_lens"] = doc_lens
+        return out
 
     def global_batch(self, b: int) -> dict[str, np.ndarray]:
         return self.host_batch(b, 0, 1)
