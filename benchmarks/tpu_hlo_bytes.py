@@ -389,7 +389,8 @@ def olmax_parts(recipe: str, overrides: list[str], topology: str, out_dir: str, 
     from olmax.errors import OlmaxError
     from olmax.model.runtime import Runtime
     from olmax.parallel.mesh import data_parallel_size, make_mesh
-    from olmax.perf.plan import _part_costs, topology_devices
+    from olmax.perf.costs import part_costs
+    from olmax.perf.targets import topology_devices
     from olmax.train.recipes import load_recipe
     from olmax.train.step import num_micro_batches
 
@@ -405,7 +406,7 @@ def olmax_parts(recipe: str, overrides: list[str], topology: str, out_dir: str, 
     per_device = cfg.train.global_batch_size // n_micro // dp
     runtime = Runtime.of(cfg.train, devices)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    costs = _part_costs(cfg, devices[0], per_device, mesh.shape["tensor"], len(devices), runtime,
+    costs = part_costs(cfg, devices[0], per_device, mesh.shape["tensor"], len(devices), runtime,
                         only=tuple(parts.split(",")), hlo_dir=out_dir, groups=groups)
     for name, c in costs.items():
         print(f"part {name}: optimal_seconds {c.get('optimal_seconds')}, bytes accessed "

@@ -21,7 +21,7 @@ import yaml
 
 from olmax.cli import main
 from olmax.launch.k8s import strategic_merge
-from olmax.perf.plan import check_topology_name, libtpu_topology
+from olmax.perf.targets import check_topology_name, libtpu_topology
 from olmax.topology import parse_tpu
 
 sys.path.insert(0, str(Path(__file__).parent))

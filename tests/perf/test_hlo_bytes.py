@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from olmax.model.runtime import Runtime
-from olmax.perf.plan import _part_costs
+from olmax.perf.costs import part_costs
 from olmax.train.recipes import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,12 +125,12 @@ def test_plan_parts_written_as_hlo_and_stacked_groups(tmp_path):
     overrides = ["train.remat=full", "model.vocab_size=256", "model.padded_vocab_size=256"]
     cfg = load_recipe("olmo3_tiny", overrides)
     runtime = Runtime.of(cfg.train, attn_impl="xla")
-    one = _part_costs(cfg, jax.devices()[0], 1, 1, 1, runtime, only=("A", "H"), hlo_dir=str(tmp_path))
+    one = part_costs(cfg, jax.devices()[0], 1, 1, 1, runtime, only=("A", "H"), hlo_dir=str(tmp_path))
     assert set(one) == {"A", "H"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["part_A.hlo.txt", "part_H.hlo.txt"]
     rows = hb.ops((tmp_path / "part_H.hlo.txt").read_text())
     # the head's logits [1, 128, 256] in fp32 are written at least once
     assert sum(r["written"] for r in rows) >= 128 * 256 * 4
-    two = _part_costs(cfg, jax.devices()[0], 1, 1, 1, runtime, only=("A",), groups=2)
+    two = part_costs(cfg, jax.devices()[0], 1, 1, 1, runtime, only=("A",), groups=2)
     group = two["A"]["flops"] - one["A"]["flops"]
     assert group == pytest.approx(one["A"]["flops"] - one["H"]["flops"], rel=0.01)

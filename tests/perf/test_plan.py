@@ -13,7 +13,7 @@ from olmax.errors import OlmaxError
 from olmax.model.flops import flops_per_token
 from olmax.model.params import count_params
 from olmax.perf import hlo
-from olmax.perf.plan import parse_hbm_oom
+from olmax.perf.costs import parse_hbm_oom
 from olmax.train.recipes import load_recipe
 
 
@@ -85,15 +85,15 @@ def test_shape_bytes_and_oom_message():
 
 
 def test_gpu_target_names_and_missing_plugin(capsys):
-    from olmax.perf import gpu_targets
-    from olmax.perf.plan import cuda_plugin_installed
+    from olmax.perf import targets
+    from olmax.perf.targets import cuda_plugin_installed
 
-    assert gpu_targets.parse("h100:8") == ("h100", 8) and gpu_targets.parse("H200") == ("h200", 1)
-    assert gpu_targets.parse("v5p:4x4x4") is None
+    assert targets.parse_gpu("h100:8") == ("h100", 8) and targets.parse_gpu("H200") == ("h200", 1)
+    assert targets.parse_gpu("v5p:4x4x4") is None
     for bad in ("h100:x", "h100:0", "h200:-1"):
         with pytest.raises(OlmaxError, match=rf"--topology {bad}: the GPU count must be a positive"):
-            gpu_targets.parse(bad)
-    assert 'device_description_str: "NVIDIA H200"' in gpu_targets.TARGETS["h200"]
+            targets.parse_gpu(bad)
+    assert 'device_description_str: "NVIDIA H200"' in targets.GPU_TARGETS["h200"]
     if cuda_plugin_installed():
         pytest.skip("JAX's CUDA plugin is installed here")
     assert main(["plan", "olmo3_tiny", "--topology", "h100:8"]) == 2
@@ -154,8 +154,8 @@ def test_hlo_and_json_refuse_to_replace(tmp_path, capsys):
 def test_a_gpu_step_fits_against_the_share_of_memory_jax_takes():
     """The 7B recipe at 2 x 8192 per device on h100:8 peaks at 66.6 GiB: within the 72 GiB JAX may
     take in a launched job (0.90 of 80 GiB), not within the 60 GiB of JAX's default 0.75."""
-    from olmax.perf.gpu_targets import MEM_FRACTION
-    from olmax.perf.plan import GiB, usable_hbm
+    from olmax.perf.targets import MEM_FRACTION
+    from olmax.perf.targets import GiB, usable_hbm
 
     peak = int(66.6 * GiB)
     hbm, fraction, source = usable_hbm("gpu", 80 * GiB, "table", environ={})

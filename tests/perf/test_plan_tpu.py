@@ -100,7 +100,7 @@ def test_mesh_over_a_topology_is_in_physical_order():
     along physical links (the order the topology lists them in goes host block by host block)."""
     from olmax.config import MeshConfig
     from olmax.parallel.mesh import make_mesh
-    from olmax.perf.plan import topology_devices
+    from olmax.perf.targets import topology_devices
 
     devices = topology_devices("tpu7x:4x4x4")
     key = lambda d: (*d.coords, d.core_on_chip)  # noqa: E731

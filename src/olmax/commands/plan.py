@@ -22,7 +22,9 @@ import argparse
 
 from olmax.commands import HELP
 from olmax.io import as_inputs, refuse_existing, write_json_atomic
-from olmax.perf.plan import DoesNotFit, check_topology_name, format_plan, plan
+from olmax.perf.costs import DoesNotFit
+from olmax.perf.plan import format_plan, plan
+from olmax.perf.targets import check_topology_name
 from olmax.platforms import PROFILE_NAMES
 from olmax.train.recipes import load_recipe
 

@@ -39,7 +39,7 @@ from olmax.errors import ConfigError
 from olmax.io import as_inputs, refuse_existing, write_bytes_atomic
 from olmax.parallel.mesh import resolve_mesh_shape
 from olmax.data.sources import resolve_mix
-from olmax.perf.gpu_targets import MEM_FRACTION, MEM_FRACTION_ENV
+from olmax.perf.targets import MEM_FRACTION, MEM_FRACTION_ENV
 from olmax.train.recipes import load_recipe
 from olmax.train.step import num_micro_batches
 

@@ -33,11 +33,12 @@ import contextlib
 import dataclasses
 import time
 
-from olmax.config import ConfigError, RunConfig
+from olmax.config import RunConfig
+from olmax.errors import ConfigError
 from olmax.io import write_bytes_atomic
 from olmax.perf import hlo
 from olmax.perf.costs import DoesNotFit, compile_or_explain, cost, kernel_flops, part_costs
-from olmax.perf.targets import (GiB, _filtered_stderr, _tell_libtpu_no_tpu, chips, hbm_bytes,
+from olmax.perf.targets import (GiB, chips, filtered_stderr, hbm_bytes, tell_libtpu_no_tpu,
                                 topology_devices, usable_hbm)
 
 
@@ -73,7 +74,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     from olmax.train.step import build_sharded_training
     from olmax.parallel.mesh import make_mesh
 
-    _tell_libtpu_no_tpu()
+    tell_libtpu_no_tpu()
     devices = topology_devices(topology) if topology else jax.devices()
     mesh = make_mesh(cfg.mesh, devices)
     n = len(devices)
@@ -90,7 +91,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     where = (f"{topology or dev.platform} x{n}, batch {b} x {t}, remat={train.remat}, "
              f"attn={st.runtime.attn_impl}, profile={st.runtime.profile_name}")
     t0 = time.perf_counter()
-    with _filtered_stderr() if topology and dev.platform == "tpu" else contextlib.nullcontext():
+    with filtered_stderr() if topology and dev.platform == "tpu" else contextlib.nullcontext():
         compiled = compile_or_explain(st.step_fn.lower(st.abstract_state, batch, lr), f"the step ({where})")
     compile_s = time.perf_counter() - t0
 

@@ -1,0 +1,190 @@
+"""What the compiler says a step costs: compiling with an out-of-HBM error explained
+(:class:`DoesNotFit`), XLA's cost analysis corrected for custom calls its TPU cost model cannot
+price, the step's parts compiled unscanned so that the cost model sees every layer
+(:func:`part_costs`), and the FLOPs of the Pallas kernels XLA does not count (:func:`kernel_flops`).
+How :mod:`olmax.perf.plan` combines them is described there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from olmax.config import RunConfig
+from olmax.errors import OlmaxError
+from olmax.io import write_bytes_atomic
+from olmax.perf import hlo
+from olmax.perf.targets import GiB
+
+
+_OOM_PATTERNS = (
+    re.compile(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
+    re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm"),
+)
+_UNIT = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+def parse_hbm_oom(message: str) -> tuple[int, int] | None:
+    """(bytes needed, bytes available) from XLA's compile-time out-of-HBM error, else None."""
+    for pat in _OOM_PATTERNS:
+        m = pat.search(message)
+        if m:
+            need = float(m.group(1)) * _UNIT[m.group(2)]
+            have = float(m.group(3)) * _UNIT[m.group(4)]
+            return int(need), int(have)
+    return None
+
+
+class DoesNotFit(OlmaxError):
+    """The step needs more device memory than there is (found at compile time)."""
+
+    def __init__(self, needed: int, available: int, where: str):
+        self.needed, self.available = needed, available
+        super().__init__(f"does not fit: {where} needs {needed / GiB:.2f} GiB per device of HBM "
+                         f"temporaries, {available / GiB:.2f} GiB available")
+
+
+def compile_or_explain(lowered, where: str):
+    try:
+        return lowered.compile()
+    except Exception as e:  # XLA raises its runtime error type; only an HBM OOM is ours to explain
+        oom = parse_hbm_oom(str(e))
+        if oom is None:
+            raise
+        raise DoesNotFit(*oom, where) from None
+
+
+# XLA-internal custom calls that XLA's TPU cost model enters into ``optimal_seconds`` as -1 s each
+# ("unknown"): an optimizer update whose only custom calls were two ConcatBitcast came out at
+# -2 s + its positive time. A ConcatBitcast joins slices by relabelling memory (no arithmetic) and
+# is taken as free. (AssumeGatherIndicesInBound, seen in a part with a positive time, is not.)
+# A part whose corrected time is still not positive gives no estimate.
+_MINUS_ONE_CUSTOM_CALLS = ("ConcatBitcast",)
+
+
+def cost(compiled) -> dict:
+    """``cost_analysis`` of a compiled program, with ``optimal_seconds`` corrected for the -1 s that
+    each custom call unknown to the cost model contributes (they are data-layout rewrites, taken
+    as free); ``custom_calls`` counts the custom calls by target."""
+    cost = compiled.cost_analysis()
+    cost = dict((cost[0] if isinstance(cost, (list, tuple)) else cost) or {})
+    if cost.get("optimal_seconds") is not None:
+        comps, _ = hlo.parse(compiled.as_text())
+        targets: dict[str, int] = {}
+        for instrs in comps.values():
+            for ins in instrs:
+                m = re.search(r'custom_call_target="([^"]+)"', ins.text) if ins.opcode == "custom-call" else None
+                if m:
+                    targets[m.group(1)] = targets.get(m.group(1), 0) + 1
+        unknown = sum(targets.get(t, 0) for t in _MINUS_ONE_CUSTOM_CALLS)
+        cost["optimal_seconds_raw"] = cost["optimal_seconds"]
+        cost["optimal_seconds"] = cost["optimal_seconds"] + unknown
+        cost["custom_calls"] = targets
+    return cost
+
+
+# ----------------------------------------------------------------------------------------------
+# The parts XLA can cost (unscanned)
+
+
+def local_model(model, tensor: int):
+    """The model as one device of a ``tensor``-way tensor-parallel mesh computes it: heads, MLP and
+    vocabulary divided by ``tensor`` where they divide (the rules shard them the same way)."""
+    if tensor == 1:
+        return model
+    div = lambda x: x // tensor if x % tensor == 0 else x  # noqa: E731
+    v = div(model.padded_vocab_size)
+    return model.replace(n_heads=div(model.n_heads), n_kv_heads=div(model.n_kv_heads),
+                         mlp_hidden=div(model.mlp_hidden), padded_vocab_size=v,
+                         vocab_size=min(model.vocab_size, v))
+
+
+def part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_devices: int,
+                runtime, *, only: tuple[str, ...] = ("A", "H", "O"),
+                hlo_dir: str | None = None, groups: int = 1) -> dict:
+    """Cost analyses of the step's parts as one device runs them, compiled unscanned for that
+    device alone (no collectives: XLA's cost model gives collectives no usable time): (A) the loss
+    with one layer group, forward + backward; (H) LM head + loss, forward + backward; (O) the
+    optimizer update over this device's 1/n of the state, with the model run as ``runtime`` says
+    (an :class:`olmax.model.runtime.Runtime`, its profile resolved). ``only``: the parts to compile;
+    ``hlo_dir``: also write each part's optimized HLO text there as ``part_<name>.hlo.txt``;
+    ``groups``: layer groups in (A) (two give one group's cost as the difference from one)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from olmax.model.params import abstract_params
+    from olmax.parallel.mesh import MESH_AXES
+    from olmax.train.loss import lm_loss, loss_and_sums
+    from olmax.train.optim import build_optimizer
+    from olmax.train.step import traced_under_mesh
+
+    model, train = local_model(cfg.model, tensor), cfg.train
+    dtype = runtime.compute_dtype
+    t, b = train.seq_len, per_device_batch
+    mesh = Mesh(np.asarray([device]).reshape(1, 1, 1), MESH_AXES)
+    one = NamedSharding(mesh, P())
+    spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=one)  # noqa: E731
+    tok = spec((b, t), jnp.int32)
+
+    def part(name, fn, *args):
+        compiled = compile_or_explain(jax.jit(traced_under_mesh(fn, mesh)).lower(*args), "a part of the step")
+        if hlo_dir:
+            write_bytes_atomic(os.path.join(hlo_dir, f"part_{name}.hlo.txt"), compiled.as_text().encode())
+        return cost(compiled)
+
+    out = {}
+    # ``groups`` periods of the window pattern as one group: a loop of one trip, which XLA's cost
+    # analysis sees whole (it counts a loop body once, whatever the trip count)
+    group = model.replace(n_layers=groups * len(model.window_pattern),
+                          window_pattern=tuple(model.window_pattern) * groups)
+    p_group = jax.tree.map(lambda a: spec(a.shape, a.dtype), abstract_params(group))
+    loss_a = lambda p, x, y: loss_and_sums(  # noqa: E731
+        p, x, y, jnp.float32(b * t), group, runtime, z_loss_multiplier=train.z_loss_multiplier,
+        chunk_size=t)[0]
+    if "A" in only:
+        out["A"] = part("A", jax.grad(loss_a), p_group, tok, tok)
+
+    def loss_h(h, w, y):
+        return lm_loss(h, w, y, z_loss_multiplier=train.z_loss_multiplier, chunk_size=t,
+                       kernels=runtime.kernels)[0] / (b * t)
+    if "H" in only:
+        out["H"] = part("H", jax.grad(loss_h, argnums=(0, 1)), spec((b, t, model.d_model), dtype),
+                        spec((model.d_model, model.padded_vocab_size), dtype), tok)
+    if "O" not in only:
+        return out
+
+    # The update is elementwise (plus the global norm): this device's share of every tensor.
+    tx = build_optimizer(cfg.optim)
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct((-(-a.size // n_devices),), a.dtype),
+                          abstract_params(cfg.model))
+    opt = jax.tree.map(lambda a: spec(a.shape, a.dtype), jax.eval_shape(tx.init, params))
+    params = jax.tree.map(lambda a: spec(a.shape, a.dtype), params)
+    scalar = spec((), jnp.float32)
+
+    def update(g, o, p, lr, loss):
+        import optax
+
+        u, o = tx.update(g, o, p, lr=lr, loss=loss)
+        return optax.apply_updates(p, u), o
+    out["O"] = part("O", update, params, opt, params, scalar, scalar)
+    return out
+
+
+def kernel_flops(prog) -> tuple[float, dict]:
+    """FLOPs the splash kernels execute per step (per device), from the compiled HLO."""
+    from olmax.model.splash import kernel_flops as splash_flops, parse_scope
+
+    total, calls = 0.0, {}
+    for ins, mult in hlo.custom_calls(prog, "tpu_custom_call"):
+        names = hlo.op_names(ins)
+        shape = next((s for s in map(parse_scope, names) if s), None)
+        phase = re.search(r"splash_m[hq]a_(fwd|dq|dkv)", ins.name + " " + " ".join(names))
+        if shape is None or phase is None:
+            continue
+        f = splash_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
+                        shape["batch"], phase.group(1), shape["block"])
+        total += f * mult
+        calls[phase.group(1)] = calls.get(phase.group(1), 0) + int(mult)
+    return total, calls

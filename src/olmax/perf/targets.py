@@ -1,0 +1,311 @@
+"""The targets ``olmax plan`` compiles for: one row of :data:`ACCELERATORS` per accelerator
+generation (its ``device_kind`` names, memory per device, and how to compile for it without one:
+libtpu's topology name for a TPU, a ``GpuTargetConfig`` for a GPU), the devices of a ``--topology``
+and libtpu's start-up noise filtered from stderr.
+
+GPUs: XLA's GPU compiler can compile for a device it is only told about (a ``GpuTargetConfig``: the
+device description a real GPU would report) through the CUDA PJRT plugin's topology
+(``get_topology_desc(platform="cuda", target_config=..., topology="1x1xN")``). That needs the
+plugin (``pip install "jax[cuda12]"`` at the jax pin) but no GPU and no driver. The figures below
+are the SXM parts' published properties (132 SMs, 1.98 GHz boost, 50 MB L2; H100 80 GB HBM3 at
+3.35 TB/s, H200 141 GB HBM3e at 4.8 TB/s) with the memory sizes the CUDA runtime reports; the
+cuDNN and CUDA versions are those the jax 0.12.0.1 CUDA 12 wheels install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+import tempfile
+from typing import Any, Mapping
+
+from olmax.errors import ConfigError, OlmaxError
+
+GiB = 2 ** 30
+
+# The share of a GPU's memory JAX's allocator takes (``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's own
+# default is 0.75): ``olmax launch`` exports this value in GPU jobs and ``olmax plan`` judges a GPU
+# step against it, so that "fits" means what the job will have. The rest is left to the CUDA
+# context, NCCL's buffers and cuDNN's workspaces, which live outside JAX's allocator.
+MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+MEM_FRACTION = 0.90
+
+_COMMON = """gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {bandwidth}
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: {memory}
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability {{
+    major: 9
+  }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{
+  major: 9
+  minor: 28
+}}
+runtime_version {{
+  major: 12
+  minor: 9
+}}
+device_description_str: "{name}"
+"""
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    """One accelerator generation. ``kinds``: lower-case substrings of ``device_kind`` that name
+    it; ``hbm``: memory per device in bytes (None: unknown); ``gpu_target``: a GPU's
+    ``GpuTargetConfig`` text, for compiling without one (a TPU's ``name`` is libtpu's)."""
+    name: str
+    platform: str
+    kinds: tuple[str, ...] = ()
+    hbm: int | None = None
+    gpu_target: str | None = None
+
+
+# Rows whose ``kinds`` overlap go most specific first ("tpu v5 lite" before "tpu v5").
+# tpu7x (Ironwood): 192 GiB per chip shared by its 2 devices (TensorCores).
+ACCELERATORS: tuple[Accelerator, ...] = (
+    Accelerator("v2", "tpu"),
+    Accelerator("v3", "tpu"),
+    Accelerator("v4", "tpu", ("tpu v4",), 32 * GiB),
+    Accelerator("v5e", "tpu", ("tpu v5 lite", "tpu v5e"), 16 * GiB),
+    Accelerator("v5p", "tpu", ("tpu v5p", "tpu v5"), 95 * GiB),   # v5p reports itself as "TPU v5"
+    Accelerator("v6e", "tpu", ("tpu v6 lite", "tpu v6e"), 32 * GiB),
+    Accelerator("tpu7x", "tpu", ("tpu7x",), 96 * GiB),
+    Accelerator("h100", "gpu", ("h100",), 80 * GiB,
+                _COMMON.format(bandwidth=3352320000000, memory=84929347584, name="NVIDIA H100 80GB HBM3")),
+    Accelerator("h200", "gpu", ("h200",), 141 * GiB,
+                _COMMON.format(bandwidth=4800000000000, memory=150754820096, name="NVIDIA H200")),
+)
+
+# HBM per device (bytes), matched as lower-case substrings of ``device_kind``, in table order.
+HBM_BYTES: tuple[tuple[str, int], ...] = tuple((k, a.hbm) for a in ACCELERATORS if a.hbm for k in a.kinds)
+TPU_GENERATIONS = tuple(a.name for a in ACCELERATORS if a.platform == "tpu")   # libtpu's topology names
+GPU_TARGETS = {a.name: a.gpu_target for a in ACCELERATORS if a.gpu_target}
+
+_LIBTPU_NOISE = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "Failed to find host bounds",
+                 "Logging before InitGoogle", "libtpu_init_utils", "Source Location Trace",
+                 "could not determine TPU")
+
+
+def hbm_bytes(device: Any) -> tuple[int | None, str]:
+    """(bytes, source) of one device's memory: the runtime's limit where a real device reports one,
+    else the table above, else (CPU) the host's physical memory shared by its devices."""
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # topology devices and some backends have none
+        stats = {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), "runtime"
+    kind = str(getattr(device, "device_kind", "")).lower()
+    for key, value in HBM_BYTES:
+        if key in kind:
+            return value, "table"
+    if getattr(device, "platform", "") == "cpu":
+        import jax
+
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return host // max(1, len(jax.local_devices(backend="cpu"))), "host memory / devices"
+    return None, "unknown"
+
+
+def parse_gpu(name: str) -> tuple[str, int] | None:
+    """``h100:8`` -> ("h100", 8); ``h200`` -> ("h200", 1); None for names of no GPU here. A GPU
+    name with a count that is not a positive whole number (``h100:eight``, ``h100:0``) is an
+    OlmaxError."""
+    kind, _, count = name.lower().partition(":")
+    if kind not in GPU_TARGETS:
+        return None
+    if count and not (count.isdigit() and int(count) > 0):
+        raise OlmaxError(f"--topology {name}: the GPU count must be a positive whole number "
+                         f"(e.g. {kind}:8)")
+    return kind, int(count or 1)
+
+
+def mem_fraction(environ: Mapping[str, str] = os.environ) -> float:
+    """The allocator's share of GPU memory: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` when set (what the
+    job will export), else :data:`MEM_FRACTION` (what ``olmax launch`` exports)."""
+    raw = environ.get(MEM_FRACTION_ENV)
+    if raw is None or raw == "":
+        return MEM_FRACTION
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise OlmaxError(f"{MEM_FRACTION_ENV}={raw!r}: expected a fraction in (0, 1]")
+    return value
+
+
+def usable_hbm(backend: str, hbm: int | None, source: str,
+               environ=os.environ) -> tuple[int | None, float, str]:
+    """(bytes a step may use, the share of the device's memory that is, where it comes from). On
+    GPUs JAX's allocator takes ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the memory (0.90 in the jobs
+    ``olmax launch`` writes: :data:`MEM_FRACTION`); a real GPU's runtime
+    limit has it applied already. Elsewhere the whole memory."""
+    if backend != "gpu":
+        return hbm, 1.0, source
+    fraction = mem_fraction(environ)
+    if hbm is None or source != "table":
+        return hbm, fraction, source
+    return int(hbm * fraction), fraction, f"{source} x {MEM_FRACTION_ENV} {fraction:g}"
+
+
+def _no_tpu_attached() -> bool:
+    import glob
+
+    return not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+@contextlib.contextmanager
+def filtered_stderr():
+    """Drop libtpu's start-up warnings (file-descriptor level: they come from C++)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (some test runners)
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            for line in tmp.read().decode(errors="replace").splitlines():
+                if line.strip() and not any(n in line for n in _LIBTPU_NOISE):
+                    print(line, file=sys.stderr)
+
+
+def cuda_plugin_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins package at all
+        return False
+
+
+def gpu_topology_devices(kind: str, count: int) -> list:
+    """``count`` compile-only GPUs described by :data:`GPU_TARGETS` (no GPU needed; the CUDA
+    PJRT plugin must be installed)."""
+    import glob
+
+    if not cuda_plugin_installed():
+        import jax
+
+        raise OlmaxError(f"--topology {kind}:{count}: compiling for GPUs needs JAX's CUDA plugin: "
+                         f"pip install 'jax[cuda12]=={jax.__version__}'")
+    if not glob.glob("/dev/nvidia[0-9]*"):  # no driver to check the CUDA libraries against
+        os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    from jax.experimental import topologies
+
+    try:
+        desc = topologies.get_topology_desc(platform="cuda", target_config=GPU_TARGETS[kind],
+                                            topology=f"1x1x{count}")
+    except (RuntimeError, NotImplementedError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise OlmaxError(f"--topology {kind}:{count}: the CUDA plugin cannot compile without a GPU "
+                         f"here ({msg})") from None
+    return list(desc.devices)
+
+
+_TPU_SHAPE = re.compile(r"[1-9]\d*(x[1-9]\d*){1,2}")
+_TOPOLOGY_EXAMPLES = ("examples: v5e:2x2, v5p:2x2x1, v5p:4x4x4 or v5p-128, v6e:4x4, tpu7x:2x2x1, "
+                      "tpu7x:4x4x4 or tpu7x-128 (GPUs: h100:8, h200:8)")
+
+
+def libtpu_topology(name: str) -> str:
+    """The libtpu name of a TPU ``--topology``: an accelerator type (``v5p-128``, as ``olmax
+    launch`` takes it) becomes its generation and shape (``v5p:4x4x4``); other names are kept."""
+    from olmax.topology import parse_tpu
+
+    return parse_tpu(name).libtpu_name if ":" not in name else name
+
+
+def check_topology_name(name: str) -> None:
+    """Refuse a ``--topology`` that names no TPU topology or GPU target, by its spelling alone,
+    before any plugin is looked for (so a typo is not answered with "install libtpu")."""
+    from olmax.topology import is_tpu_name
+
+    if parse_gpu(name) is not None:
+        return
+    if ":" not in name and is_tpu_name(name):
+        try:
+            libtpu_topology(name)
+        except ConfigError as e:
+            raise OlmaxError(str(e)) from None
+        return
+    gen, colon, shape = name.partition(":")
+    if gen.lower() not in TPU_GENERATIONS:
+        why = f"no TPU generation '{gen}'; known: {', '.join(TPU_GENERATIONS)}"
+    elif not colon or not _TPU_SHAPE.fullmatch(shape):
+        why = f"the shape '{shape}' is not AxB or AxBxC in positive whole numbers"
+    else:
+        return
+    raise OlmaxError(f"unknown TPU topology '{name}' ({why}); {_TOPOLOGY_EXAMPLES}")
+
+
+def tell_libtpu_no_tpu() -> None:
+    """On a host without TPUs, tell libtpu so before it loads, whatever the plan's target (JAX
+    initialises every installed backend, libtpu's too, for a CPU or GPU plan): no metadata-server
+    lookups, no warnings about accelerator type or worker hostnames, several compiling processes
+    allowed. Variables already set are kept."""
+    if _no_tpu_attached():
+        for key, value in {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
+                           "TPU_ACCELERATOR_TYPE": "v5litepod-4",  # any valid type: only silences a warning
+                           "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}.items():
+            os.environ.setdefault(key, value)
+
+
+def topology_devices(name: str) -> list:
+    """The devices of a TPU topology such as ``v5p:4x4x4`` or ``tpu7x:2x2x2`` or a GPU target
+    such as ``h100:8`` (compilation only; :func:`check_topology_name` first)."""
+    check_topology_name(name)
+    tell_libtpu_no_tpu()
+    gpu = parse_gpu(name)
+    if gpu is not None:
+        return gpu_topology_devices(*gpu)
+    try:
+        from jax.experimental import topologies
+    except ImportError as e:  # pragma: no cover - every supported jax has it
+        raise OlmaxError(f"this jax has no ahead-of-time topology support ({e})") from None
+    try:
+        with filtered_stderr():
+            desc = topologies.get_topology_desc(platform="tpu", topology_name=libtpu_topology(name))
+    except RuntimeError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "not installed" in msg or "libtpu" in msg.lower() and "lockfile" not in msg:
+            raise OlmaxError(f"--topology {name}: compiling for TPUs needs libtpu: install the tpu "
+                             f"extra on Python >= 3.12 (PYTHON=python3.12 scripts/bootstrap tpu)") from None
+        if "INVALID_ARGUMENT" in msg or "Invalid" in msg or "not divisible" in msg:
+            detail = msg.split("INVALID_ARGUMENT:")[-1].strip()
+            raise OlmaxError(f"unknown TPU topology '{name}' ({detail}); {_TOPOLOGY_EXAMPLES}") from None
+        raise OlmaxError(f"--topology {name}: {msg}") from None
+    return list(desc.devices)
+
+
+def chips(devices: list) -> int:
+    coords = {tuple(c) for d in devices if (c := getattr(d, "coords", None)) is not None}
+    return len(coords) or len(devices)
