@@ -47,6 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_side_by_side import apply_host_malloc  # noqa: E402
 from shapes import SHAPES, run_config  # noqa: E402
 
+from olmax.perf.hlo import dot_flops, op_bytes  # noqa: E402,F401
+
 _CONTAINER = re.compile(r"^(while|conditional|call)(\.\d+)?$")
 _WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "Await", "WhileThunk", "PjRt")
 
@@ -109,62 +111,6 @@ def parse_hlo(text: str) -> dict[str, dict]:
 
 
 _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$")
-_INST = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([0-9,]*)\]\S* ([\w\-]+)\(([^)]*)\)(.*)$")
-
-
-def dot_flops(text: str) -> dict[str, float]:
-    """Instruction name -> the FLOPs (2 x output elements x contracted elements) of the dots it
-    runs once: a ``dot``'s own, a fusion's those of the computation it calls."""
-    comps: dict[str, list] = {}
-    cur = None
-    for line in text.splitlines():
-        m = _COMP.match(line.strip())
-        if m:
-            cur = comps.setdefault(m.group(1), [])
-            continue
-        if cur is not None and line.strip() == "}":
-            cur = None
-            continue
-        if cur is not None:
-            cur.append(line)
-    shapes: dict[str, dict[str, list[int]]] = {}
-    own: dict[str, float] = {}
-    calls: dict[str, str] = {}
-    comp_dots: dict[str, float] = collections.defaultdict(float)
-    for comp, lines in comps.items():
-        sh: dict[str, list[int]] = {}
-        for line in lines:
-            m = _INST.match(line)
-            if not m:
-                continue
-            name, _, dims, opcode, operands, rest = m.groups()
-            sh[name] = [int(d) for d in dims.split(",") if d]
-            if opcode == "dot":
-                lhs = operands.split(",")[0].strip().lstrip("%")
-                cd = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", rest)
-                k = 1
-                for c in (cd.group(1).split(",") if cd and cd.group(1) else []):
-                    k *= sh.get(lhs, [1] * (int(c) + 1))[int(c)]
-                out = 1
-                for d in sh[name]:
-                    out *= d
-                own[name] = 2.0 * out * k
-                comp_dots[comp] += own[name]
-            elif opcode == "fusion":
-                c = re.search(r"calls=%?([\w.\-]+)", rest)
-                if c:
-                    calls[name] = c.group(1)
-        shapes[comp] = sh
-    return {**own, **{n: comp_dots[c] for n, c in calls.items() if comp_dots.get(c)}}
-
-
-def op_bytes(text: str) -> dict[str, float]:
-    """Instruction name -> the bytes one run of it reads and writes: ``tpu_hlo_bytes``'s proxy
-    (operands plus result from the HLO shapes; slices and in-place updates as XLA counts them),
-    per execution of the op. Nothing is credited to the caches."""
-    import tpu_hlo_bytes
-
-    return {r["name"]: (r["read"] + r["written"]) / r["mult"] for r in tpu_hlo_bytes.ops(text)}
 
 
 BANDWIDTH_MIB = (1, 4, 16, 64, 256)

@@ -1,4 +1,5 @@
-"""``benchmarks/tpu_hlo_bytes.py``: the per-op bytes of an optimized HLO text, checked on a
+"""The per-op bytes of an optimized HLO text (``olmax.perf.hlo.device_ops``, and the summary of
+``benchmarks/tpu_hlo_bytes.py``), checked on a
 hand-written program whose bytes are counted by hand, and the plan's parts written as HLO."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import jax
 import pytest
 
 from olmax.model.runtime import Runtime
+from olmax.perf import hlo
 from olmax.perf.costs import part_costs
 from olmax.train.recipes import load_recipe
 
@@ -94,7 +96,7 @@ ENTRY %main (x: f32[64,128], y: bf16[32,128]) -> (f32[64,128], f32[32,128], f32[
 
 
 def test_bytes_per_op_counted_by_hand(tmp_path):
-    rows = {r["name"]: r for r in hb.ops(HAND)}
+    rows = {r["name"]: r for r in hlo.device_ops(HAND)}
     slab = 8 * 128 * 4                                   # one f32[8,128] slice
     # slice fusion: reads the slice (not the whole f32[64,128]) and the s32 index, writes the slice
     assert rows["sl"]["mult"] == 3 and rows["sl"]["read"] == 3 * (slab + 4) and rows["sl"]["written"] == 3 * slab
@@ -128,7 +130,7 @@ def test_plan_parts_written_as_hlo_and_stacked_groups(tmp_path):
     one = part_costs(cfg, jax.devices()[0], 1, 1, 1, runtime, only=("A", "H"), hlo_dir=str(tmp_path))
     assert set(one) == {"A", "H"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["part_A.hlo.txt", "part_H.hlo.txt"]
-    rows = hb.ops((tmp_path / "part_H.hlo.txt").read_text())
+    rows = hlo.device_ops((tmp_path / "part_H.hlo.txt").read_text())
     # the head's logits [1, 128, 256] in fp32 are written at least once
     assert sum(r["written"] for r in rows) >= 128 * 256 * 4
     two = part_costs(cfg, jax.devices()[0], 1, 1, 1, runtime, only=("A",), groups=2)

@@ -1,5 +1,7 @@
 """Reading a compiled XLA program (its optimized HLO text): how often each instruction runs, the
-collectives by kind, and the Pallas kernels.
+collectives by kind, the Pallas kernels, the FLOPs of its dots, the bytes each device op moves and
+the source lines (stack frames) its instructions come from. The one HLO reader of olmax: ``olmax
+plan``, ``olmax bench profile`` and ``benchmarks/tpu_hlo_bytes.py`` read programs through it.
 
 XLA's own summaries (``cost_analysis``) count the body of a ``while`` loop once, whatever its trip
 count; a scanned layer stack or micro-batch loop is then undercounted by its length. Here every
@@ -9,6 +11,18 @@ condition computation (``compare(induction variable, constant N), direction=LT``
 induction variable starting at 0, which is how XLA emits ``scan``/``fori_loop`` loops); a loop whose
 count cannot be read is counted once and reported. Where XLA recorded the count
 (``backend_config`` ``known_trip_count``, e.g. on CPU) that is used.
+
+Bytes per device op (:func:`device_ops`): the ops that run on the device are the instructions of
+the entry computation and of the computations it runs through control flow (``while`` bodies times
+their trip count, ``conditional`` branches, ``call``s, async wrappers), not the insides of fusions.
+Each gets a bytes-accessed *proxy* from the HLO shapes: the bytes of its operands plus the bytes of
+its result. Inside a fusion, an operand read only through ``slice``/``dynamic-slice`` counts the
+slices' bytes, and a fusion whose root is an in-place ``dynamic-update-slice`` counts the update
+(not the whole buffer) as written and its aliased operand as not read, as XLA's own analysis does.
+The result of an async SparseCore ``custom-call-update`` counts its output, not the operands it
+echoes. Buffers in another memory space than HBM (layouts with ``S(n)``, n > 0) are left out.
+Layout padding (TPU tiles) is not counted, so the proxy is close to, not equal to, XLA's
+``bytes accessed`` (OLMo 3 7B parts on tpu7x: 94-97 % of it).
 """
 
 from __future__ import annotations
@@ -22,6 +36,20 @@ DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16
                "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8,
                "f8e4m3fn": 1, "f8e5m2": 1, "c64": 8, "c128": 16}
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+# Instructions that move no data of their own (or whose work is counted where it is started).
+_FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all", "partition-id",
+         "replica-id", "iota", "opt-barrier", "add-dependency", "domain", "get-dimension-size",
+         "copy-done", "send-done", "recv-done", "async-done", "async-update", "all-gather-done",
+         "all-reduce-done", "collective-permute-done", "custom-call-done"}
+_CONTROL = {"while", "conditional", "call"}
+_ARRAY_RE = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) +
+                       r")\[([0-9,]*)\](\{[^}]*\})?")
+_SPACE_RE = re.compile(r"S\((\d+)\)")
+_WRAPPERS = re.compile(r"^(jit|pjit|jvp|transpose|vmap|remat|checkpoint|rematted_computation|"
+                       r"custom_jvp_call|custom_vjp_call|checkpoint_name|shard_map|xla_call|core_call)"
+                       r"(\((.*)\))?$")
+
 
 _COMP_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR_RE = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
@@ -198,3 +226,309 @@ def op_names(ins: Instruction) -> list[str]:
 def custom_calls(prog: Program, target: str) -> list[tuple[Instruction, float]]:
     return [(ins, m) for ins, m in prog.instructions()
             if ins.opcode == "custom-call" and f'custom_call_target="{target}"' in ins.text]
+
+
+def array_bytes(text: str) -> float:
+    """Bytes of the HBM arrays in a shape text (tuples summed; other memory spaces skipped)."""
+    total = 0.0
+    for dtype, dims, layout in _ARRAY_RE.findall(text):
+        space = _SPACE_RE.search(layout or "")
+        if space and space.group(1) != "0":
+            continue
+        n = 1
+        for d in dims.split(","):
+            if d:
+                n *= int(d)
+        total += n * DTYPE_BYTES[dtype]
+    return total
+
+
+def _args_text(ins: Instruction) -> str:
+    """The text between the opcode's parentheses (the operands with their shapes)."""
+    head = ins.text.split(", metadata=")[0]
+    start = head.find(ins.opcode + "(", len(ins.name))
+    if start < 0:
+        return ""
+    i, depth = start + len(ins.opcode), 0
+    for j in range(i, len(head)):
+        if head[j] == "(":
+            depth += 1
+        elif head[j] == ")":
+            depth -= 1
+            if depth == 0:
+                return head[i + 1:j]
+    return head[i + 1:]
+
+
+def _split_top(args: str) -> list[str]:
+    """Operands at the top level of an argument list (commas inside brackets/braces/parens kept)."""
+    out, depth, cur = [], 0, []
+    for ch in args:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if cur:
+        out.append("".join(cur))
+    return [a.strip() for a in out if a.strip()]
+
+
+def _operand_bytes(operand: str, shapes: dict[str, str]) -> float:
+    """Bytes of one operand: its inline shape where the printer wrote one, else its definition's."""
+    if _ARRAY_RE.search(operand):
+        return array_bytes(operand)
+    return array_bytes(shapes.get(operand.split()[-1].lstrip("%"), "")) if operand else 0.0
+
+
+def _first_operand(ins: Instruction) -> str:
+    ops = _split_top(_args_text(ins))
+    return ops[0].split()[-1].lstrip("%") if ops else ""
+
+
+def _params_and_users(fused: list[Instruction]) -> tuple[dict[int, str], dict[str, list[Instruction]]]:
+    params: dict[int, str] = {}
+    users: dict[str, list[Instruction]] = defaultdict(list)
+    for f in fused:
+        if f.opcode == "parameter":
+            m = re.search(r"parameter\((\d+)\)", f.text)
+            if m:
+                params[int(m.group(1))] = f.name
+        for ref in re.findall(r"%([\w.\-]+)", _args_text(f)):
+            users[ref].append(f)
+    return params, users
+
+
+def _sliced_read(name: str, users: dict[str, list[Instruction]], comps: dict, depth: int = 0) -> float | None:
+    """Bytes read of a value used only through slices -- directly, through bitcasts, or as the
+    parameter of a nested fusion that does the same -- else None (read whole)."""
+    us = users.get(name, [])
+    if not us or depth > 8:
+        return None
+    total = 0.0
+    for u in us:
+        if u.opcode in ("slice", "dynamic-slice") and _first_operand(u) == name:
+            total += array_bytes(u.shape)
+            continue
+        if u.opcode == "bitcast":
+            part = _sliced_read(u.name, users, comps, depth + 1)
+        elif u.opcode == "fusion":
+            called = _called(u).get("calls", [])
+            inner = comps.get(called[0], []) if called else []
+            iparams, iusers = _params_and_users(inner)
+            refs = [a.split()[-1].lstrip("%") for a in _split_top(_args_text(u))]
+            part = 0.0
+            for i, r in enumerate(refs):
+                if r == name:
+                    got = _sliced_read(iparams.get(i, ""), iusers, comps, depth + 1)
+                    part = None if got is None or part is None else part + got
+        else:
+            part = None
+        if part is None:
+            return None
+        total += part
+    return total
+
+
+def _fusion_io(ins: Instruction, fused: list[Instruction], shapes: dict[str, str],
+               comps: dict | None = None) -> tuple[float, float]:
+    """(bytes read, bytes written) of a fusion: an operand read only through slices counts their
+    bytes; a root dynamic-update-slice of a parameter writes its update, reads not the buffer."""
+    operands = _split_top(_args_text(ins))
+    params, users = _params_and_users(fused)
+    root = next((f for f in fused if f.text.lstrip().startswith("ROOT")), fused[-1] if fused else None)
+    written = array_bytes(ins.shape)
+    aliased = None
+    if root is not None and root.opcode == "dynamic-update-slice":
+        ops = _split_top(_args_text(root))
+        buf = ops[0].split()[-1].lstrip("%") if ops else ""
+        if buf in params.values():
+            aliased = buf
+            written = _operand_bytes(ops[1], shapes) if len(ops) > 1 else written
+    read = 0.0
+    for idx, operand in enumerate(operands):
+        pname = params.get(idx)
+        if pname is not None and pname == aliased:
+            continue
+        sliced = _sliced_read(pname, users, comps or {}) if pname else None
+        read += _operand_bytes(operand, shapes) if sliced is None else sliced
+    return read, written
+
+
+def op_kind(ins: Instruction) -> str:
+    op = ins.opcode
+    if op == "fusion":
+        m = re.search(r"kind=(k\w+)", ins.text)
+        kind = m.group(1) if m else "?"
+        cfg = re.search(r'"kind":"([\w\-]+)"', ins.text)   # TPU backend_config fusion kind
+        if cfg:
+            kind += f"/{cfg.group(1)}"
+        return f"fusion {kind}"
+    if op in ("custom-call", "custom-call-start"):
+        m = re.search(r'custom_call_target="([^"]+)"', ins.text)
+        return f"custom-call {m.group(1) if m else '?'}"
+    if op.endswith("-start"):
+        return op[:-6]
+    return op
+
+
+def op_scope(op_name: str) -> tuple[str, str, str]:
+    """(primitive, scope, pass) of an ``op_name``: the last path component, the named scopes in
+    between without function-transformation wrappers and with numbers replaced by N, and whether
+    it is the forward, the backward (``transpose(...)``) or a rematerialized forward."""
+    if not op_name:
+        return "(no metadata)", "(no metadata)", "?"
+    parts = op_name.split("/")
+    prim = re.sub(r"\[.*", "", parts[-1]) if parts else "?"
+    pas = ("remat fwd" if "rematted_computation" in op_name else
+           "bwd" if "transpose(" in op_name else "fwd")
+    scopes = [re.sub(r"\d+", "N", p) for p in parts[:-1] if not _WRAPPERS.match(p)]
+    return prim, "/".join(scopes) or "(top)", pas
+
+
+def stack_frames(text: str) -> dict[int, list[tuple[str, int, str]]]:
+    """Stack frame id -> [(file path, line, function), ...] innermost first, from the tables XLA
+    prints before the computations (FileNames, FunctionNames, FileLocations, StackFrames). A
+    printed ``parent_frame_id`` is the parent's id + 1 (1: no parent)."""
+    head = text[:text.find("\nENTRY ")] if "\nENTRY " in text else text
+    sections: dict[str, dict[int, str]] = {}
+    current = None
+    for line in head.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            current = sections.setdefault(line, {})
+            continue
+        m = re.match(r"^(\d+) (.*)$", line)
+        if current is not None and m:
+            current[int(m.group(1))] = m.group(2)
+        elif not line.strip():
+            current = None
+    files, funcs = sections.get("FileNames", {}), sections.get("FunctionNames", {})
+    locs: dict[int, tuple[str, int, str]] = {}
+    for i, v in sections.get("FileLocations", {}).items():
+        m = re.search(r"file_name_id=(\d+) function_name_id=(\d+) line=(\d+)", v)
+        if m:
+            locs[i] = (files.get(int(m.group(1)), "?").strip('"'), int(m.group(3)),
+                       funcs.get(int(m.group(2)), "?").strip('"'))
+    raw = {}
+    for i, v in sections.get("StackFrames", {}).items():
+        m = re.search(r"file_location_id=(\d+) parent_frame_id=(\d+)", v)
+        if m:
+            raw[i] = (int(m.group(1)), int(m.group(2)) - 1)
+    out: dict[int, list[tuple[str, str]]] = {}
+    for i in raw:
+        chain, j, seen = [], i, set()
+        while j in raw and j not in seen:
+            seen.add(j)
+            loc, j = raw[j]
+            if loc in locs:
+                chain.append(locs[loc])
+        out[i] = chain
+    return out
+
+
+def _source(frames: list[tuple[str, int, str]], depth: int = 3) -> tuple[str, str]:
+    """(innermost ``file:line function`` with the file's base name, the innermost ``depth``
+    functions joined by ``<``)."""
+    if not frames:
+        return "(no stack frame)", "(no stack frame)"
+    path, line, fn = frames[0]
+    return f"{path.rsplit('/', 1)[-1]}:{line} {fn}", "<".join(f for _, _, f in frames[:depth])
+
+
+def device_ops(text: str) -> list[dict]:
+    """Every device op of the program, once per execution-site, with its multiplier and bytes."""
+    prog = analyse(text)
+    comps = prog.computations
+    # computations reached through control flow (bodies, branches, calls, async wrappers) run
+    # their instructions as device ops; fusion bodies and reducers do not.
+    control: set[str] = {prog.entry}
+    stack = [prog.entry]
+    while stack:
+        for ins in comps.get(stack.pop(), []):
+            called = _called(ins)
+            if ins.opcode in _CONTROL or ins.opcode in ("async-start",) or (
+                    ins.opcode.endswith("-start") and ins.opcode != "custom-call-start"
+                    and "calls" in called):
+                for names in called.values():
+                    for c in names:
+                        if c not in control and c in comps:
+                            control.add(c)
+                            stack.append(c)
+    shapes = {ins.name: ins.shape for instrs in comps.values() for ins in instrs}
+    frames = stack_frames(text)
+    rows = []
+    for cname in control:
+        mult = prog.multiplier.get(cname, 0)
+        if not mult:
+            continue
+        for ins in comps[cname]:
+            if ins.opcode in _FREE or ins.opcode in _CONTROL or ins.opcode == "async-start":
+                continue
+            if ins.opcode == "fusion":
+                called = _called(ins).get("calls", [])
+                read, written = _fusion_io(ins, comps.get(called[0], []) if called else [], shapes, comps)
+            else:
+                args = _split_top(_args_text(ins))
+                read, written = sum(_operand_bytes(a, shapes) for a in args), array_bytes(ins.shape)
+                if ins.opcode == "dynamic-update-slice":
+                    written = _operand_bytes(args[1], shapes) if len(args) > 1 else written
+                    read = sum(_operand_bytes(a, shapes) for a in args[1:])
+                elif ins.opcode == "copy-start":   # result: (destination, source, context)
+                    written = array_bytes(_split_top(ins.shape.strip()[1:-1])[0])
+                elif ins.opcode == "custom-call-update":   # result: ((operands), output, context)
+                    parts = _split_top(ins.shape.strip()[1:-1])
+                    written = array_bytes(parts[1]) if len(parts) > 1 else written
+            names = op_names(ins)
+            prim, scope, pas = op_scope(names[0] if names else "")
+            fid = re.search(r"stack_frame_id=(\d+)", ins.text)
+            line, stack = _source(frames.get(int(fid.group(1)), []) if fid else [])
+            dtypes = sorted({d for d, _, _ in _ARRAY_RE.findall(ins.shape)}) or ["-"]
+            rows.append({"name": ins.name, "computation": cname, "kind": op_kind(ins), "prim": prim,
+                         "scope": scope, "line": line, "stack": stack, "pass": pas,
+                         "dtype": ",".join(dtypes), "mult": mult,
+                         "bytes": mult * (read + written), "read": mult * read, "written": mult * written,
+                         "shape": ins.shape.strip()[:120], "op_name": names[0] if names else ""})
+    return rows
+
+
+def op_bytes(text: str) -> dict[str, float]:
+    """Instruction name -> the bytes one run of it reads and writes (:func:`device_ops`' proxy,
+    per execution of the op)."""
+    return {r["name"]: (r["read"] + r["written"]) / r["mult"] for r in device_ops(text)}
+
+
+_ARRAY_DIMS_RE = re.compile(r"^\w+\[([0-9,]*)\]")
+_CONTRACTING_RE = re.compile(r"lhs_contracting_dims=\{([0-9,]*)\}")
+
+
+def dot_flops(text: str) -> dict[str, float]:
+    """Instruction name -> the FLOPs (2 x output elements x contracted elements) of the dots it
+    runs once: a ``dot``'s own, a fusion's those of the computation it calls."""
+    comps, _ = parse(text)
+    own: dict[str, float] = {}
+    calls: dict[str, str] = {}
+    comp_dots: dict[str, float] = defaultdict(float)
+    for cname, instrs in comps.items():
+        dims: dict[str, list[int]] = {}
+        for ins in instrs:
+            m = _ARRAY_DIMS_RE.match(ins.shape.strip())
+            if m is None:            # a tuple
+                continue
+            dims[ins.name] = [int(d) for d in m.group(1).split(",") if d]
+            if ins.opcode == "dot":
+                lhs = _first_operand(ins)
+                cd = _CONTRACTING_RE.search(ins.text)
+                k = 1
+                for c in (cd.group(1).split(",") if cd and cd.group(1) else []):
+                    k *= dims.get(lhs, [1] * (int(c) + 1))[int(c)]
+                own[ins.name] = 2.0 * math.prod(dims[ins.name]) * k
+                comp_dots[cname] += own[ins.name]
+            elif ins.opcode == "fusion":
+                called = _called(ins).get("calls", [])
+                if called:
+                    calls[ins.name] = called[0]
+    return {**own, **{n: comp_dots[c] for n, c in calls.items() if comp_dots.get(c)}}
