@@ -14,7 +14,7 @@ HELP: dict[str, str] = {   # in the order ``olmax --help`` lists them
     "train": "train a model from a recipe",
     "eval": "held-out perplexity and OLMES downstream tasks",
     "curves": "compare loss curves of runs (plot + summary)",
-    "bench": "benchmark training throughput / the matmul ceiling",
+    "bench": "benchmark training throughput, profile the step op by op, the matmul ceiling",
     "launch": "write a SLURM, Kubernetes or TPU VM job for a recipe",
     "plan": "compile a recipe's step ahead of time: memory, FLOPs, estimated speed, collectives",
 }

@@ -1,9 +1,14 @@
-"""``olmax bench train RECIPE [key=value ...] --steps N [--json OUT]`` and ``olmax bench matmul``.
+"""``olmax bench train RECIPE [key=value ...] --steps N [--json OUT]``, ``olmax bench profile`` and
+``olmax bench matmul``.
 
 ``bench train`` times the trainer's step on synthetic tokens on one device: steady-state tokens/s
 (median step), compile time, peak memory, MFU in OLMo-core's and the causal FLOPs convention, and
 the percentage of the measured matmul ceiling (measured first unless ``--no-ceiling``). Any recipe
 key can be overridden, e.g. ``model.n_layers=4 train.seq_len=8192 train.attn_impl=chunked``.
+
+``bench profile`` attributes the step's time op by op from an XLA profile (CPU; see
+:mod:`olmax.perf.profile`): pass, source line, each op's rate against the matmul or bandwidth
+ceiling measured in the same process, and the step's floor estimate.
 
 ``bench matmul`` measures the ceiling: the best FLOP/s of a square matmul (fp32 accumulation).
 """
@@ -15,6 +20,7 @@ import argparse
 from olmax.commands import HELP
 from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.perf.bench import bench_train, format_train, matmul_ceiling
+from olmax.perf.profile import format_profile, profile_step
 from olmax.train.recipes import load_recipe
 
 
@@ -33,6 +39,21 @@ def add_parser(subparsers) -> None:
     t.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
     t.add_argument("--force", action="store_true", help="replace an existing --json file")
     t.set_defaults(func=run_train)
+
+    pr = sub.add_parser("profile", help="the step's time op by op, from an XLA profile (CPU)")
+    pr.add_argument("recipe", help="recipe name or YAML path (e.g. benchmarks/shapes/A.yaml)")
+    pr.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    pr.add_argument("--steps", type=int, default=3,
+                    help="profiled steps after one warm-up (per-op figures: the median over them)")
+    pr.add_argument("--top", type=int, default=25, help="ops listed (default 25)")
+    pr.add_argument("--hlo", help="also write the compiled HLO text here")
+    pr.add_argument("--perf", action="store_true",
+                    help="also sample the CPU time of --steps more steps with Linux perf and split it "
+                         "by code: GEMM micro-kernels, the GEMM library's packing, XLA-generated code, "
+                         "the kernel (page faults)")
+    pr.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
+    pr.add_argument("--force", action="store_true", help="replace an existing --json or --hlo file")
+    pr.set_defaults(func=run_profile)
 
     m = sub.add_parser("matmul", help="measured matmul ceiling (FLOP/s)")
     m.add_argument("--size", type=int, default=None, help="matrix size (default 8192; 1024 on CPU)")
@@ -62,6 +83,21 @@ def run_train(args: argparse.Namespace) -> int:
         write_json_atomic(args.json_out, {"train": result.to_dict(), "matmul": ceiling,
                                           "recipe": args.recipe, "overrides": list(args.overrides)},
                           overwrite=args.force)
+    return 0
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    inputs = as_inputs([args.recipe], "the recipe")
+    for flag, path in (("--json", args.json_out), ("--hlo", args.hlo)):
+        if path:   # refused before spending minutes on the benchmark
+            refuse_existing(path, args.force, flag=flag, inputs=inputs)
+    cfg = load_recipe(args.recipe, args.overrides)
+    result = profile_step(cfg, args.steps, hlo_out=args.hlo, perf=args.perf)
+    print(" ".join([args.recipe, *args.overrides]))
+    print(format_profile(result, args.top))
+    if args.json_out:
+        write_json_atomic(args.json_out, {"recipe": args.recipe, "overrides": list(args.overrides),
+                                          **result}, overwrite=args.force)
     return 0
 
 

@@ -108,7 +108,7 @@ def parse(text: str) -> tuple[dict[str, list[Instruction]], str | None]:
     return comps, entry
 
 
-def _called(instr: Instruction) -> dict[str, list[str]]:
+def called_computations(instr: Instruction) -> dict[str, list[str]]:
     out: dict[str, list[str]] = defaultdict(list)
     for kind, names in _CALLS_RE.findall(instr.text.split(", metadata=")[0]):
         out[kind] += [n.strip().lstrip("%") for n in names.split(",")]
@@ -160,7 +160,7 @@ def analyse(text: str) -> Program:
             return
         mult[cname] += m
         for ins in comps[cname]:
-            called = _called(ins)
+            called = called_computations(ins)
             if not called:
                 continue
             if ins.opcode == "while":
@@ -317,7 +317,7 @@ def _sliced_read(name: str, users: dict[str, list[Instruction]], comps: dict, de
         if u.opcode == "bitcast":
             part = _sliced_read(u.name, users, comps, depth + 1)
         elif u.opcode == "fusion":
-            called = _called(u).get("calls", [])
+            called = called_computations(u).get("calls", [])
             inner = comps.get(called[0], []) if called else []
             iparams, iusers = _params_and_users(inner)
             refs = [a.split()[-1].lstrip("%") for a in _split_top(_args_text(u))]
@@ -449,7 +449,7 @@ def device_ops(text: str) -> list[dict]:
     stack = [prog.entry]
     while stack:
         for ins in comps.get(stack.pop(), []):
-            called = _called(ins)
+            called = called_computations(ins)
             if ins.opcode in _CONTROL or ins.opcode in ("async-start",) or (
                     ins.opcode.endswith("-start") and ins.opcode != "custom-call-start"
                     and "calls" in called):
@@ -469,7 +469,7 @@ def device_ops(text: str) -> list[dict]:
             if ins.opcode in _FREE or ins.opcode in _CONTROL or ins.opcode == "async-start":
                 continue
             if ins.opcode == "fusion":
-                called = _called(ins).get("calls", [])
+                called = called_computations(ins).get("calls", [])
                 read, written = _fusion_io(ins, comps.get(called[0], []) if called else [], shapes, comps)
             else:
                 args = _split_top(_args_text(ins))
@@ -528,7 +528,7 @@ def dot_flops(text: str) -> dict[str, float]:
                 own[ins.name] = 2.0 * math.prod(dims[ins.name]) * k
                 comp_dots[cname] += own[ins.name]
             elif ins.opcode == "fusion":
-                called = _called(ins).get("calls", [])
+                called = called_computations(ins).get("calls", [])
                 if called:
                     calls[ins.name] = called[0]
     return {**own, **{n: comp_dots[c] for n, c in calls.items() if comp_dots.get(c)}}

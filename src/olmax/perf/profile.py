@@ -1,4 +1,4 @@
-"""Where the trainer's CPU step spends its time and memory: per-op XLA profile of one step.
+"""``olmax bench profile``: where the trainer's CPU step spends its time and memory, op by op.
 
 Compiles the trainer's step (``olmax.perf.bench.TrainStepRunner``: chunked loss, SkipStep
 AdamW, donated state) at a benchmark shape, reports the compiled program's memory analysis (XLA's
@@ -17,7 +17,7 @@ profiled steps; on a loaded machine it includes time its thread was preempted --
 proportions within one run. Ops that run dots also get their achieved rate (the dots' FLOPs from
 the compiled HLO over the op's ms) against the matmul ceiling measured in the same process
 (``olmax.perf.bench.matmul_ceiling``: a 1024^3 GEMM in the same dtype); every other op its bytes
-(result plus operands from the HLO shapes: :func:`op_bytes`) per second against the bandwidth
+(result plus operands from the HLO shapes: :func:`olmax.perf.hlo.op_bytes`) per second against the bandwidth
 ceiling measured at its size (:func:`bandwidth_ceilings`: an element-wise op looped over 1 to
 256 MiB). The sum of every op at its own ceiling is the step's *floor estimate*.
 
@@ -27,12 +27,11 @@ other way round: Linux ``perf`` samples the CPU time of the same number of steps
 code (:func:`_code_class`: the GEMM library's micro-kernels, its packing, the code XLA generated,
 the kernel's page faults); the GEMMs' rate then comes from their CPU time over the cores.
 
-    python benchmarks/cpu_profile.py --shape A [--dtype bfloat16] [--steps 1] [--perf] [--json OUT]
+    olmax bench profile benchmarks/shapes/A.yaml [train.compute_dtype=bfloat16] [--steps 3] [--perf]
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import glob
 import os
@@ -41,76 +40,53 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_side_by_side import apply_host_malloc  # noqa: E402
-from shapes import SHAPES, run_config  # noqa: E402
-
-from olmax.perf.hlo import dot_flops, op_bytes  # noqa: E402,F401
+from olmax.config import RunConfig
+from olmax.perf import hlo
 
 _CONTAINER = re.compile(r"^(while|conditional|call)(\.\d+)?$")
 _WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "Await", "WhileThunk", "PjRt")
 
 
-def parse_hlo(text: str) -> dict[str, dict]:
-    """Instruction name -> {shape, kind, op_name, source} from a compiled module's text."""
-    files = dict(re.findall(r'^(\d+) "([^"]*)"$', _section(text, "FileNames"), re.M))
-    funcs = dict(re.findall(r'^(\d+) "([^"]*)"$', _section(text, "FunctionNames"), re.M))
-    locs = {i: (f, fn, int(line)) for i, f, fn, line in re.findall(
-        r"^(\d+) \{file_name_id=(\d+) function_name_id=(\d+) line=(\d+)", _section(text, "FileLocations"),
-        re.M)}
-    frames = {i: (loc, parent) for i, loc, parent in re.findall(
-        r"^(\d+) \{file_location_id=(\d+) parent_frame_id=(\d+)", _section(text, "StackFrames"), re.M)}
+def instruction_info(text: str) -> dict[str, dict]:
+    """Instruction name -> {shape, kind, op_name, source} from a compiled module's text: ``kind``
+    the opcode (a fusion's kind; ``ynn_fusion`` for the GEMM library's), ``source`` the innermost
+    olmax (or optax) ``file:line function`` of its stack frames, else ``?``."""
+    comps, _ = hlo.parse(text)
+    frames = hlo.stack_frames(text)
 
     def source(frame_id: str | None) -> str:
-        seen = set()
-        while frame_id and frame_id in frames and frame_id not in seen:
-            seen.add(frame_id)
-            loc, parent = frames[frame_id]
-            f, fn, line = locs[loc]
-            path = files[f]
+        for path, line, fn in frames.get(int(frame_id), []) if frame_id else []:
             if "/olmax/" in path or "/optax/" in path:
                 short = path.split("/olmax/")[-1] if "/olmax/" in path else "optax/" + path.split("/optax/")[-1]
-                return f"{short}:{line} {funcs[fn].split('.')[-1]}"
-            frame_id = parent
+                return f"{short}:{line} {fn.split('.')[-1]}"
         return "?"
 
     out = {}
     # A fusion XLA built itself (a reduction split in two, a weight cast) can carry no metadata; it
     # then takes that of the first instruction in its body that has some.
-    comp, comp_meta, unnamed = None, {}, {}
-    inst = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+?(?:\{[^}]*\})?) ([\w\-]+)\(")
-    for line in text.splitlines():
-        c = _COMP.match(line)
-        if c:
-            comp = c.group(1)
-            continue
-        m = inst.match(line)
-        if not m:
-            continue
-        name, shape, opcode = m.groups()
-        op_name = re.search(r'op_name="([^"]*)"', line)
-        frame = re.search(r"stack_frame_id=(\d+)", line)
-        if op_name and comp not in comp_meta:
-            comp_meta[comp] = (op_name.group(1), frame.group(1) if frame else None)
-        kind = opcode
-        if opcode == "fusion":
-            fk = re.search(r"kind=(\w+)", line)
-            kind = "ynn_fusion" if "__ynn" in line else (fk.group(1) if fk else "fusion")
-            called = re.search(r"calls=%?([\w.\-]+)", line)
-            if not op_name and called:
-                unnamed[name] = called.group(1)
-        out[name] = {"shape": shape, "kind": kind, "op_name": op_name.group(1) if op_name else "",
-                     "source": source(frame.group(1) if frame else None)}
+    comp_meta, unnamed = {}, {}
+    for cname, instrs in comps.items():
+        for ins in instrs:
+            op_name = re.search(r'op_name="([^"]*)"', ins.text)
+            frame = re.search(r"stack_frame_id=(\d+)", ins.text)
+            if op_name and cname not in comp_meta:
+                comp_meta[cname] = (op_name.group(1), frame.group(1) if frame else None)
+            kind = ins.opcode
+            if ins.opcode == "fusion":
+                fk = re.search(r"kind=(\w+)", ins.text)
+                kind = "ynn_fusion" if "__ynn" in ins.text else (fk.group(1) if fk else "fusion")
+                called = hlo.called_computations(ins).get("calls", [])
+                if not op_name and called:
+                    unnamed[ins.name] = called[0]
+            out[ins.name] = {"shape": ins.shape.strip(), "kind": kind,
+                             "op_name": op_name.group(1) if op_name else "",
+                             "source": source(frame.group(1) if frame else None)}
     for name, called in unnamed.items():
         if called in comp_meta:
             op_name, frame = comp_meta[called]
             out[name].update(op_name=op_name, source=source(frame))
     return out
-
-
-_COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$")
 
 
 BANDWIDTH_MIB = (1, 4, 16, 64, 256)
@@ -149,11 +125,6 @@ def bandwidth_for(nbytes: float, ceilings: list[dict]) -> float:
     return ceilings[-1]["bytes_per_s"]
 
 
-def _section(text: str, name: str) -> str:
-    m = re.search(rf"^{name}\n(.*?)(?:\n\n|\n[A-Z][A-Za-z]+\n|\Z)", text, re.S | re.M)
-    return m.group(1) if m else ""
-
-
 def phase(op_name: str) -> str:
     if "rematted_computation" in op_name:
         return "remat"
@@ -165,7 +136,7 @@ def phase(op_name: str) -> str:
 
 
 def component(source: str, op_name: str) -> str:
-    """A coarse label from the source line (what the issue asks to separate)."""
+    """A coarse label of the step's part an op belongs to, from its source line."""
     s = source
     if s.startswith("optax/") or "optim.py" in s:
         return "optimizer (clip, AdamW)"
@@ -318,44 +289,33 @@ def parse_perf_report(text: str) -> tuple[dict[str, int], int]:
     return dict(share), total
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="A", choices=sorted(SHAPES))
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--attn", default="chunked")
-    p.add_argument("--steps", type=int, default=3,
-                   help="profiled steps after one warm-up (per-op figures: the median over them)")
-    p.add_argument("--top", type=int, default=25)
-    p.add_argument("--hlo", help="also write the compiled HLO text here")
-    p.add_argument("--host-malloc", choices=("system", "keep"), default="system",
-                   help="keep: large host blocks kept mapped between steps, as the olmax command "
-                        "does with OLMAX_HOST_MALLOC=keep (olmax.host_memory); system: glibc's defaults")
-    p.add_argument("--perf", action="store_true",
-                   help="also sample the CPU time of --steps more steps with Linux perf (perf record "
-                        "on this process) and split it by code: GEMM micro-kernels, the GEMM library's "
-                        "packing, XLA-generated code, the kernel (page faults)")
-    p.add_argument("--json", dest="json_out")
-    a = p.parse_args()
-    apply_host_malloc(a.host_malloc)
 
+
+def profile_step(cfg: RunConfig, steps: int = 3, *, hlo_out: str | None = None,
+                 perf: bool = False) -> dict:
+    """Compile the trainer's step for ``cfg`` on one device, run one warm-up step and ``steps``
+    profiled steps (one trace each: per-op medians over steps resist load spikes), and attribute
+    the time op by op (see the module docstring); ``perf``: also split ``steps`` more steps' CPU
+    time by code. Returns the figures :func:`format_profile` prints."""
     import jax
 
-    from olmax.perf.bench import TrainStepRunner
+    from olmax.io import write_bytes_atomic
+    from olmax.perf.bench import TrainStepRunner, matmul_ceiling
 
-    cfg = run_config(a.shape, a.dtype, a.attn)
+    dtype = cfg.train.compute_dtype
     runner = TrainStepRunner(cfg)
     ma = runner.compiled.memory_analysis()
     mem = {k: int(getattr(ma, k)) for k in ("argument_size_in_bytes", "output_size_in_bytes",
                                             "alias_size_in_bytes", "temp_size_in_bytes")}
     text = runner.compiled.as_text()
-    if a.hlo:
-        Path(a.hlo).write_text(text)
-    hlo = parse_hlo(text)
-    flops = dot_flops(text)
-    nbytes = op_bytes(text)
+    if hlo_out:
+        write_bytes_atomic(hlo_out, text.encode())
+    info_of = instruction_info(text)
+    flops = hlo.dot_flops(text)
+    nbytes = hlo.op_bytes(text)
     runner.run()
     per_step, walls, execs = [], [], []
-    for _ in range(a.steps):       # one trace per step: per-op medians over steps resist load spikes
+    for _ in range(steps):
         with tempfile.TemporaryDirectory() as d:
             t0 = time.perf_counter()
             with jax.profiler.trace(d):
@@ -370,7 +330,7 @@ def main() -> int:
 
     rows = []
     for name, (count, ms) in agg.items():
-        info = hlo.get(name, {"shape": "?", "kind": "?", "op_name": "", "source": "?"})
+        info = info_of.get(name, {"shape": "?", "kind": "?", "op_name": "", "source": "?"})
         f = flops.get(name, 0.0) * count
         b = 0 if f else nbytes.get(name, 0) * count
         rows.append({"op": name, "ms": ms, "count": count, **info, "dot_flops": f,
@@ -379,74 +339,79 @@ def main() -> int:
                      "phase": phase(info["op_name"]), "component": component(info["source"], info["op_name"])})
     rows.sort(key=lambda r: -r["ms"])
     total = sum(r["ms"] for r in rows)
-    s = SHAPES[a.shape]
-    print(f"shape {a.shape}: {s['label']}; batch {cfg.train.global_batch_size} x seq {cfg.train.seq_len}, "
-          f"{a.dtype}, attn={a.attn}; jax {jax.__version__}; load {os.getloadavg()[0]:.1f}")
-    print(f"step wall {wall:.2f} s (median of {a.steps}; executor {exec_ms / 1e3:.2f} s); per-op "
-          f"medians sum to {total / 1e3:.2f} s")
-    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
-    print("compiled memory: " + ", ".join(f"{k.replace('_size_in_bytes', '')} {gib(v)}" for k, v in mem.items()))
-    from olmax.perf.bench import matmul_ceiling
+    ceil = matmul_ceiling(1024, dtype)
+    bws = bandwidth_ceilings()
+    for r in rows:
+        if not r["dot_flops"]:
+            r["bandwidth_ceiling"] = bandwidth_for(r["bytes"] / max(r["count"], 1), bws) if r["bytes"] else None
+    floor_dots = sum(r["dot_flops"] for r in rows) / ceil["flops_per_s"]
+    floor_rest = sum(r["bytes"] / r["bandwidth_ceiling"] for r in rows if not r["dot_flops"] and r["bytes"])
+    cycles = perf_split(runner, steps) if perf else None
+    return {"jax": jax.__version__, "batch": cfg.train.global_batch_size, "seq_len": cfg.train.seq_len,
+            "dtype": dtype, "attn": cfg.train.attn_impl, "steps": steps, "step_wall_s": wall,
+            "executor_ms": exec_ms, "op_ms_total": total, "memory": mem, "ops": rows,
+            "matmul_ceiling": ceil, "bandwidth_ceilings": bws,
+            "floor_s": {"dots": floor_dots, "other": floor_rest}, "perf": cycles,
+            "loadavg": os.getloadavg()[0]}
 
-    ceil = matmul_ceiling(1024, a.dtype)
+
+def format_profile(p: dict, top: int = 25) -> str:
+    """The report of :func:`profile_step`: step wall time, compiled memory, the ceilings and the
+    floor estimate, the CPU time by code (``perf``), then markdown tables of the ``top`` ops and
+    the time by component, pass and kind."""
+    rows, total, steps, ceil = p["ops"], p["op_ms_total"], p["steps"], p["matmul_ceiling"]
+    out = [f"batch {p['batch']} x seq {p['seq_len']}, {p['dtype']}, attn={p['attn']}; jax {p['jax']}; "
+           f"load {p['loadavg']:.1f}",
+           f"step wall {p['step_wall_s']:.2f} s (median of {steps}; executor {p['executor_ms'] / 1e3:.2f} s); "
+           f"per-op medians sum to {total / 1e3:.2f} s"]
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    out.append("compiled memory: " + ", ".join(f"{k.replace('_size_in_bytes', '')} {gib(v)}"
+                                               for k, v in p["memory"].items()))
     ceil_g = ceil["flops_per_s"] / 1e9
     dots = [r for r in rows if r["dot_flops"]]
     dot_ms, dot_f = sum(r["ms"] for r in dots), sum(r["dot_flops"] for r in dots)
-    print(f"matmul ceiling (1024^3 {a.dtype}, fp32 accumulation, best of 10): {ceil_g:.1f} GFLOP/s; ops "
-          f"with dots: {dot_f / 1e9:.1f} GFLOP in {dot_ms:.0f} ms = {dot_f / dot_ms / 1e6:.1f} GFLOP/s "
-          f"({100 * dot_f / dot_ms / 1e6 / ceil_g:.0f} % of the ceiling), {100 * dot_ms / total:.0f} % of the step")
-    bws = bandwidth_ceilings()
+    if dot_ms:
+        out.append(f"matmul ceiling (1024^3 {p['dtype']}, fp32 accumulation, best of 10): {ceil_g:.1f} GFLOP/s; "
+                   f"ops with dots: {dot_f / 1e9:.1f} GFLOP in {dot_ms:.0f} ms = {dot_f / dot_ms / 1e6:.1f} "
+                   f"GFLOP/s ({100 * dot_f / dot_ms / 1e6 / ceil_g:.0f} % of the ceiling), "
+                   f"{100 * dot_ms / total:.0f} % of the step")
     rest = [r for r in rows if not r["dot_flops"]]
     rest_ms, rest_b = sum(r["ms"] for r in rest), sum(r["bytes"] for r in rest)
-    for r in rest:
-        r["bandwidth_ceiling"] = bandwidth_for(r["bytes"] / max(r["count"], 1), bws) if r["bytes"] else None
-    print("bandwidth ceilings (x = a*x + b in fp32, looped in one program; read + written): " +
-          ", ".join(f"{c['mib']} MiB {c['bytes_per_s'] / 1e9:.1f} GB/s" for c in bws))
-    floor_dots = dot_f / ceil["flops_per_s"]
-    floor_rest = sum(r["bytes"] / r["bandwidth_ceiling"] for r in rest if r["bytes"])
-    print(f"the other ops: {rest_b / 1e9:.2f} GB read + written (HLO shapes) in {rest_ms:.0f} ms = "
-          f"{rest_b / rest_ms / 1e6:.1f} GB/s; at the ceiling of each op's size: {floor_rest:.2f} s")
-    print(f"floor estimate (every op with dots at the matmul ceiling, every other op at its bandwidth "
-          f"ceiling, nothing overlapping): {floor_dots:.2f} + {floor_rest:.2f} = "
-          f"{floor_dots + floor_rest:.2f} s per step; measured {total / 1e3:.2f} s "
-          f"({total / 1e3 / (floor_dots + floor_rest):.2f}x the floor)")
-    cycles = perf_split(runner, a.steps) if a.perf else None
+    out.append("bandwidth ceilings (x = a*x + b in fp32, looped in one program; read + written): " +
+               ", ".join(f"{c['mib']} MiB {c['bytes_per_s'] / 1e9:.1f} GB/s" for c in p["bandwidth_ceilings"]))
+    floor_dots, floor_rest = p["floor_s"]["dots"], p["floor_s"]["other"]
+    if rest_ms:
+        out.append(f"the other ops: {rest_b / 1e9:.2f} GB read + written (HLO shapes) in {rest_ms:.0f} ms = "
+                   f"{rest_b / rest_ms / 1e6:.1f} GB/s; at the ceiling of each op's size: {floor_rest:.2f} s")
+    floor = floor_dots + floor_rest
+    out.append(f"floor estimate (every op with dots at the matmul ceiling, every other op at its bandwidth "
+               f"ceiling, nothing overlapping): {floor_dots:.2f} + {floor_rest:.2f} = "
+               f"{floor:.2f} s per step; measured {total / 1e3:.2f} s"
+               + (f" ({total / 1e3 / floor:.2f}x the floor)" if floor else ""))
+    cycles = p["perf"]
     if cycles:
-        print(f"\nCPU time by code, sampled by perf ({cycles['samples']} samples at {cycles['hz']} Hz "
-              f"over {a.steps} steps, {cycles['cpu_s_per_step']:.2f} CPU-s per step):\n"
-              "\n| code | % of CPU time | CPU-s per step |\n|---|---|---|")
+        out.append(f"\nCPU time by code, sampled by perf ({cycles['samples']} samples at {cycles['hz']} Hz "
+                   f"over {steps} steps, {cycles['cpu_s_per_step']:.2f} CPU-s per step):\n"
+                   "\n| code | % of CPU time | CPU-s per step |\n|---|---|---|")
         for k, v in cycles["share"].items():
-            print(f"| {k} | {100 * v:.1f} | {v * cycles['cpu_s_per_step']:.2f} |")
+            out.append(f"| {k} | {100 * v:.1f} | {v * cycles['cpu_s_per_step']:.2f} |")
         gemm_s = cycles["share"].get(GEMM_KERNELS, 0.0) * cycles["cpu_s_per_step"] / cycles["cores"]
         if gemm_s:
-            print(f"GEMM micro-kernels: {gemm_s:.2f} s per step on {cycles['cores']} cores = "
-                  f"{dot_f / gemm_s / 1e9:.1f} GFLOP/s ({100 * dot_f / gemm_s / 1e9 / ceil_g:.0f} % of the "
-                  f"matmul ceiling, whose own run includes its packing)")
-    print("\n| # | op | kind | shape | pass | source | ms | % | GFLOP/s or GB/s (% of its ceiling) |\n"
-          "|---|---|---|---|---|---|---|---|---|")
-    for i, r in enumerate(rows[:a.top], 1):
+            out.append(f"GEMM micro-kernels: {gemm_s:.2f} s per step on {cycles['cores']} cores = "
+                       f"{dot_f / gemm_s / 1e9:.1f} GFLOP/s ({100 * dot_f / gemm_s / 1e9 / ceil_g:.0f} % of "
+                       f"the matmul ceiling, whose own run includes its packing)")
+    out.append("\n| # | op | kind | shape | pass | source | ms | % | GFLOP/s or GB/s (% of its ceiling) |\n"
+               "|---|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(rows[:top], 1):
         g, gb = r["gflops_per_s"], r["gbytes_per_s"]
         rate = (f"{g:.1f} GFLOP/s ({100 * g / ceil_g:.0f} %)" if g else
                 f"{gb:.1f} GB/s ({100 * gb * 1e9 / r['bandwidth_ceiling']:.0f} %)" if gb else "-")
-        print(f"| {i} | {r['op']} | {r['kind']} | {r['shape']} | {r['phase']} | {r['source']} | "
-              f"{r['ms']:.0f} | {100 * r['ms'] / total:.1f} | {rate} |")
+        out.append(f"| {i} | {r['op']} | {r['kind']} | {r['shape']} | {r['phase']} | {r['source']} | "
+                   f"{r['ms']:.0f} | {100 * r['ms'] / total:.1f} | {rate} |")
     for key in ("component", "phase", "kind"):
         by: dict[str, float] = collections.defaultdict(float)
         for r in rows:
             by[r[key]] += r["ms"]
-        print(f"\n| {key} | ms | % |\n|---|---|---|")
-        for k, v in sorted(by.items(), key=lambda kv: -kv[1]):
-            print(f"| {k} | {v:.0f} | {100 * v / total:.1f} |")
-    if a.json_out:
-        from cpu_side_by_side import write_json
-
-        write_json(a.json_out, {"args": vars(a), "jax": jax.__version__, "step_wall_s": wall,
-                                "op_ms_total": total, "memory": mem, "ops": rows, "matmul_ceiling": ceil,
-                                "bandwidth_ceilings": bws, "floor_s": {"dots": floor_dots, "other": floor_rest},
-                                "perf": cycles,
-                                "loadavg": os.getloadavg()[0]})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        out.append(f"\n| {key} | ms | % |\n|---|---|---|")
+        out += [f"| {k} | {v:.0f} | {100 * v / total:.1f} |" for k, v in sorted(by.items(), key=lambda kv: -kv[1])]
+    return "\n".join(out)

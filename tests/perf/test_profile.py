@@ -1,13 +1,18 @@
-"""benchmarks/cpu_profile.py's accounting: FLOPs and bytes read from compiled HLO text, the split
-of perf samples by code, the choice of bandwidth ceiling. Hand-computed numbers."""
+"""``olmax bench profile``'s accounting: FLOPs and bytes read from compiled HLO text, the split
+of perf samples by code, the choice of bandwidth ceiling (hand-computed numbers); and the command
+on a tiny shape, its dot FLOPs against the analytic count."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import json
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import cpu_profile  # noqa: E402
+import pytest
+
+from olmax.cli import main
+from olmax.model.flops import flops_per_token
+from olmax.perf import hlo
+from olmax.perf import profile
+from olmax.train.recipes import load_recipe
 
 HLO = """HloModule jit_step, entry_computation_layout={(bf16[64,32]{1,0}, bf16[32,16]{1,0})->f32[64,16]{1,0}}
 
@@ -38,14 +43,14 @@ ENTRY %main (a: bf16[64,32], w: bf16[32,16], s: f32[16]) -> (bf16[64,16], f32[2]
 
 
 def test_dot_flops_of_a_fusion_are_its_body_dots():
-    flops = cpu_profile.dot_flops(HLO)
+    flops = hlo.dot_flops(HLO)
     assert flops["ynn_fusion"] == 2 * 64 * 16 * 32
     assert flops["dot.1"] == 2 * 64 * 16 * 32
     assert "scale_fusion" not in flops
 
 
 def test_op_bytes_count_result_and_operands_at_their_own_shapes():
-    b = cpu_profile.op_bytes(HLO)
+    b = hlo.op_bytes(HLO)
     assert b["ynn_fusion"] == 64 * 16 * 4 + 64 * 32 * 2 + 32 * 16 * 2
     # the broadcast operand is read once, at its own 16 floats
     assert b["scale_fusion"] == 64 * 16 * 2 + 64 * 16 * 4 + 16 * 4
@@ -66,9 +71,9 @@ def test_perf_report_split_by_code():
             15  libjax_common.so      [.] Eigen::ThreadPoolTempl<tsl::thread::EigenEnvironment>::WorkerLoop
              5  libpython3.11.so.1.0  [.] _PyEval_EvalFrameDefault
 """
-    share, total = cpu_profile.parse_perf_report(report)
+    share, total = profile.parse_perf_report(report)
     assert total == 1000
-    assert share[cpu_profile.GEMM_KERNELS] == 640
+    assert share[profile.GEMM_KERNELS] == 640
     assert share["GEMM library: packing, transposes, other"] == 30
     assert share["XLA-generated code (element-wise, reductions, copies)"] == 250
     assert share["kernel (page faults, zeroing, scheduling)"] == 60
@@ -80,13 +85,35 @@ def test_bandwidth_for_takes_the_smallest_working_set_that_holds_the_op():
     ceilings = [{"mib": 1, "traffic_bytes": 8 * 2**18, "bytes_per_s": 100.0},
                 {"mib": 4, "traffic_bytes": 32 * 2**18, "bytes_per_s": 80.0},
                 {"mib": 16, "traffic_bytes": 128 * 2**18, "bytes_per_s": 30.0}]
-    assert cpu_profile.bandwidth_for(10, ceilings) == 100.0
-    assert cpu_profile.bandwidth_for(8 * 2**18, ceilings) == 100.0
-    assert cpu_profile.bandwidth_for(8 * 2**18 + 1, ceilings) == 80.0
-    assert cpu_profile.bandwidth_for(10**12, ceilings) == 30.0
+    assert profile.bandwidth_for(10, ceilings) == 100.0
+    assert profile.bandwidth_for(8 * 2**18, ceilings) == 100.0
+    assert profile.bandwidth_for(8 * 2**18 + 1, ceilings) == 80.0
+    assert profile.bandwidth_for(10**12, ceilings) == 30.0
 
 
 def test_bandwidth_ceiling_counts_bytes_read_and_written():
-    (c,) = cpu_profile.bandwidth_ceilings((1,), min_bytes=2e8)
+    (c,) = profile.bandwidth_ceilings((1,), min_bytes=2e8)
     assert c["mib"] == 1 and c["traffic_bytes"] == 2 * 2**20   # 1 MiB read, 1 MiB written
     assert 1e8 < c["bytes_per_s"] < 1e13
+
+
+@pytest.mark.slow
+def test_bench_profile_command_on_a_tiny_shape(tmp_path, capsys):
+    out, hlo_out = tmp_path / "profile.json", tmp_path / "step.hlo.txt"
+    overrides = ["train.global_batch_size=2", "train.seq_len=64"]
+    assert main(["bench", "profile", "olmo3_tiny", *overrides, "--steps", "1", "--top", "5",
+                 "--json", str(out), "--hlo", str(hlo_out)]) == 0
+    table = capsys.readouterr().out
+    assert "floor estimate" in table and "| component | ms | % |" in table
+    p = json.loads(out.read_text())
+    assert p["recipe"] == "olmo3_tiny" and p["steps"] == 1 and p["batch"] == 2 and p["seq_len"] == 64
+    # the executor's wall time is shared out among the ops, so their ms add up to it
+    assert p["op_ms_total"] == pytest.approx(p["executor_ms"], rel=1e-3)
+    # the dots of one step (dense attention, no remat) do at least the causal count's matmul work
+    # and no more than OLMo-core's, which counts attention over the full T x T
+    cfg = load_recipe("olmo3_tiny", overrides)
+    dots = sum(r["dot_flops"] for r in p["ops"])
+    assert flops_per_token(cfg.model, 64, "causal") * 128 <= dots <= flops_per_token(cfg.model, 64, "olmo_core") * 128
+    assert {"fwd", "bwd", "update"} <= {r["phase"] for r in p["ops"]}
+    assert hlo_out.read_text().startswith("HloModule")
+    assert main(["bench", "profile", "olmo3_tiny", "--json", str(out)]) == 2     # exists: refused
