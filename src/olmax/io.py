@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 from olmax.errors import OlmaxError, RestartableError
-from olmax.lockfile import LockFile, LockHeld, describe
+from olmax.lockfile import LockFile, LockHeld, describe_holder
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ def build_once(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, wh
                 lock.acquire()
             except LockHeld as e:
                 if not told:
-                    log.info(f"olmax: waiting for {describe(e.holder)} to build {what} {path}")
+                    log.info(f"olmax: waiting for {describe_holder(e.holder)} to build {what} {path}")
                     told = True
                 time.sleep(poll_s)
                 continue

@@ -136,7 +136,7 @@ def env_seconds(name: str, default: float) -> float:
     return value
 
 
-def describe(holder: dict) -> str:
+def describe_holder(holder: dict) -> str:
     """``pid P on host H`` (and the attempt, when the holder has one)."""
     text = f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"
     return text + (f" (attempt {holder['attempt']})" if holder.get("attempt") else "")
@@ -192,12 +192,12 @@ class LockFile:
                     raise LockHeld(self._held_message(holder), holder)
                 if on_wait is not None and not told:
                     on_wait(f"{self.subject}: waiting up to {wait_s:.0f} s for "
-                            f"{describe(holder) if holder else 'an unknown holder'} to release "
+                            f"{describe_holder(holder) if holder else 'an unknown holder'} to release "
                             f"its lock {self.path} or to stop its heartbeat")
                     told = True
                 time.sleep(min(self.heartbeat, 5.0, max(0.05, deadline - time.monotonic())))
             if self._take_over(holder):
-                who = describe(holder) if holder else "an unknown holder"
+                who = describe_holder(holder) if holder else "an unknown holder"
                 self.took_over = f"took over a stale lock of {who} ({why})"
         raise LockHeld(f"{self.subject} is contended: could not take its lock ({self.path}) after "
                        "several tries")
@@ -228,9 +228,9 @@ class LockFile:
                     f"{self.user} uses it")
         if self._newer_attempt(holder):
             return (f"{self.subject} is held by attempt {holder['attempt']} of this job, "
-                    f"{describe(holder)}; this is attempt {self.attempt}, which it replaced")
+                    f"{describe_holder(holder)}; this is attempt {self.attempt}, which it replaced")
         since = f" since {holder['started']}" if holder.get("started") else ""
-        text = f"{self.subject} is in use by {self.user} {describe(holder)}{since}"
+        text = f"{self.subject} is in use by {self.user} {describe_holder(holder)}{since}"
         text += f"; {self.hint}" if self.hint else ""
         if holder.get("host") != socket.gethostname():
             age = self._heartbeat_age()
@@ -380,7 +380,7 @@ class LockFile:
         holder = self.holder()
         if holder.get("token") != self.token:
             self.lost = (f"{self.subject} was taken over by "
-                         f"{describe(holder) if holder else 'another process'} (its lock file "
+                         f"{describe_holder(holder) if holder else 'another process'} (its lock file "
                          f"{self.path} no longer holds this process's token)")
             return False
         return True
@@ -415,4 +415,4 @@ class LockFile:
         self.release()
 
 
-__all__ = ["LockFile", "LockHeld", "identity", "describe", "parse_attempt", "env_seconds"]
+__all__ = ["LockFile", "LockHeld", "identity", "describe_holder", "parse_attempt", "env_seconds"]

@@ -70,7 +70,7 @@ def _first_line(text: str) -> str:
     return ""
 
 
-def describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
     """The one line an exception becomes (see the module docstring)."""
     if isinstance(e, (ConfigError, OlmaxError)):
         return " ".join(str(e).split("\n"))
@@ -115,7 +115,7 @@ def run_reporting(command: str, func: Callable[[], int | None], *, debug: bool) 
     except Exception as e:  # noqa: BLE001 - the last resort: every failure becomes one line
         if debug:
             traceback.print_exc()
-        print(f"olmax {command}: error: {describe(e)}", file=sys.stderr, flush=True)
+        print(f"olmax {command}: error: {describe_error(e)}", file=sys.stderr, flush=True)
         return exit_code(e)
 
 
@@ -166,5 +166,5 @@ def quiet_libraries() -> None:
     sys.unraisablehook = hook
 
 
-__all__ = ["describe", "run_reporting", "exit_code", "EXIT_DONE", "EXIT_INPUT",
+__all__ = ["describe_error", "run_reporting", "exit_code", "EXIT_DONE", "EXIT_INPUT",
            "EXIT_ATTENTION", "EXIT_RESTART", "quiet_libraries", "debug_requested", "DEBUG_FLAG"]

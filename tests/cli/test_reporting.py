@@ -14,7 +14,7 @@ import pytest
 
 from olmax.cli import main
 from olmax.errors import ConfigError, NeedsAttentionError, OlmaxError, RestartableError
-from olmax.reporting import describe, exit_code, quiet_libraries, run_reporting
+from olmax.reporting import describe_error, exit_code, quiet_libraries, run_reporting
 
 
 def _lines(text: str) -> list[str]:
@@ -41,7 +41,7 @@ def test_library_errors_become_one_line(capsys, exc, line, code):
     assert run_reporting("eval", fail, debug=False) == code
     err = capsys.readouterr().err
     assert _lines(err) == [f"olmax eval: error: {line}"]
-    assert describe(exc) == line
+    assert describe_error(exc) == line
 
 
 @pytest.mark.parametrize("exc, code", [
