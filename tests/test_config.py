@@ -24,7 +24,7 @@ def test_unknown_preset():
 
 def test_overrides_and_preset_fields():
     data = apply_overrides({"model": {"preset": "olmo3-tiny"}},
-                           ["model.n_layers=8", "train.max_steps=7", "optim.lr=1e-3",
+                           ["model.n_layers=8", "train.max_steps=7", "train.seq_len=256", "optim.lr=1e-3",
                             "data.paths=[a.npy, b.npy]", "model.window_pattern=[8, null]"])
     cfg = run_config_from_dict(data)
     assert cfg.model.n_layers == 8 and cfg.model.window_pattern == (8, None)

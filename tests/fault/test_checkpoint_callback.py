@@ -1,7 +1,7 @@
 """Checkpoint saves and the start state on a stand-in trainer (plain pytrees, real optimizer,
 single device): resume with metrics rewind, NaN guard, SIGTERM save, stage-2 warm start.
 
-The stand-in runs the trainer's own pieces in the trainer's order: ``initial_state``, the
+The stand-in runs the trainer's own pieces in the trainer's order: ``start_state``, the
 non-finite check, the :class:`CheckpointSaver` hooks."""
 
 from __future__ import annotations
@@ -17,19 +17,20 @@ import numpy as np
 import pytest
 
 from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree
-from olmax.config import CheckpointConfig, InitConfig, OptimConfig, RunConfig
+from olmax.config import CheckpointConfig, InitConfig, OptimConfig, RunConfig, TrainConfig
 from olmax.errors import OlmaxError
 from olmax.model.presets import get_preset
 from olmax.train.callbacks import Run
 from olmax.train.callbacks.saver import CheckpointSaver
-from olmax.train.init_state import initial_state
+from olmax.train.start import start_state
 from olmax.train.optim import build_optimizer
 from olmax.train.state import TrainState
 from olmax.train.trainer import NonFiniteLossError, non_finite
 
 
 def run_cfg(**sections) -> RunConfig:
-    base = dict(model=get_preset("olmo3-tiny"), checkpoint=CheckpointConfig(interval=2, keep=5),
+    base = dict(model=get_preset("olmo3-tiny"), train=TrainConfig(seq_len=256),
+                checkpoint=CheckpointConfig(interval=2, keep=5),
                 optim=OptimConfig(rolling_interval_length=4))
     return RunConfig(**{**base, **sections})
 
@@ -44,13 +45,13 @@ class FakeTrainer:
         self.cb = CheckpointSaver()
         self.run_view = Run(cfg, run_dir, is_main=True, checkpointer=self.ckpt)
 
-    def init_state(self, params):
+    def fresh_state(self, params):
         if params is None:
             params = {"w": jnp.linspace(-1.0, 1.0, 16).reshape(4, 4), "embed": jnp.ones((3, 4))}
         return TrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
 
     def start(self):
-        return initial_state(self.cfg, self.ckpt, abstract_tree(self.init_state(None)), self.init_state,
+        return start_state(self.cfg, self.ckpt, abstract_tree(self.fresh_state(None)), self.fresh_state,
                              metrics_path=self.run_dir / "metrics.jsonl")
 
     @property

@@ -21,6 +21,8 @@ the tree metadata (``np.ndarray`` leaves) are the ones orbax writes for numpy le
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import itertools
 import json
 import math
@@ -182,8 +184,23 @@ def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfi
 
 
 def load_meta(path: str | os.PathLike) -> dict:
-    """The meta JSON of the step dir ``path`` resolves to (format version checked)."""
+    """The meta JSON of the step dir ``path`` resolves to (format version checked). Read once per
+    process while its files stay as they are (resolving a run and starting it both ask)."""
     step = resolve_step_dir(path)
+    return copy.deepcopy(_read_meta(step, _files_stamp(step / META_ITEM)))
+
+
+def _files_stamp(folder: Path) -> tuple:
+    """Names, sizes and modification times of the files below ``folder``: what a rewrite changes."""
+    try:
+        return tuple(sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+                            for p in folder.rglob("*") if p.is_file()))
+    except OSError:
+        return ()
+
+
+@functools.lru_cache(maxsize=16)
+def _read_meta(step: Path, _stamp: tuple) -> dict:
     try:
         meta = _checkpointer().restore(step, args=ocp.args.Composite(
             **{META_ITEM: ocp.args.JsonRestore()}))[META_ITEM]

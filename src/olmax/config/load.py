@@ -161,28 +161,46 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(f"{path}: cannot interpret {shown(value)} as {_type_name(tp)}")
 
 
-def from_dict(cls: type, data: Mapping[str, Any], path: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, strictly: unknown keys and wrong types are errors."""
+def typed_fields(cls: type, data: Mapping[str, Any], path: str = "", *,
+                 also: Sequence[str] = ()) -> dict[str, Any]:
+    """``data``'s values checked and converted against the fields of dataclass ``cls`` (an unknown
+    key is a ConfigError naming it and the valid ones; ``also``: further keys the caller reads,
+    returned unconverted). Missing fields are not this function's business: see :func:`build`."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     kwargs = {}
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
-        if key not in names:
-            raise ConfigError(f"unknown config key '{where}' (valid keys here: {', '.join(names)})")
-        kwargs[key] = _convert(value, hints[key], where)
+        if key in also:
+            kwargs[key] = value
+        elif key in names:
+            kwargs[key] = _convert(value, hints[key], where)
+        else:
+            valid = [*also, *(n for n in names if n not in also)]
+            raise ConfigError(f"unknown config key '{where}' (valid keys here: {', '.join(valid)})")
+    return kwargs
+
+
+def build(cls: type, fields: Mapping[str, Any], path: str = "") -> Any:
+    """Dataclass ``cls`` from already typed ``fields``: a missing required field, or a value its
+    own checks refuse, is a ConfigError naming it."""
     missing = [f.name for f in dataclasses.fields(cls)
-               if f.init and f.name not in kwargs
+               if f.init and f.name not in fields
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         where = f"{path}." if path else ""
         raise ConfigError(f"missing config key '{where}{missing[0]}'")
     try:
-        return cls(**kwargs)
+        return cls(**fields)
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{path or cls.__name__}: {e}") from None
+
+
+def from_dict(cls: type, data: Mapping[str, Any], path: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, strictly: unknown keys and wrong types are errors."""
+    return build(cls, typed_fields(cls, data, path), path)
 
 
 def to_dict(obj: Any) -> Any:
@@ -217,9 +235,16 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
-    """Apply ``key.sub=value`` overrides to a nested plain-data mapping (a deep copy is returned)."""
+def apply_overrides(data: dict, overrides: Sequence[str], *,
+                    one_of: Mapping[tuple[str, ...], Sequence[str]] | None = None) -> dict:
+    """Apply ``key.sub=value`` overrides to a nested plain-data mapping (a deep copy is returned).
+
+    ``one_of`` names tagged sections: ``{("data",): ("paths", "mix", ...)}`` says that a section
+    holds exactly one of those keys, so an override of one of them replaces what the section held
+    (the others given before the overrides are dropped; two given by overrides stay, for the
+    section's own check to refuse)."""
     data = copy.deepcopy(data)
+    given: dict[tuple[str, ...], set[str]] = {}
     for text in overrides:
         keys, value = parse_override(text)
         node = data
@@ -230,7 +255,15 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
             if not isinstance(child, dict):
                 raise ConfigError(f"override '{text}': '{k}' is not a section")
             node = child
-        node[keys[-1]] = value
+        section, key = tuple(keys[:-1]), keys[-1]
+        tags = (one_of or {}).get(section, ())
+        if key in tags:
+            mine = given.setdefault(section, set())
+            for other in tags:
+                if other not in mine:
+                    node.pop(other, None)
+            mine.add(key)
+        node[key] = value
     return data
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
-from olmax.config.load import check_choices, check_positive
+from olmax.config.load import build, check_choices, check_positive, shown, typed_fields
 from olmax.errors import ConfigError
 
 
@@ -386,7 +386,75 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
+        """The rules between sections (each section checked its own values when it was built)."""
         check_seed(self.seed, "seed")
+        t, model = self.train, self.model
+        if t.seq_len > model.max_seq_len and model.rope_scaling is None:
+            raise ConfigError(f"train.seq_len {t.seq_len} exceeds model.max_seq_len {model.max_seq_len}")
+
+
+# Tagged sections: an override of one of these keys replaces what the section held
+# (olmax.config.load.apply_overrides).
+ONE_OF: dict[tuple[str, ...], tuple[str, ...]] = {("data",): DATA_SOURCES}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A recipe's ``model`` section as written: a preset name and the fields given, each already
+    checked against :class:`ModelConfig`'s types (a field left out is not in ``fields``; a preset
+    stands for all of its fields). :func:`olmax.model.presets.resolve_model` turns it, with the
+    weights' own config when there are weights, into the ModelConfig."""
+
+    preset: str | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, section: Any, path: str = "model") -> "ModelSpec":
+        if section is None:
+            return cls()
+        if not isinstance(section, Mapping):
+            raise ConfigError(f"{path}: expected a mapping (a preset and fields), got "
+                              f"{type(section).__name__} {shown(section)}")
+        fields = typed_fields(ModelConfig, section, path, also=("preset",))
+        preset = fields.pop("preset", None)
+        if preset is not None and not isinstance(preset, str):
+            raise ConfigError(f"{path}.preset: expected str, got {shown(preset)}")
+        return cls(preset, fields)
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> "ModelSpec":
+        """Every field of ``model`` given."""
+        return cls(None, {f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
+
+    def __bool__(self) -> bool:
+        return self.preset is not None or bool(self.fields)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A recipe (overrides applied), every section typed and checked once, before the model is
+    resolved: :class:`RunConfig`'s sections, with the model as a :class:`ModelSpec`."""
+
+    model: ModelSpec
+    sections: Mapping[str, Any]      # RunConfig's other fields that the recipe gives, typed
+
+    @classmethod
+    def parse(cls, raw: Any) -> "RunSpec":
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"a run configuration is a mapping of sections, got "
+                              f"{type(raw).__name__} {shown(raw)}")
+        sections = typed_fields(RunConfig, raw, also=("model",))
+        return cls(ModelSpec.parse(sections.pop("model", None)), sections)
+
+    @property
+    def init(self) -> InitConfig:
+        return self.sections.get("init") or InitConfig()
+
+    def finish(self, model: ModelConfig, **replaced: Any) -> RunConfig:
+        """The RunConfig with ``model`` (its own checks hold the rules between sections);
+        ``replaced``: sections the resolution changed (a mix name found on disk)."""
+        return build(RunConfig, {**self.sections, **replaced, "model": model})
+
 
 
 __all__ = [
@@ -394,5 +462,6 @@ __all__ = [
     "RunConfig", "DataConfig", "SourceMixtureConfig", "MixtureSourceConfig", "TokenDtype",
     "DataSource", "DATA_SOURCES", "TrainConfig", "ComputeDtype", "AttnImpl", "PlatformProfile",
     "Remat", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig", "SEED_LIMIT",
-    "check_seed", "DistributedConfig", "MeshConfig", "EvalConfig", "LoggingConfig",
+    "check_seed", "DistributedConfig", "MeshConfig", "EvalConfig", "LoggingConfig", "ONE_OF",
+    "ModelSpec", "RunSpec",
 ]

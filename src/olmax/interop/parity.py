@@ -33,11 +33,11 @@ from olmax.checkpoint.weights import load_model_config, load_params
 from olmax.config import ModelConfig
 from olmax.errors import ConfigError, OlmaxError
 from olmax.data.tokenizer import get_tokenizer
-from olmax.interop.architecture import describe, differences
 from olmax.interop.hf import load_hf
 from olmax.interop.hf_config import model_config_from_hf, read_hf_config
 from olmax.interop.safetensors import check_safetensors_dir
 from olmax.model.olmo3 import forward
+from olmax.model.presets import describe_differences, differences
 from olmax.model.runtime import Runtime
 
 PARITY_DTYPES = ("float32", "bfloat16")
@@ -185,7 +185,8 @@ def _check_same_architecture(ckpt_cfg: ModelConfig, hf_cfg: ModelConfig, ckpt: A
     diff = differences(hf_cfg, ckpt_cfg)
     if diff:
         raise OlmaxError(f"checkpoint {ckpt} is another model than {hf_dir}: "
-                         + describe(hf_cfg, ckpt_cfg, diff, f"{hf_dir}/config.json", "the checkpoint"))
+                         + describe_differences(hf_cfg, ckpt_cfg, diff, f"{hf_dir}/config.json",
+                                                "the checkpoint"))
 
 
 def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | None = None,

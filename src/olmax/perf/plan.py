@@ -34,7 +34,6 @@ import dataclasses
 import time
 
 from olmax.config import RunConfig
-from olmax.errors import ConfigError
 from olmax.io import write_bytes_atomic
 from olmax.perf import hlo
 from olmax.perf.costs import DoesNotFit, compile_or_explain, cost, kernel_flops, part_costs
@@ -80,8 +79,6 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     n = len(devices)
     dev = devices[0]
     model, train = cfg.model, cfg.train
-    if train.seq_len > model.max_seq_len and model.rope_scaling is None:
-        raise ConfigError(f"train.seq_len {train.seq_len} exceeds model.max_seq_len {model.max_seq_len}")
     st = build_sharded_training(model, train, build_optimizer(cfg.optim), mesh, jax.random.key(0))
     b, t = train.global_batch_size, train.seq_len
     batch = {"tokens": jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=st.batch_shardings["tokens"]),

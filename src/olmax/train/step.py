@@ -151,7 +151,7 @@ class ShardedTraining(NamedTuple):
     """Everything a loop needs to train on a mesh (built by :func:`build_sharded_training`)."""
 
     step_fn: Callable            # jitted (state, batch, lr) -> (state, metrics)
-    init_state: Callable         # params | None -> TrainState (None: fresh init from ``key``)
+    fresh_state: Callable        # params | None -> TrainState at step 0 (None: fresh params from ``key``)
     state_shardings: Any         # TrainState of NamedShardings
     abstract_state: Any          # TrainState of ShapeDtypeStructs carrying those shardings
     batch_shardings: dict        # tokens [B, T] / instance_mask [B], rows over data x fsdp
@@ -179,9 +179,9 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
     init_p = jax.jit(lambda k: init_params(model_cfg, k), out_shardings=p_sh)
     make_state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=state_sh)
 
-    def init_state(params=None):
+    def fresh_state(params=None):
         return make_state(init_p(key) if params is None else params)
 
     step = make_train_step(model_cfg, train_cfg, tx, n_micro=n_micro, mesh=mesh, runtime=runtime)
-    return ShardedTraining(jit_train_step(step, state_sh, b_sh, mesh), init_state, state_sh,
+    return ShardedTraining(jit_train_step(step, state_sh, b_sh, mesh), fresh_state, state_sh,
                            abstract_state, b_sh, n_micro, runtime)

@@ -7,7 +7,7 @@
 2. Training data (``olmax.data.loader.build_train_data``); trainer step s >= 1 consumes data batch
    b = s - 1. Each process reads only its rows (``host_batch``) and the global array is assembled
    with ``jax.make_array_from_process_local_data``.
-3. The start state from :func:`olmax.train.init_state.initial_state` (resume from
+3. The start state from :func:`olmax.train.start.start_state` (resume from
    ``RUN_DIR/checkpoints/``, else warm start from ``init.checkpoint`` / ``init.hf_dir``, else a
    fresh init from ``init.seed``).
 4. Per step: LR from the OLMo-core schedule at ``step`` (counted from 1), the compiled step, then
@@ -59,7 +59,7 @@ from olmax.parallel.distributed import check_devices, maybe_initialize
 from olmax.parallel.mesh import make_mesh
 from olmax.train.callbacks import Callback, Run, build_callbacks
 from olmax.train.callbacks.run_lock import lock_run_dir
-from olmax.train.init_state import initial_state
+from olmax.train.start import start_state
 from olmax.train.run_log import MetricsLogger
 from olmax.train.optim import build_optimizer
 from olmax.train.schedules import build_schedule
@@ -150,13 +150,11 @@ class Trainer:
     # -- setup -------------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        """What the sections cannot check alone (each checked its own values when it was built)."""
-        t, model = self.cfg.train, self.cfg.model
-        if t.seq_len > model.max_seq_len and model.rope_scaling is None:
-            raise OlmaxError(f"train.seq_len {t.seq_len} exceeds model.max_seq_len {model.max_seq_len}")
+        """What training needs beyond a valid RunConfig (which checked its own sections and the
+        rules between them): a data source; then the optimizer and schedule."""
         self.cfg.data.source()   # exactly one training data source (ConfigError otherwise)
         self.tx = build_optimizer(self.cfg.optim)
-        self.schedule = build_schedule(self.cfg.scheduler, self.cfg.optim.lr, t.max_steps)
+        self.schedule = build_schedule(self.cfg.scheduler, self.cfg.optim.lr, self.cfg.train.max_steps)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if self.logger is not None:
@@ -194,7 +192,7 @@ class Trainer:
         if self.data.num_instances < t.global_batch_size:
             raise OlmaxError(f"training data has {self.data.num_instances} instances of {t.seq_len} "
                              f"tokens, fewer than one global batch ({t.global_batch_size})")
-        self.step_fn, self._init_state = st.step_fn, st.init_state
+        self.step_fn, self._fresh_state = st.step_fn, st.fresh_state
         self.abstract_state = st.abstract_state
         self.batch_sharding, self.n_micro = st.batch_shardings, st.n_micro
 
@@ -246,7 +244,7 @@ class Trainer:
                                   data_fingerprint=self.data.fingerprint, log_fn=self.log)
         bar, losses, failed = None, [], True
         try:
-            start = initial_state(self.cfg, ckpt, self.abstract_state, self._init_state, self.data,
+            start = start_state(self.cfg, ckpt, self.abstract_state, self._fresh_state, self.data,
                                   metrics_path=self.run_dir / "metrics.jsonl")
             run.state, run.step, run.origin = start.state, start.step, start.origin
             self.logger = MetricsLogger(self.run_dir, self.cfg.logging, enabled=self.is_main,

@@ -8,7 +8,7 @@
 
 A step whose loss or applied gradient is not finite never reaches ``after_log`` (the trainer
 stops first), so every checkpoint on disk holds a finite state. Where a run starts from (resume,
-warm start, HF weights, fresh) is :func:`olmax.train.init_state.initial_state`'s business.
+warm start, HF weights, fresh) is :func:`olmax.train.start.start_state`'s business.
 
 Meta written with every checkpoint: ``model``, ``config`` (resolved RunConfig), ``seed``,
 ``data_position`` (= batches consumed = step; the next batch index is ``data_position``),

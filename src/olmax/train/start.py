@@ -1,4 +1,4 @@
-"""Where a run's training state comes from: one function, :func:`initial_state`.
+"""Where a run's training state comes from: one function, :func:`start_state`.
 
 In this order:
 
@@ -13,8 +13,10 @@ In this order:
 3. **Hugging Face** weights from ``init.hf_dir``, with a fresh optimizer.
 4. **Fresh**: parameters initialised from ``init.seed``.
 
-The run's model must be the one the weights were saved with (:mod:`olmax.interop.architecture`),
-and weights holding NaN/Inf are refused by name (:mod:`olmax.model.finite`).
+The run's model must be the one the weights were saved with: the weights' config is read by
+:func:`olmax.interop.architecture.read_weights_config` and checked by
+:func:`olmax.model.presets.resolve_model`, the functions that resolved the recipe. Weights holding
+NaN/Inf are refused by name (:mod:`olmax.model.finite`).
 
 On every start ``metrics.jsonl`` is rewound to the start step (lines of later steps, which the
 run will log again, are dropped), so the file always reads like one uninterrupted run.
@@ -33,12 +35,13 @@ import jax.numpy as jnp
 
 from olmax.checkpoint.checkpointer import Checkpointer, open_step_dir
 from olmax.checkpoint.format import OPT_STATE_ITEM, resolve_step_dir
-from olmax.checkpoint.weights import load_model_config, load_params
-from olmax.config import ModelConfig, RunConfig, to_dict
+from olmax.checkpoint.weights import load_params
+from olmax.config import ModelConfig, ModelSpec, RunConfig, to_dict
 from olmax.errors import OlmaxError
-from olmax.interop.architecture import check_model, describe
+from olmax.interop.architecture import read_weights_config
 from olmax.interop.hf import load_hf
 from olmax.model.finite import check_params
+from olmax.model.presets import WeightsConfig, describe_differences, differences, resolve_model
 from olmax.train.run_log import rewind_jsonl
 
 
@@ -48,19 +51,20 @@ class Start(NamedTuple):
     origin: dict    # where the weights came from: {"kind": "fresh" | "checkpoint" | "hf", ...}
 
 
-def initial_state(cfg: RunConfig, ckpt: Checkpointer, abstract_state: Any,
-                  init_state: Callable[[Any], Any], data: Any = None, *,
-                  metrics_path: str | os.PathLike | None = None) -> Start:
+def start_state(cfg: RunConfig, ckpt: Checkpointer, abstract_state: Any,
+                fresh_state: Callable[[Any], Any], data: Any = None, *,
+                metrics_path: str | os.PathLike | None = None) -> Start:
     """The state to train from (see the module docstring).
 
     ``ckpt``: the run's own checkpoints. ``abstract_state``: a TrainState of
-    ``jax.ShapeDtypeStruct`` with the target shardings. ``init_state(params)``: a fresh TrainState
+    ``jax.ShapeDtypeStruct`` with the target shardings. ``fresh_state(params)``: a fresh TrainState
     (step 0) around ``params`` (None: fresh params). ``data``: its ``check_fingerprint`` is called
     with a resumed checkpoint's fingerprint. ``metrics_path``: rewound to the start step.
     """
-    start = (_resume(cfg, ckpt, abstract_state, data) or _warm_start(cfg, abstract_state, init_state, ckpt)
-             or _from_hf(cfg, abstract_state, init_state, ckpt)
-             or Start(init_state(None), 0, {"kind": "fresh"}))
+    start = (_resume(cfg, ckpt, abstract_state, data)
+             or _warm_start(cfg, abstract_state, fresh_state, ckpt)
+             or _from_hf(cfg, abstract_state, fresh_state, ckpt)
+             or Start(fresh_state(None), 0, {"kind": "fresh"}))
     if metrics_path is not None and jax.process_index() == 0:
         rewind_jsonl(metrics_path, start.step)
     return start
@@ -91,12 +95,12 @@ def _resume(cfg: RunConfig, ckpt: Checkpointer, abstract_state: Any, data: Any) 
     return Start(state, step, meta.get("init", {"kind": "fresh"}))
 
 
-def _warm_start(cfg: RunConfig, abstract_state: Any, init_state: Callable[[Any], Any],
+def _warm_start(cfg: RunConfig, abstract_state: Any, fresh_state: Callable[[Any], Any],
                 ckpt: Checkpointer) -> Start | None:
     if not cfg.init.checkpoint:
         return None
     where = resolve_step_dir(cfg.init.checkpoint)
-    _check_architecture(cfg, load_model_config(where), "init.checkpoint", f"{where}/meta", ckpt)
+    _check_architecture(cfg, read_weights_config(cfg.init), ckpt)
     load_opt = cfg.init.load_optimizer
     if load_opt and not (where / OPT_STATE_ITEM).is_dir():
         raise OlmaxError(f"init.checkpoint {where} has no optimizer state "
@@ -106,7 +110,7 @@ def _warm_start(cfg: RunConfig, abstract_state: Any, init_state: Callable[[Any],
         params, _ = load_params(where, dtype=jax.tree.leaves(target)[0].dtype,
                                 shardings=jax.tree.map(lambda t: t.sharding, target))
         ckpt.report(f"warm start from {where} (params, fresh optimizer)")
-        return Start(init_state(params), 0, {"kind": "checkpoint", "path": str(where), "step": None,
+        return Start(fresh_state(params), 0, {"kind": "checkpoint", "path": str(where), "step": None,
                                              "load_optimizer": False})
     ro, step = open_step_dir(where, report=ckpt.report)
     items = ("params", "opt_state") if load_opt else ("params",)
@@ -120,37 +124,37 @@ def _warm_start(cfg: RunConfig, abstract_state: Any, init_state: Callable[[Any],
         state = state._replace(opt_state=_restart_skip_windows(state.opt_state),
                                step=jnp.zeros_like(state.step))
     else:
-        state = init_state(state.params)
+        state = fresh_state(state.params)
     ckpt.report(f"warm start from {where} (step {step}; "
                 f"{'params + optimizer state' if load_opt else 'params, fresh optimizer'})")
     return Start(state, 0, {"kind": "checkpoint", "path": str(where), "step": step,
                             "load_optimizer": load_opt})
 
 
-def _from_hf(cfg: RunConfig, abstract_state: Any, init_state: Callable[[Any], Any],
+def _from_hf(cfg: RunConfig, abstract_state: Any, fresh_state: Callable[[Any], Any],
              ckpt: Checkpointer) -> Start | None:
     hf_dir = cfg.init.hf_dir
     if not hf_dir:
         return None
     params, hf_cfg, _ = load_hf(hf_dir, padded_vocab_size=cfg.model.padded_vocab_size)
-    _check_architecture(cfg, hf_cfg, "init.hf_dir", f"{hf_dir}/config.json", ckpt)
+    _check_architecture(cfg, WeightsConfig(hf_cfg, "init.hf_dir", f"{hf_dir}/config.json"), ckpt)
     params = jax.tree.map(
         lambda x, t: jax.make_array_from_callback(t.shape, t.sharding,
                                                   lambda idx: x[idx].astype(t.dtype)),
         params, abstract_state.params)
     ckpt.report(f"initialised from HF weights in {hf_dir} (fresh optimizer)")
-    return Start(init_state(params), 0, {"kind": "hf", "path": str(hf_dir)})
+    return Start(fresh_state(params), 0, {"kind": "hf", "path": str(hf_dir)})
 
 
-def _check_architecture(cfg: RunConfig, source: ModelConfig, key: str, where: str,
-                        ckpt: Checkpointer) -> None:
-    """The run's model must be the weights' model (:mod:`olmax.interop.architecture`)."""
-    allow = cfg.init.allow_architecture_override
-    overridden = check_model(cfg.model, source, allow_override=allow, key=key, where=where,
-                             hf_source=key == "init.hf_dir")
+def _check_architecture(cfg: RunConfig, weights: WeightsConfig, ckpt: Checkpointer) -> None:
+    """The run's model must be the weights' model, by the rule that resolved the recipe
+    (every field of the run's model counts as given)."""
+    resolve_model(ModelSpec.of(cfg.model), weights,
+                  allow_override=cfg.init.allow_architecture_override)
+    overridden = differences(weights.model, cfg.model)
     if overridden:
-        ckpt.report(f"note: {describe(source, cfg.model, overridden, where, 'this run')} "
-                    f"(init.allow_architecture_override=true)")
+        said = describe_differences(weights.model, cfg.model, overridden, weights.where, "this run")
+        ckpt.report(f"note: {said} (init.allow_architecture_override=true)")
 
 
 def _field_difference(saved: dict, current: ModelConfig) -> str | None:
