@@ -1,7 +1,8 @@
-"""Remote token-file reads vs local: training batches from the same files on local disk, an HTTP
-server and moto's S3 server, both on 127.0.0.1 (the servers the tests use), rounds interleaved.
+"""Remote token-file reads vs local: training batches from the same files on local disk, over
+plain HTTP and over S3, both from moto's S3 server on 127.0.0.1 (HTTP: its path-style object
+URLs, read with ranged GETs as from any file server), rounds interleaved.
 
-    PYTHONPATH=tests python benchmarks/remote_read.py [--files 4] [--tokens-per-file 4000000] [--seq-len 2048]
+    python benchmarks/remote_read.py [--files 4] [--tokens-per-file 4000000] [--seq-len 2048]
         [--batch 64] [--batches 8] [--rounds 3] [--json benchmarks/results/remote_read.json]
 
 Reports batches/s and MB/s of token payload per source, and whether every batch hash agrees. The
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import os
 import sys
 import tempfile
@@ -21,9 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from cpu_side_by_side import write_json
 
-from helpers.remote_servers import file_server, s3_server   # the tests' loopback servers: PYTHONPATH=tests
+from olmax.io import write_json_atomic
 
 DOLMA2 = {"name": "dolma2", "vocab_size": 100278, "eos_token_id": 100257, "pad_token_id": 100277,
           "bos_token_id": None}
@@ -41,6 +42,7 @@ def main() -> int:
     a = p.parse_args()
 
     import boto3
+    from moto.server import ThreadedMotoServer
 
     from olmax.data.loader import TrainData
 
@@ -54,15 +56,19 @@ def main() -> int:
         names.append(name)
         blobs[name] = data
     kw = dict(seq_len=a.seq_len, global_batch_size=a.batch, seed=1, tokenizer=DOLMA2)
-    with file_server({f"/{n}": b for n, b in blobs.items()}) as http, s3_server() as endpoint:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)    # moto's server: no line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = "http://%s:%d" % server.get_host_and_port()
+    try:
         os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x",
                           AWS_DEFAULT_REGION="us-east-1")
         s3 = boto3.client("s3", endpoint_url=endpoint)
         s3.create_bucket(Bucket="bench")
         for n, b in blobs.items():
-            s3.put_object(Bucket="bench", Key=n, Body=b)
+            s3.put_object(Bucket="bench", Key=n, Body=b, ACL="public-read")   # HTTP reads: no signature
         sources = {"local": [str(work / n) for n in names],
-                   "http": [f"{http.url}/{n}" for n in names],
+                   "http": [f"{endpoint}/bench/{n}" for n in names],
                    "s3": [f"s3://bench/{n}" for n in names]}
         data = {k: TrainData(v, **kw) for k, v in sources.items()}
         for d in data.values():  # warm-up: connections, first metadata
@@ -75,6 +81,8 @@ def main() -> int:
                 got = [d.global_batch(1 + r * a.batches + b)["tokens"] for b in range(a.batches)]
                 seconds[k].append(time.perf_counter() - t0)
                 hashes[k].append([hashlib.sha256(t.tobytes()).hexdigest() for t in got])
+    finally:
+        server.stop()
     payload = a.batches * a.batch * a.seq_len * 4
     result = {"files": a.files, "tokens_per_file": a.tokens_per_file, "seq_len": a.seq_len,
               "global_batch": a.batch, "batches_per_round": a.batches, "rounds": a.rounds,
@@ -87,7 +95,8 @@ def main() -> int:
         print(f"{k:>5}: {a.batches / best:8.1f} batches/s  {payload / best / 1e6:8.1f} MB/s  "
               f"({a.batch} ranged reads of {a.seq_len * 4} B per batch; best of {a.rounds})")
     print(f"same batches from every source: {result['same_batches']}")
-    write_json(a.json_out, result)
+    if a.json_out:
+        write_json_atomic(a.json_out, result)
     return 0 if result["same_batches"] else 1
 
 

@@ -23,8 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from cpu_side_by_side import write_json
-
+from olmax.io import write_json_atomic
 from olmax.perf.abtest import Leg, interleave
 
 # Candidates worth measuring; none is assumed to help.
@@ -100,7 +99,8 @@ def main() -> int:
               f"speed-up {var['speed_vs_first']:.3f}x, compile {var['compile_s']:.1f} s vs "
               f"{base['compile_s']:.1f} s, losses {'bit-identical' if same else f'differ (max rel {rel:.1e})'}",
               file=sys.stderr, flush=True)
-        write_json(a.json_out, result)
+        if a.json_out:   # after every variant: a killed run keeps the variants done
+            write_json_atomic(a.json_out, result)
 
     print("\n| variant | XLA flags | compile s | step s (median) | speed-up vs baseline | losses |")
     print("|---|---|---|---|---|---|")
@@ -113,7 +113,8 @@ def main() -> int:
         same = "bit-identical" if r["losses_bit_identical"] else f"differ ({r['loss_max_rel_diff']:.1e} rel)"
         print(f"| {r['variant']} | `{r['flags']}` | {r['compile_s']:.1f} | {r['step_s_median']:.3f} | "
               f"{r['speedup_median']:.3f}x ({', '.join(f'{x:.2f}' for x in r['speedup_per_round'])}) | {same} |")
-    write_json(a.json_out, result)
+    if a.json_out:
+        write_json_atomic(a.json_out, result)
     return 0
 
 
