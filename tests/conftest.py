@@ -4,6 +4,13 @@ import os
 # a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+# The default tier's time budget: a test not marked slow takes at most this many seconds (its
+# setup, call and teardown, module fixtures included) on a 2-core CI machine. The run's summary
+# names every default-tier test over it: mark it slow, or make it cheaper.
+BUDGET_S = float(os.environ.get("OLMAX_TEST_BUDGET_S", "15"))
+_spent: dict[str, float] = {}
+_slow: set[str] = set()
+
 
 def _tpu_toolchain() -> str | None:
     """None when jax >= 0.12 with libtpu is importable here, else why not."""
@@ -42,3 +49,17 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason=f"TPU test: {why}; scripts/test runs it in its Python 3.12 environment")
     for item in tpu_items:
         item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    _spent[report.nodeid] = _spent.get(report.nodeid, 0.0) + report.duration
+    if "slow" in report.keywords:
+        _slow.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    over = sorted(((s, n) for n, s in _spent.items() if s > BUDGET_S and n not in _slow), reverse=True)
+    if over:
+        terminalreporter.section(f"default-tier tests over the {BUDGET_S:g} s budget (mark them slow)")
+        for s, n in over:
+            terminalreporter.write_line(f"{s:7.1f} s  {n}")
