@@ -10,7 +10,7 @@ import pytest
 from olmax.config import to_dict
 from olmax.errors import OlmaxError
 from olmax.model.params import init_params
-from olmax.train.callbacks import Run
+from olmax.train.callbacks import RunView
 from olmax.train.callbacks.evaluator import EvaluatorCallback
 from olmax.train.recipes import run_config_from_dict
 
@@ -41,7 +41,7 @@ def _trainer(files, cfg, params, **eval_cfg):
     run = run_config_from_dict({"model": to_dict(cfg), "data": {"paths": [files["train"]]},
                                 "train": {"seq_len": 64}, "eval": eval_cfg})
     logged = []
-    t = Run(run, run_dir=None, is_main=True, state=SimpleNamespace(params=params),
+    t = RunView(run, run_dir=None, is_main=True, state=SimpleNamespace(params=params),
             log_fn=lambda step, m: logged.append((step, m)))
     return t, logged
 

@@ -20,7 +20,7 @@ from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree
 from olmax.config import CheckpointConfig, InitConfig, OptimConfig, RunConfig, TrainConfig
 from olmax.errors import OlmaxError
 from olmax.model.presets import get_preset
-from olmax.train.callbacks import Run
+from olmax.train.callbacks import RunView
 from olmax.train.callbacks.saver import CheckpointSaver
 from olmax.train.start import start_state
 from olmax.train.optim import build_optimizer
@@ -43,7 +43,7 @@ class FakeTrainer:
         self.tx = build_optimizer(cfg.optim)
         self.ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
         self.cb = CheckpointSaver()
-        self.run_view = Run(cfg, run_dir, is_main=True, checkpointer=self.ckpt)
+        self.run_view = RunView(cfg, run_dir, is_main=True, checkpointer=self.ckpt)
 
     def fresh_state(self, params):
         if params is None:

@@ -19,7 +19,7 @@
 
 Callbacks (:mod:`olmax.train.callbacks`: speed monitor, checkpoint saves, evaluation, dashboard)
 are built from the config through the registry and called in order, each hook for every callback;
-they see a :class:`~olmax.train.callbacks.base.Run`, not the trainer.
+they see a :class:`~olmax.train.callbacks.base.RunView`, not the trainer.
 
 Run directory (created by process 0 if needed): ``metrics.jsonl``, ``tb/`` (TensorBoard),
 ``config.yaml`` (the resolved config), ``run_info.json`` (olmax version, git revision, JAX version,
@@ -57,7 +57,7 @@ from olmax.io import write_json_atomic, write_text_atomic
 from olmax.model.params import count_params
 from olmax.parallel.distributed import check_devices, maybe_initialize
 from olmax.parallel.mesh import make_mesh
-from olmax.train.callbacks import Callback, Run, build_callbacks
+from olmax.train.callbacks import Callback, RunView, build_callbacks
 from olmax.train.callbacks.run_lock import lock_run_dir
 from olmax.train.start import start_state
 from olmax.train.run_log import MetricsLogger
@@ -144,7 +144,7 @@ class Trainer:
             check_devices(expect_devices)
         self.is_main = jax.process_index() == 0
         self.logger: MetricsLogger | None = None
-        self.run_view: Run | None = None
+        self.run_view: RunView | None = None
         self.summary: dict[str, Any] = {}
 
     # -- setup -------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ class Trainer:
         except BaseException:
             self._close(callbacks, None, None, quietly=True)
             raise
-        run = self.run_view = Run(self.cfg, self.run_dir, self.is_main, checkpointer=ckpt,
+        run = self.run_view = RunView(self.cfg, self.run_dir, self.is_main, checkpointer=ckpt,
                                   mesh=self.mesh, mesh_shape=dict(self.mesh.shape),
                                   data_fingerprint=self.data.fingerprint, log_fn=self.log)
         bar, losses, failed = None, [], True
@@ -283,7 +283,7 @@ class Trainer:
         return tqdm(total=t.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
                     file=sys.stderr)
 
-    def _loop(self, run: Run, callbacks: list[Callback], bar: tqdm | None, losses: list[float]) -> None:
+    def _loop(self, run: RunView, callbacks: list[Callback], bar: tqdm | None, losses: list[float]) -> None:
         t = self.cfg.train
         for cb in callbacks:
             cb.on_train_start(run)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from olmax.config import RunConfig
-from olmax.train.callbacks.base import Callback, Run
+from olmax.train.callbacks.base import Callback, RunView
 from olmax.train.callbacks.dashboard import DashboardCallback
 from olmax.train.callbacks.evaluator import EvaluatorCallback
 from olmax.train.callbacks.saver import CheckpointSaver
@@ -45,4 +45,4 @@ def build_callbacks(cfg: RunConfig, extra: Iterable[Callback] = ()) -> list[Call
     return sorted([*built, *extra], key=lambda cb: cb.order)
 
 
-__all__ = ["Callback", "Run", "REGISTRY", "build_callbacks"]
+__all__ = ["Callback", "RunView", "REGISTRY", "build_callbacks"]

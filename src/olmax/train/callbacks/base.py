@@ -1,4 +1,4 @@
-"""The trainer's callback contract: a :class:`Callback` base and the :class:`Run` a callback sees.
+"""The trainer's callback contract: a :class:`Callback` base and the :class:`RunView` a callback sees.
 
 The trainer calls every hook of every callback, in ``order`` (lower first; ties keep registry
 order), with no special cases:
@@ -36,7 +36,7 @@ from olmax.config import ModelConfig, RunConfig
 
 
 @dataclass
-class Run:
+class RunView:
     """What callbacks see of a run. The trainer keeps ``step`` and ``state`` current."""
 
     cfg: RunConfig
@@ -79,19 +79,19 @@ class Callback:
     def from_config(cls, cfg: RunConfig) -> "Callback | None":
         return cls()
 
-    def on_train_start(self, run: Run) -> None:
+    def on_train_start(self, run: RunView) -> None:
         pass
 
-    def on_step_end(self, run: Run, step: int, metrics: Mapping[str, Any]) -> dict | None:
+    def on_step_end(self, run: RunView, step: int, metrics: Mapping[str, Any]) -> dict | None:
         return None
 
-    def after_log(self, run: Run, step: int, metrics: Mapping[str, Any]) -> None:
+    def after_log(self, run: RunView, step: int, metrics: Mapping[str, Any]) -> None:
         pass
 
-    def on_train_end(self, run: Run) -> None:
+    def on_train_end(self, run: RunView) -> None:
         pass
 
-    def on_error(self, run: Run, exc: BaseException) -> None:
+    def on_error(self, run: RunView, exc: BaseException) -> None:
         pass
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from olmax.analysis.curves import write_dashboard
-from olmax.train.callbacks.base import Callback, Run
+from olmax.train.callbacks.base import Callback, RunView
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 class DashboardCallback(Callback):
     order = 90
 
-    def on_train_end(self, run: Run) -> None:
+    def on_train_end(self, run: RunView) -> None:
         if not run.is_main:
             return
         try:

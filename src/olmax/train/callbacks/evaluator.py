@@ -32,7 +32,7 @@ from olmax.eval.runner import EvalSuite, log_metrics
 from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
 from olmax.model.runtime import Runtime
-from olmax.train.callbacks.base import Callback, Run
+from olmax.train.callbacks.base import Callback, RunView
 
 
 class EvaluatorCallback(Callback):
@@ -60,7 +60,7 @@ class EvaluatorCallback(Callback):
 
     # -- setup ---------------------------------------------------------------------------------
 
-    def on_train_start(self, run: Run) -> None:
+    def on_train_start(self, run: RunView) -> None:
         cfg = run.cfg
         guard = None
         if self.cfg.overlap_check:
@@ -83,18 +83,18 @@ class EvaluatorCallback(Callback):
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def evaluate(self, run: Run) -> dict[str, float]:
+    def evaluate(self, run: RunView) -> dict[str, float]:
         show = run.cfg.logging.progress and run.is_main
         results = self.suite.run(self.scorer, run.params, batch_size=self.cfg.batch_size,
                                  progress=show, desc=f"eval@{run.step}")
         self.last_eval_step = run.step
         return {**log_metrics(results), "eval/seconds": results["seconds"]}
 
-    def on_step_end(self, run: Run, step: int, metrics: Mapping[str, Any]) -> dict | None:
+    def on_step_end(self, run: RunView, step: int, metrics: Mapping[str, Any]) -> dict | None:
         if self.cfg.interval and step % self.cfg.interval == 0 and self.suite:
             return self.evaluate(run)
         return None
 
-    def on_train_end(self, run: Run) -> None:
+    def on_train_end(self, run: RunView) -> None:
         if self.cfg.on_end and self.suite and self.last_eval_step != run.step:
             run.log(run.step, self.evaluate(run))

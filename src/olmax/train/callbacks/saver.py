@@ -31,7 +31,7 @@ from jax.experimental import multihost_utils
 
 from olmax.config import RunConfig, to_dict
 from olmax.interop import vocab_padding
-from olmax.train.callbacks.base import Callback, Run
+from olmax.train.callbacks.base import Callback, RunView
 
 
 class CheckpointSaver(Callback):
@@ -46,7 +46,7 @@ class CheckpointSaver(Callback):
     def from_config(cls, cfg: RunConfig) -> "CheckpointSaver":
         return cls()
 
-    def meta(self, run: Run, step: int) -> dict:
+    def meta(self, run: RunView, step: int) -> dict:
         return {
             "model": to_dict(run.cfg.model),
             "config": to_dict(run.cfg),
@@ -61,10 +61,10 @@ class CheckpointSaver(Callback):
                                                          init=vocab_padding.TRAINED),
         }
 
-    def save(self, run: Run, step: int, force: bool = False) -> bool:
+    def save(self, run: RunView, step: int, force: bool = False) -> bool:
         return run.checkpointer.save(step, run.state, self.meta(run, step), force=force)
 
-    def after_log(self, run: Run, step: int, metrics: Mapping[str, Any]) -> None:
+    def after_log(self, run: RunView, step: int, metrics: Mapping[str, Any]) -> None:
         stop = self.stop.requested()
         self.save(run, step, force=stop)
         if stop:
@@ -73,7 +73,7 @@ class CheckpointSaver(Callback):
             run.checkpointer.report(f"stopping after SIGTERM: checkpoint {run.checkpointer.step_dir(step)} "
                                     "saved; run the same command to resume")
 
-    def on_train_end(self, run: Run) -> None:
+    def on_train_end(self, run: RunView) -> None:
         if run.step > 0:
             self.save(run, run.step, force=True)
         run.checkpointer.wait()

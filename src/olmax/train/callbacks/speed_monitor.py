@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import jax
 
 from olmax.model.flops import mfu, peak_flops
-from olmax.train.callbacks.base import Callback, Run
+from olmax.train.callbacks.base import Callback, RunView
 
 
 class SpeedMonitor(Callback):
@@ -25,11 +25,11 @@ class SpeedMonitor(Callback):
         self.peak: float | None = None
         self.history: list[tuple[int, int, float]] = []   # (step, tokens, seconds)
 
-    def on_train_start(self, run: Run) -> None:
+    def on_train_start(self, run: RunView) -> None:
         self.peak = peak_flops(jax.devices()[0])
         self._last = time.perf_counter()
 
-    def on_step_end(self, run: Run, step: int, metrics: Mapping[str, Any]) -> dict:
+    def on_step_end(self, run: RunView, step: int, metrics: Mapping[str, Any]) -> dict:
         now = time.perf_counter()
         dt = now - (self._last if self._last is not None else now)
         self._last = now

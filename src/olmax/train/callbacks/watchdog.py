@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from olmax.config import RunConfig
-from olmax.train.callbacks.base import Callback, Run
+from olmax.train.callbacks.base import Callback, RunView
 
 FIRST_STEP_S = 3600.0     # the first step compiles the training step (minutes for a 7B model)
 EXIT_CODE = 75            # olmax.reporting.EXIT_RESTART
@@ -48,7 +48,7 @@ class Watchdog(Callback):
     def from_config(cls, cfg: RunConfig) -> "Watchdog | None":
         return cls(cfg.train.watchdog_s) if cfg.train.watchdog_s else None
 
-    def on_train_start(self, run: Run) -> None:
+    def on_train_start(self, run: RunView) -> None:
         self.hang_dir = Path(run.run_dir) / "hangs"
         self._last, self._allowance = time.monotonic(), self.limit_s + self.first_step_s
         self._thread = threading.Thread(target=self._watch, name="olmax-watchdog", daemon=True)
@@ -57,10 +57,10 @@ class Watchdog(Callback):
     def beat(self) -> None:
         self._last, self._allowance = time.monotonic(), self.limit_s
 
-    def on_step_end(self, run: Run, step: int, metrics: Mapping[str, Any]) -> None:
+    def on_step_end(self, run: RunView, step: int, metrics: Mapping[str, Any]) -> None:
         self.beat()
 
-    def on_train_end(self, run: Run) -> None:
+    def on_train_end(self, run: RunView) -> None:
         self.beat()     # the final save and evaluation get the limit again
 
     def close(self) -> None:
