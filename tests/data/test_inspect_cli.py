@@ -98,3 +98,46 @@ def test_inspect_bad_input(tmp_path, capsys):
     rc = main(["data", "inspect", "--paths", str(bad), "--seq-len", "4", "--global-batch-size", "1",
                "--seed", "0", "--batches", "3", "--json"])
     assert rc != 0 and "START:END" in capsys.readouterr().err
+
+
+def test_inspect_packed_matches_olmo_core(tmp_path, capsys):
+    """``--packed`` with source groups and the source permutation: OLMo-core's packed dataset and
+    loader give the same instances, tokens, document lengths and padding."""
+    require("torch")
+    numpy_dataset = require("olmo_core.data.numpy_dataset")
+    data_loader = require("olmo_core.data.data_loader")
+    collator_mod = require("olmo_core.data.collator")
+    tokenizer_mod = require("olmo_core.data.tokenizer")
+    rng = np.random.default_rng(2)
+    paths = []
+    for i in range(5):
+        lengths = rng.integers(1, 3 * SEQ, 30)
+        tokens = np.concatenate([np.append(rng.integers(0, EOS, n - 1), EOS) for n in lengths])
+        paths.append(write_tokens(tmp_path / f"docs-{i}.npy", tokens))
+    ds = numpy_dataset.NumpyPackedFSLDatasetConfig(
+        tokenizer=tokenizer_mod.TokenizerConfig.dolma2(), paths=paths, sequence_length=SEQ,
+        generate_doc_lengths=True, source_group_size=2, source_permutation_seed=123,
+        work_dir=str(tmp_path / "oc"), dtype="uint32").build()
+    ds.prepare()
+    loader = data_loader.NumpyFSLDataLoader(ds, collator=collator_mod.DataCollator(pad_token_id=PAD),
+                                            global_batch_size=BATCH * SEQ, work_dir=tmp_path / "oc",
+                                            seed=SEED, shuffle=True)
+    loader.reshuffle(epoch=1, in_memory=True)
+    ref = []
+    for b, batch in enumerate(loader):
+        ids = batch["input_ids"].numpy().astype("<u4")
+        ref.append({"batch": b, "instances": batch["index"].tolist(),
+                    "sha256": hashlib.sha256(ids.tobytes()).hexdigest(), "filtered": [False] * BATCH,
+                    "doc_lens": [row[row > 0].tolist() for row in batch["doc_lens"].numpy()],
+                    "padding": (~batch["label_mask"].numpy()).sum(axis=1).tolist()})
+    argv = ["data", "inspect", "--paths", *paths, "--seq-len", str(SEQ), "--global-batch-size",
+            str(BATCH), "--seed", str(SEED), "--packed", "--source-group-size", "2",
+            "--source-permutation-seed", "123", "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv + ["--batches", f"0:{len(ref)}", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == ref and len(ref) > 2
+    assert any(len(lens) > 2 for r in got for lens in r["doc_lens"])
+    assert main(argv + ["--batches", "0:1"]) == 0
+    table = capsys.readouterr().out
+    k, lens = got[0]["instances"][0], got[0]["doc_lens"][0]
+    assert f"instance {k:>10}: " in table and f"doc_lens [{', '.join(map(str, lens[:12]))}" in table

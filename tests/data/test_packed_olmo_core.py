@@ -10,7 +10,8 @@ import pytest
 from helpers.datahelp import DOLMA2, EOS, PAD, write_tokens
 from helpers.reference import require
 from olmax.data.loader import TrainData
-from olmax.data.packed import Packing, best_fit_decreasing, permute_sources
+from olmax.data.packed import Packing, best_fit_decreasing
+from olmax.data.sources import permute_sources
 
 torch = require("torch")
 numpy_dataset = require("olmo_core.data.numpy_dataset")
@@ -114,7 +115,7 @@ def test_epoch_order_matches(tmp_path, seed, epoch, batch):
         np.testing.assert_array_equal(got["tokens"], tokens)
         np.testing.assert_array_equal(got["label_mask"], label_mask)
         same_doc_lens(got["doc_lens"], doc_lens)
-        assert got["doc_lens"].dtype == np.int32 and got["doc_lens"].shape == (batch, td.index.max_docs)
+        assert got["doc_lens"].dtype == np.int32 and got["doc_lens"].shape == (batch, td.doc_lens_width)
     # Any process count reads the same global batch; doc_lens has one width everywhere.
     b = (epoch - 1) * td.batches_per_epoch + 1
     whole = td.global_batch(b)

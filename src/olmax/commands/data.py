@@ -5,7 +5,11 @@
 --seed S [--epoch E] --batches START:END [--repetition-filter] --json`` prints a JSON list with one
 object per global batch b in [START, END): ``{"batch": b, "instances": [global instance ids in batch
 order], "sha256": hex sha256 of the batch's tokens as uint32 little-endian in batch order,
-"filtered": [true where the repetition filter rejects the instance]}``. Batch b counts from the
+"filtered": [true where the repetition filter rejects the instance]}``; with ``--packed``
+(OLMo-core's ``NumpyPackedFSLDataset``: ``--source-group-size``, ``--long-doc-strategy``) also
+``"doc_lens"``: each instance's document lengths (the padding last, as one segment) and
+``"padding"``: its padding tokens. ``--source-permutation-seed`` shuffles the file order first,
+as OLMo-core's ``source_permutation_seed``. Batch b counts from the
 start of epoch E and rolls over into later epochs, as in training (step s reads b = s - 1).
 Paths, ``--root`` and mix entries may be ``s3://``, ``gs://`` or ``http(s)://`` URLs (read in place).
 
@@ -52,6 +56,12 @@ def add_parser(subparsers) -> None:
     q.add_argument("--epoch", type=int, default=1, help="epoch of batch 0 (OLMo-core starts at 1)")
     q.add_argument("--batches", required=True, metavar="START:END", help="global batch range, END exclusive")
     q.add_argument("--repetition-filter", action="store_true", help="apply OLMo-core's repetition filter")
+    q.add_argument("--packed", action="store_true",
+                   help="pack whole documents (OLMo-core NumpyPackedFSLDataset); show document lengths")
+    q.add_argument("--source-group-size", type=int, default=1, help="with --packed: files packed together")
+    q.add_argument("--long-doc-strategy", default="truncate",
+                   help="with --packed: truncate or fragment documents longer than --seq-len")
+    q.add_argument("--source-permutation-seed", type=int, help="shuffle the file order first (OLMo-core)")
     q.add_argument("--json", action="store_true", help="print the JSON list (default: a table)")
     q.add_argument("--cache-dir", help="read-through cache of remote files (data.cache_dir)")
     q.set_defaults(func=run_inspect)
@@ -90,9 +100,13 @@ def inspect_batches(data, start: int, end: int) -> list[dict]:
     out = []
     for b in range(start, end):
         batch = data.global_batch(b)
-        out.append({"batch": b, "instances": batch["instance_ids"].tolist(),
-                    "sha256": batch_hash(batch["tokens"]),
-                    "filtered": (~batch["instance_mask"]).tolist()})
+        record = {"batch": b, "instances": batch["instance_ids"].tolist(),
+                  "sha256": batch_hash(batch["tokens"]),
+                  "filtered": (~batch["instance_mask"]).tolist()}
+        if "doc_lens" in batch:
+            record["doc_lens"] = [row[row > 0].tolist() for row in batch["doc_lens"]]
+            record["padding"] = (~batch["label_mask"]).sum(axis=1).tolist()
+        out.append(record)
     return out
 
 
@@ -101,7 +115,10 @@ def run_inspect(args: argparse.Namespace) -> int:
     cfg = DataConfig(paths=tuple(args.paths or ()), mix=args.mix, root=args.root, remap=tuple(args.remap),
                      mix_tokenizer=args.mix_tokenizer, tokenizer=args.tokenizer, dtype=args.dtype,
                      epoch=args.epoch, repetition_filter=args.repetition_filter,
-                     max_target_seq_len=args.max_target_seq_len, cache_dir=args.cache_dir)
+                     max_target_seq_len=args.max_target_seq_len, cache_dir=args.cache_dir,
+                     instances="packed" if args.packed else "fsl", doc_lens=args.packed,
+                     source_group_size=args.source_group_size, long_doc_strategy=args.long_doc_strategy,
+                     source_permutation_seed=args.source_permutation_seed)
     data = build_train_data(cfg, seq_len=args.seq_len, global_batch_size=args.global_batch_size,
                             seed=args.seed)
     records = inspect_batches(data, start, end)
@@ -116,6 +133,10 @@ def run_inspect(args: argparse.Namespace) -> int:
         shown = ", ".join(map(str, ids[:6])) + (", ..." if len(ids) > 6 else "")
         print(f"batch {r['batch']:>8} epoch {data.epoch_of(r['batch'])}  sha256 {r['sha256'][:16]}  "
               f"filtered {sum(r['filtered'])}  [{shown}]")
+        for k, lens, pad in zip(ids, r.get("doc_lens", []), r.get("padding", [])):
+            docs = len(lens) - (pad > 0)
+            shown_lens = ", ".join(map(str, lens[:12])) + (", ..." if len(lens) > 12 else "")
+            print(f"    instance {k:>10}: {docs} documents, {pad} padding  doc_lens [{shown_lens}]")
     return 0
 
 

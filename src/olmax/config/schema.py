@@ -152,6 +152,8 @@ class SourceMixtureConfig:
 
 
 TokenDtype = Literal["uint8", "uint16", "uint32", "uint64"]
+InstanceKind = Literal["fsl", "packed"]          # olmax.data.instances | olmax.data.packed
+LongDocStrategy = Literal["truncate", "fragment"]
 DataSource = Literal["paths", "mix", "embedded", "mixture"]   # the exclusive ways to name training data
 DATA_SOURCES: tuple[DataSource, ...] = typing.get_args(DataSource)
 
@@ -182,6 +184,13 @@ class DataConfig:
     #                                      when set, also a read-through cache of remote token files
     mixture: SourceMixtureConfig | None = None  # run-time source mixture instead of paths/mix
     max_target_seq_len: int | None = None  # OLMo-core max_target_sequence_length (OLMo 3 scripts: 8192)
+    # How token files become instances: "fsl" concatenates and chunks (NumpyFSLDataset, stages 1
+    # and 2); "packed" packs whole documents, padded (NumpyPackedFSLDataset, the long-context stage).
+    instances: InstanceKind = "fsl"
+    source_group_size: int = 1           # packed: consecutive files packed together (OLMo 3: 8)
+    long_doc_strategy: LongDocStrategy = "truncate"  # packed: documents longer than seq_len
+    doc_lens: bool = False               # packed: batches carry doc_lens (intra-document masking)
+    source_permutation_seed: int | None = None  # shuffle the file order first (OLMo 3 long context: 123)
 
     def __post_init__(self) -> None:
         check_choices(self, "data")
@@ -194,6 +203,23 @@ class DataConfig:
         check_positive(self, "data", "max_target_seq_len", optional=True)
         if self.num_workers < 0 or self.prefetch < 0:
             raise ConfigError("data.num_workers and data.prefetch must be >= 0")
+        self._check_packing()
+
+    def _check_packing(self) -> None:
+        check_positive(self, "data", "source_group_size")
+        check_seed(self.source_permutation_seed, "data.source_permutation_seed")
+        if self.source_permutation_seed is not None and self.mixture is not None:
+            raise ConfigError("data.source_permutation_seed orders files; a data.mixture has none")
+        if self.instances == "packed":
+            if self.mixture is not None or self.max_target_seq_len is not None:
+                raise ConfigError("data.instances=packed takes neither data.mixture nor "
+                                  "data.max_target_seq_len")
+            return
+        for name, default in (("source_group_size", 1), ("long_doc_strategy", "truncate"),
+                              ("doc_lens", False)):
+            if getattr(self, name) != default:
+                raise ConfigError(f"data.{name} needs data.instances=packed "
+                                  f"(got data.instances={self.instances})")
 
     def sources_set(self) -> list[str]:
         """The data sources this section names (``data.paths``, ...): exactly one for training."""

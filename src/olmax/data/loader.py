@@ -100,6 +100,12 @@ class TrainData:
         return self.index.num_instances
 
     @property
+    def doc_lens_width(self) -> int | None:
+        """Columns of a batch's ``doc_lens`` (the same for every batch and host); None when the
+        batches carry none."""
+        return self.index.max_docs if self.packing is not None and self.packing.doc_lens else None
+
+    @property
     def batches_per_epoch(self) -> int:
         return self.plan.batches_per_epoch
 
@@ -215,6 +221,9 @@ def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: i
         limits = tuple(e.tokens for e in entries)
     else:
         paths, labels = resolve_paths(data_cfg)
+    packing = None
+    if data_cfg.instances == "packed":
+        packing = Packing(data_cfg.source_group_size, data_cfg.long_doc_strategy, data_cfg.doc_lens)
     flt = None
     if data_cfg.repetition_filter:
         flt = RepetitionFilter(data_cfg.repetition_max_period, data_cfg.repetition_min_period,
@@ -225,7 +234,7 @@ def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: i
                      prefetch=data_cfg.prefetch, labels=labels,
                      ignore_fingerprint_mismatch=data_cfg.ignore_fingerprint_mismatch,
                      cache_dir=data_cfg.cache_dir, token_limits=limits,
-                     max_target_seq_len=data_cfg.max_target_seq_len)
+                     max_target_seq_len=data_cfg.max_target_seq_len, packing=packing)
 
 
 __all__ = ["TrainData", "batch_hash", "build_train_data"]

@@ -2,7 +2,8 @@
 (``data/numpy_dataset.py``) and its packer (``pack_documents_into_instances``, ``InstancePacker`` in
 ``data/utils.py``) define them. OLMo 3's long-context stage trains on these.
 
-* Files are taken in order (after the optional source permutation, :func:`permute_sources`) and
+* Files are taken in order (after the optional source permutation,
+  :func:`olmax.data.sources.permute_sources`) and
   cut into groups of ``source_group_size`` consecutive files; each group is packed on its own as
   if its files were one array.
 * Documents: every EOS ends one (with a BOS token: an EOS followed by BOS, or the file's last
@@ -34,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
@@ -60,14 +60,6 @@ class Packing:
     source_group_size: int = 1
     long_doc_strategy: LongDocStrategy = "truncate"
     doc_lens: bool = False
-
-
-def permute_sources(paths: Sequence[str], labels: Sequence[str] | None,
-                    seed: int) -> tuple[list[str], list[str] | None]:
-    """OLMo-core's ``source_permutation_seed``: ``random.Random(seed).shuffle`` of the file order."""
-    order = list(range(len(paths)))
-    random.Random(seed).shuffle(order)
-    return [paths[i] for i in order], None if labels is None else [labels[i] for i in order]
 
 
 def document_ends(tokens: np.ndarray, eos: int, bos: int | None, last: bool) -> np.ndarray:
@@ -304,4 +296,4 @@ def document_lengths(tokens: np.ndarray, eos: int, bos: int | None) -> np.ndarra
     return np.diff(np.concatenate(([-1], ends))).astype(np.int32)
 
 
-__all__ = ["Packing", "PackedIndex", "best_fit_decreasing", "document_lengths", "pack_group", "permute_sources"]
+__all__ = ["Packing", "PackedIndex", "best_fit_decreasing", "document_lengths", "pack_group"]

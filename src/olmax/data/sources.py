@@ -28,6 +28,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import random
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
@@ -92,8 +93,20 @@ RESOLVERS: dict[DataSource, Callable[[DataConfig], TokenFiles]] = {
 
 def resolve_paths(cfg: DataConfig) -> TokenFiles:
     """The training token files of a data section, in order, with labels for a mix file or a
-    mixture (else None). For a mixture these are all the files its sources may draw from."""
-    return RESOLVERS[cfg.source()](cfg)
+    mixture (else None). For a mixture these are all the files its sources may draw from. With
+    ``data.source_permutation_seed``, in OLMo-core's permuted order (:func:`permute_sources`)."""
+    files = RESOLVERS[cfg.source()](cfg)
+    if cfg.source_permutation_seed is None:
+        return files
+    return TokenFiles(*permute_sources(files.paths, files.labels, cfg.source_permutation_seed))
+
+
+def permute_sources(paths: Sequence[str], labels: Sequence[str] | None,
+                    seed: int) -> tuple[list[str], list[str] | None]:
+    """OLMo-core's ``source_permutation_seed``: ``random.Random(seed).shuffle`` of the file order."""
+    order = list(range(len(paths)))
+    random.Random(seed).shuffle(order)
+    return [paths[i] for i in order], None if labels is None else [labels[i] for i in order]
 
 
 def resolve_mix(mix: str) -> str:
