@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,11 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_attention_kernel_report_on_cpu():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from gpu_bench import cudnn_in_program
-    finally:
-        sys.path.pop(0)
+    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu_bench.py")
+    gpu_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_bench)
+    cudnn_in_program = gpu_bench.cudnn_in_program
     # No GPU here: the cudnn implementation must compile to the windowed XLA fallback, and say so.
     assert cudnn_in_program(16, 48, 4, 8) == "XLA chunked (fallback)"
 
