@@ -3,9 +3,8 @@
 ``data/utils.py``) define them. OLMo 3's long-context stage trains on these.
 
 * Files are taken in order (after the optional source permutation,
-  :func:`olmax.data.sources.permute_sources`) and
-  cut into groups of ``source_group_size`` consecutive files; each group is packed on its own as
-  if its files were one array.
+  :func:`olmax.data.sources.permute_sources`) and cut into groups of ``source_group_size``
+  consecutive files; each group is packed on its own as if its files were one array.
 * Documents: every EOS ends one (with a BOS token: an EOS followed by BOS, or the file's last
   token if it is EOS). Tokens after a file's last boundary belong to no document. A document
   longer than ``seq_len`` is truncated to its first ``seq_len`` tokens (``truncate``, the default)
@@ -20,6 +19,13 @@
 * ``doc_lens`` of an instance is OLMo-core's ``get_document_lengths`` of its padded tokens (the
   padding is one segment of its own), zero-padded to ``max_docs`` columns: one more than the most
   documents any instance of the data holds, so every batch and host has the same shape.
+
+Two things differ from OLMo-core on purpose or by necessity. Boundaries always come from scanning
+the tokens for EOS: OLMo-core reads a remote (URL) source's ``.csv.gz`` metadata instead, which
+gives the same documents when every document ends in EOS (the Dolma toolkit's output) and reads
+far fewer bytes. And the order of equal-length documents is whatever this machine's numpy
+``argsort`` gives, as it is for OLMo-core: a numpy build or CPU with a different sort kernel could
+order ties differently, so every process of a run reads the one packing its cache holds.
 
 Each group's packing is built once per cache (:func:`olmax.io.build_once`) into
 ``<cache>/packed/<key>.npy``, keyed by the group's files (path, size), the tokenizer's EOS/BOS, the
