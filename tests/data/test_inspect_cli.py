@@ -100,6 +100,7 @@ def test_inspect_bad_input(tmp_path, capsys):
     assert rc != 0 and "START:END" in capsys.readouterr().err
 
 
+@pytest.mark.reference
 def test_inspect_packed_matches_olmo_core(tmp_path, capsys):
     """``--packed`` with source groups and the source permutation: OLMo-core's packed dataset and
     loader give the same instances, tokens, document lengths and padding."""
