@@ -151,3 +151,113 @@ def test_depend_on_keeps_every_value_bit_for_bit(dtype):
         out = jax.jit(depend_on)(x, dep)
         assert out.dtype == x.dtype
         np.testing.assert_array_equal(np.asarray(out).view(np.uint8), np.asarray(x).view(np.uint8))
+
+
+# ----------------------------------------------------------------------------------------------
+# Intra-document masking (segment ids from OLMo-core style doc_lens)
+
+
+def _doc_lens(t: int, seed: int, rows: int = B) -> np.ndarray:
+    """[rows, 8] zero-padded document lengths summing to t: one-token documents, documents longer
+    than the windows tested, and (last row) a single document."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((rows, 8), np.int32)
+    for r in range(rows - 1):
+        lens, left = [1], t - 1
+        while left and len(lens) < 7:
+            n = int(min(left, rng.integers(1, max(2, t // 2))))
+            lens.append(n)
+            left -= n
+        lens[-1] += left
+        out[r, :len(lens)] = lens
+    out[-1, 0] = t
+    return out
+
+
+def _segments(t: int, seed: int = 0) -> jnp.ndarray:
+    from olmax.model.documents import segment_ids_from_doc_lens
+    return segment_ids_from_doc_lens(jnp.asarray(_doc_lens(t, seed)), t)
+
+
+def test_segment_ids_and_positions_from_doc_lens():
+    from olmax.model.documents import positions_in_documents, segment_ids_from_doc_lens
+
+    doc_lens = jnp.asarray([[3, 1, 4, 0, 0], [8, 0, 0, 0, 0], [2, 0, 3, 3, 0]], jnp.int32)
+    seg = segment_ids_from_doc_lens(doc_lens, 8)
+    assert seg.tolist() == [[0, 0, 0, 1, 2, 2, 2, 2], [0] * 8, [0, 0, 2, 2, 2, 3, 3, 3]]
+    assert positions_in_documents(seg).tolist() == [[0, 1, 2, 0, 0, 1, 2, 3], list(range(8)),
+                                                    [0, 1, 0, 1, 2, 0, 1, 2]]
+    # lengths summing to less than T: the rest is a segment of its own (ids need not be consecutive)
+    short = segment_ids_from_doc_lens(jnp.asarray([[2, 3, 0]], jnp.int32), 8)
+    assert short.tolist() == [[0, 0, 1, 1, 1, 3, 3, 3]]
+
+
+def _attention_alone(q, k, v, window, scale):
+    """numpy float64 causal (windowed) GQA attention of one sequence [T, H, D]."""
+    t, hq, _ = q.shape
+    g = hq // k.shape[1]
+    i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+    visible = (j <= i) & ((j > i - window) if window else True)
+    out = np.zeros(q.shape)
+    for h in range(hq):
+        s = np.where(visible, q[:, h] @ k[:, h // g].T * scale, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        out[:, h] = (p / p.sum(-1, keepdims=True)) @ v[:, h // g]
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 4, 16])
+def test_segments_equal_attention_per_document(window):
+    """The reference with segments equals attention computed on each document alone (numpy)."""
+    t = 48
+    q, k, v = _qkv(t=t)
+    doc_lens = _doc_lens(t, seed=1)
+    with jax.default_matmul_precision("highest"):
+        out = np.asarray(xla_attention(q, k, v, window, D ** -0.5, _segments(t, seed=1)))
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    for r in range(B):
+        s = 0
+        for n in (int(n) for n in doc_lens[r] if n):
+            alone = _attention_alone(q[r, s:s + n], k[r, s:s + n], v[r, s:s + n], window, D ** -0.5)
+            np.testing.assert_allclose(out[r, s:s + n], alone, atol=2e-6, rtol=1e-5)
+            s += n
+
+
+def _segment_out_and_grads(fn, q, k, v, window, seg):
+    probe = jax.random.normal(jax.random.key(2), q.shape)
+
+    def loss(q, k, v):
+        out = fn(q, k, v, window, D ** -0.5, seg)
+        return jnp.sum(out.astype(jnp.float32) * probe), out
+
+    with jax.default_matmul_precision("highest"):
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+
+_SLOW = pytest.mark.slow
+
+
+# Lengths that are not multiples of any block (48 < 128 lanes; 100; 300: several blocks). Splash at
+# 300 tokens (several 128-blocks) is in tests/model/test_splash.py.
+@pytest.mark.parametrize("impl,t", [
+    ("chunked", 100), ("chunked-16", 48), ("dot_product", 100), ("cudnn", 48), ("splash", 48),
+    pytest.param("chunked", 48, marks=_SLOW), pytest.param("chunked", 300, marks=_SLOW),
+    pytest.param("chunked-16", 100, marks=_SLOW), pytest.param("chunked-16", 300, marks=_SLOW),
+    pytest.param("dot_product", 300, marks=_SLOW), pytest.param("splash", 100, marks=_SLOW)])
+def test_impls_equal_reference_with_segments(impl, t):
+    fn = chunked_with_block(16) if impl == "chunked-16" else (
+        lambda q, k, v, w, scale, seg: attention(q, k, v, w, scale, impl=impl, segment_ids=seg))
+    q, k, v = _qkv(t=t)
+    seg = _segments(t, seed=t)
+    for window in (5, 16, None):
+        (_, ref), g_ref = _segment_out_and_grads(xla_attention, q, k, v, window, seg)
+        (_, out), g = _segment_out_and_grads(fn, q, k, v, window, seg)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-6, rtol=1e-5,
+                                   err_msg=f"window={window}")
+        for name, a, r in zip("qkv", g, g_ref):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-5, rtol=1e-5,
+                                       err_msg=f"d{name}, window={window}")
+        # the document mask matters: without it the output differs
+        plain = xla_attention(q, k, v, window, D ** -0.5)
+        assert float(jnp.max(jnp.abs(plain - ref))) > 1e-2
+

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from olmax.config import ModelConfig, TrainConfig
+from olmax.model.documents import segment_ids_from_doc_lens
 from olmax.model.params import init_params
 from olmax.model.runtime import REMAT_POLICIES, Runtime
 from olmax.platforms import PROFILES
@@ -43,16 +44,24 @@ def _batch():
     return tokens, labels, loss_denominator(labels, mask)
 
 
-def _grads(profile: str, remat: str):
+# Packed rows for the intra-document masking case: documents shorter and longer than the window
+# of 8, a one-token document, a row of one document (OLMo-core doc_lens, zero-padded).
+DOC_LENS = np.array([[3, 20, 1, 40], [64, 0, 0, 0], [10, 10, 10, 34], [1, 63, 0, 0],
+                     [30, 34, 0, 0], [5, 5, 50, 4], [64, 0, 0, 0], [16, 16, 16, 16]], np.int32)
+
+
+def _grads(profile: str, remat: str, documents: bool = False):
     train = TrainConfig(seq_len=T, global_batch_size=B, profile=profile, remat=remat, attn_impl="auto")
     runtime = Runtime.of(train)
     chunk = loss_chunk(train, 1, None, runtime)
     tokens, labels, denom = _batch()
     params = init_params(CFG, jax.random.key(1))
 
+    seg = segment_ids_from_doc_lens(jnp.asarray(DOC_LENS), T) if documents else None
+
     def loss(p):
         return loss_and_sums(p, tokens, labels, denom, CFG, runtime, z_loss_multiplier=1e-4,
-                             chunk_size=chunk)[0]
+                             chunk_size=chunk, segment_ids=seg)[0]
     return jax.jit(jax.grad(loss))(params)
 
 
@@ -61,10 +70,7 @@ def reference():
     return _grads("cpu", "none")
 
 
-@pytest.mark.parametrize("remat", sorted(REMAT_POLICIES))
-@pytest.mark.parametrize("profile", sorted(PROFILES))
-def test_gradients_equal_across_profiles_and_remat(reference, profile, remat):
-    ours = _grads(profile, remat)
+def _assert_close(ours, reference, label):
     worst = 0.0
     for (path, g), r in zip(jax.tree_util.tree_flatten_with_path(ours)[0], jax.tree.leaves(reference)):
         g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
@@ -72,4 +78,28 @@ def test_gradients_equal_across_profiles_and_remat(reference, profile, remat):
         rel = np.linalg.norm(g - r) / np.linalg.norm(r)
         worst = max(worst, rel)
         assert rel <= 1e-6, (jax.tree_util.keystr(path), rel)
-    print(f"\n{profile}/{remat}: worst per-tensor relative gradient difference {worst:.2e}")
+    print(f"\n{label}: worst per-tensor relative gradient difference {worst:.2e}")
+
+
+@pytest.mark.parametrize("remat", sorted(REMAT_POLICIES))
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_gradients_equal_across_profiles_and_remat(reference, profile, remat):
+    _assert_close(_grads(profile, remat), reference, f"{profile}/{remat}")
+
+
+@pytest.fixture(scope="module")
+def reference_documents():
+    return _grads("cpu", "none", documents=True)
+
+
+@pytest.mark.parametrize("remat", ["none", "save_proj"])
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_gradients_with_documents_equal_across_profiles(reference_documents, reference, profile, remat):
+    """The same with packed rows (segment ids from ``DOC_LENS``): every profile's attention with
+    the document mask, per-document RoPE positions, the same gradients; and they are not the
+    gradients without documents."""
+    _assert_close(_grads(profile, remat, documents=True), reference_documents,
+                  f"{profile}/{remat} with documents")
+    diff = [np.linalg.norm(np.asarray(a) - np.asarray(b)) / np.linalg.norm(np.asarray(b))
+            for a, b in zip(jax.tree.leaves(reference_documents), jax.tree.leaves(reference))]
+    assert max(diff) > 1e-2

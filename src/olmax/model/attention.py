@@ -13,6 +13,9 @@ in :data:`IMPLEMENTATIONS` (and in ``olmax.config.AttnImpl``, the choices of ``t
 Hardware kernels (:data:`NATIVE_BACKEND`) run natively only when the program compiles for their
 backend; elsewhere in their portable form: splash in Pallas interpret mode (exact, slow), cuDNN
 through its fallback (``chunked``). Either is logged once; the window is never dropped.
+
+Packed sequences: ``segment_ids`` [B, T] (:mod:`olmax.model.documents`) confine every query to
+its own document in every implementation (the window then applies inside the document).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from olmax.model.attention_impls import chunked_attention, cudnn_attention, dot_
 from olmax.model.attention_ref import xla_attention
 from olmax.model.splash import splash_attention
 
-AttentionFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray, "int | None", float], jnp.ndarray]
+# fn(q, k, v, window, scale, segment_ids=None) -> out
+AttentionFn = Callable[..., jnp.ndarray]
 
 IMPLEMENTATIONS: dict[str, AttentionFn] = {
     "xla": xla_attention,
@@ -41,13 +45,14 @@ NATIVE_BACKEND = {"splash": "tpu", "cudnn": "gpu"}
 
 
 def attention(q, k, v, window: int | None, scale: float, impl: str = "xla",
-              backend: str | None = None) -> jnp.ndarray:
-    """Attention by the implementation ``impl`` in a program compiled by ``backend``."""
+              backend: str | None = None, segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Attention by the implementation ``impl`` in a program compiled by ``backend``;
+    ``segment_ids`` [B, T] (None: one document per row) keeps it inside documents."""
     try:
         fn = IMPLEMENTATIONS[impl]
     except KeyError:
         raise ValueError(f"unknown attention implementation '{impl}' "
                          f"(known: {', '.join(IMPLEMENTATIONS)})") from None
     if impl in NATIVE_BACKEND:
-        return fn(q, k, v, window, scale, native=backend == NATIVE_BACKEND[impl])
-    return fn(q, k, v, window, scale)
+        return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl])
+    return fn(q, k, v, window, scale, segment_ids)

@@ -24,6 +24,12 @@ scale, and return ``[B, T, Hq, D]`` in q's dtype. Scores and softmax are fp32, a
     bf16/fp16 inputs. Anywhere else (another backend, fp32, or cuDNN refusing the shape at trace
     time) it falls back to ``chunked`` -- the window is always applied, never dropped; a fallback
     is logged once. This fallback is what the ``gpu`` profile runs on CPU.
+
+Every implementation takes optional ``segment_ids`` [B, T] (intra-document masking, see
+:mod:`olmax.model.attention_ref`). ``chunked`` gathers them block by block like the keys, so
+the block-sparse cost is unchanged; ``dot_product`` passes the document mask as ``mask``.
+``cudnn`` with segments runs its fallback: ``jax.nn.dot_product_attention`` (jax 0.10) takes no
+segment ids for cuDNN, only a dense mask, which it would turn into a [B, 1, T, T] bias.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from olmax.model.attention_ref import NEG, per_device_attention
+from olmax.model.attention_ref import NEG, per_device_attention, same_segment
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +130,25 @@ def _pad_time(x: jnp.ndarray, left: int, right: int) -> jnp.ndarray:
     return jnp.pad(x, ((0, 0), (0, 0), (left, right)) + ((0, 0),) * (x.ndim - 3))
 
 
-def _sliding_blocks(qh, kh, vh, window: int, scale: float, bq: int) -> jnp.ndarray:
-    """qh: [B, Hkv, Tp, G, D] with Tp = nb*bq; kh/vh: [B, Hkv, Tp, D]; window < Tp.
-    Returns [B, Hkv, Tp, G, D] (fp32)."""
+def _rows(mask: jnp.ndarray, g: int) -> jnp.ndarray:
+    """[..., r, c] -> [..., r * g, c]: a query position's row for each of its group's heads."""
+    *lead, r, c = mask.shape
+    return jnp.broadcast_to(mask[..., None, :], (*lead, r, g, c)).reshape(*lead, r * g, c)
+
+
+def _with_segments(mask: jnp.ndarray, seg_q: jnp.ndarray | None, seg_k: jnp.ndarray | None,
+                   g: int) -> jnp.ndarray:
+    """``mask`` [..., r * g, c] (no batch dimension) and, with segments ``seg_q`` [B, ..., r] and
+    ``seg_k`` [B, ..., c], also the document mask: [B, 1, ..., r * g, c] (1: the key heads)."""
+    if seg_q is None:
+        return mask
+    docs = _rows(seg_q[..., :, None] == seg_k[..., None, :], g)
+    return (mask & docs)[:, None]
+
+
+def _sliding_blocks(qh, kh, vh, window: int, scale: float, bq: int, seg=None) -> jnp.ndarray:
+    """qh: [B, Hkv, Tp, G, D] with Tp = nb*bq; kh/vh: [B, Hkv, Tp, D]; window < Tp; ``seg``
+    [B, Tp] or None. Returns [B, Hkv, Tp, G, D] (fp32)."""
     b, hkv, tp, g, d = qh.shape
     nb = tp // bq
     n_kb = math.ceil((window - 1) / bq) + 1        # key blocks covering [i*bq - W + 1, (i+1)*bq)
@@ -141,32 +163,37 @@ def _sliding_blocks(qh, kh, vh, window: int, scale: float, bq: int) -> jnp.ndarr
     kpos = jnp.arange(nb)[:, None, None] * bq - pad + jnp.arange(n_kb * bq)[None, None, :]
     mask = (kpos >= 0) & (kpos <= qpos) & (kpos > qpos - window)                        # [nb,bq,K]
     # Query rows of a block: its positions x the group's heads (position-major, as qh lies).
-    mask = jnp.broadcast_to(mask[:, :, None], (nb, bq, g, n_kb * bq)).reshape(nb, bq * g, n_kb * bq)
+    mask = _rows(mask, g)
+    if seg is not None:       # key segments gathered like the keys (left padding: masked by kpos)
+        sb = jnp.pad(seg, ((0, 0), (pad, 0)), constant_values=-2).reshape(b, nb + n_kb - 1, bq)
+        seg_k = jnp.concatenate([sb[:, j:j + nb] for j in range(n_kb)], axis=2)      # [B, nb, K]
+        mask = _with_segments(mask, seg.reshape(b, nb, bq), seg_k, g)
     out = _softmax_pv(qh.reshape(b, hkv, nb, bq * g, d), kw, vw, mask, scale)
     return out.reshape(b, hkv, tp, g, d)
 
 
-def _causal_mask(q_start: int, q_end: int, k_end: int, g: int) -> jnp.ndarray:
-    """[(q_end - q_start) * g, k_end]: query row (position, group head) sees keys <= position."""
-    t = q_end - q_start
-    mask = jnp.arange(k_end)[None, :] <= jnp.arange(q_start, q_end)[:, None]
-    return jnp.broadcast_to(mask[:, None], (t, g, k_end)).reshape(t * g, k_end)
+def _causal_mask(q_start: int, q_end: int, k_end: int, g: int, seg=None) -> jnp.ndarray:
+    """[(q_end - q_start) * g, k_end]: query row (position, group head) sees keys <= position;
+    with segments ``seg`` [B, >= q_end] also only its document's keys ([B, 1, rows, k_end])."""
+    mask = _rows(jnp.arange(k_end)[None, :] <= jnp.arange(q_start, q_end)[:, None], g)
+    return mask if seg is None else _with_segments(mask, seg[:, q_start:q_end], seg[:, :k_end], g)
 
 
-def _causal_blocks(qh, kh, vh, scale: float, bq: int) -> jnp.ndarray:
+def _causal_blocks(qh, kh, vh, scale: float, bq: int, seg=None) -> jnp.ndarray:
     """Full causal attention, query block i against the key prefix [0, (i+1)*bq)."""
     b, hkv, tp, g, d = qh.shape
     outs = []
     for i in range(tp // bq):
         end = (i + 1) * bq
         qi = qh[:, :, i * bq:end].reshape(b, hkv, bq * g, d)
-        outs.append(_softmax_pv(qi, kh[:, :, :end], vh[:, :, :end], _causal_mask(i * bq, end, end, g),
-                                scale).reshape(b, hkv, bq, g, d))
+        outs.append(_softmax_pv(qi, kh[:, :, :end], vh[:, :, :end],
+                                _causal_mask(i * bq, end, end, g, seg), scale).reshape(b, hkv, bq, g, d))
     return jnp.concatenate(outs, axis=2)
 
 
 def chunked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
-                      scale: float, block_size: int = DEFAULT_BLOCK) -> jnp.ndarray:
+                      scale: float, segment_ids: jnp.ndarray | None = None,
+                      block_size: int = DEFAULT_BLOCK) -> jnp.ndarray:
     """Block-sparse causal/sliding-window attention (see module docstring). Computed heads-major,
     [B, Hkv, T, G, D]: one transposition of q, k, v in and of the output out."""
     b, t, hq, d = q.shape
@@ -178,13 +205,17 @@ def chunked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: in
     # Full layers: at least two query blocks, so that the upper triangle's blocks are skipped.
     bq = min(block_size, -(-t // 2)) if full else min(block_size, window, t)
     if full and bq >= t:                      # one block: the whole causal square
-        out = _softmax_pv(qh.reshape(b, hkv, t * g, d), kh, vh, _causal_mask(0, t, t, g), scale)
+        out = _softmax_pv(qh.reshape(b, hkv, t * g, d), kh, vh, _causal_mask(0, t, t, g, segment_ids),
+                          scale)
     else:
         nb = -(-t // bq)
         right = nb * bq - t   # padded keys lie after every real query: masked by causality
         qp, kp, vp = _pad_time(qh, 0, right), _pad_time(kh, 0, right), _pad_time(vh, 0, right)
+        # Padded positions form a segment of their own (-1), so their rows still see themselves.
+        seg = None if segment_ids is None else jnp.pad(segment_ids, ((0, 0), (0, right)),
+                                                       constant_values=-1)
         blocks = _causal_blocks if full else partial(_sliding_blocks, window=window)
-        out = blocks(qp, kp, vp, scale=scale, bq=bq)[:, :, :t]
+        out = blocks(qp, kp, vp, scale=scale, bq=bq, seg=seg)[:, :, :t]
     out = out.reshape(b, hkv, t, g, d).transpose(0, 2, 1, 3, 4)
     return out.reshape(b, t, hq, d).astype(q.dtype)
 
@@ -194,9 +225,12 @@ def _window_args(window: int | None, t: int) -> tuple[int, int] | None:
     return None if window is None or window >= t else (window - 1, 0)
 
 
-def dot_product_attention(q, k, v, window: int | None, scale: float) -> jnp.ndarray:
-    """``jax.nn.dot_product_attention`` on its XLA backend, window passed as local_window_size."""
-    out = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
+def dot_product_attention(q, k, v, window: int | None, scale: float,
+                          segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
+    """``jax.nn.dot_product_attention`` on its XLA backend, window passed as local_window_size,
+    the document mask (if any) as ``mask``."""
+    mask = None if segment_ids is None else same_segment(segment_ids, segment_ids)[:, None]
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=True,
                                        local_window_size=_window_args(window, q.shape[1]),
                                        implementation="xla")
     return out.astype(q.dtype)
@@ -211,15 +245,19 @@ def _fallback(reason: str) -> None:
         log.warning("attention 'cudnn' unavailable (%s): using 'chunked' (window kept)", reason)
 
 
-def cudnn_attention(q, k, v, window: int | None, scale: float, *, native: bool = False) -> jnp.ndarray:
+def cudnn_attention(q, k, v, window: int | None, scale: float,
+                    segment_ids: jnp.ndarray | None = None, *, native: bool = False) -> jnp.ndarray:
     """cuDNN flash attention with the sliding window in a program compiled for a GPU
-    (``native``); ``chunked`` elsewhere."""
+    (``native``); ``chunked`` elsewhere, and with segment ids (see the module docstring)."""
     if not native:
         _fallback("the program does not compile for a GPU")
-        return chunked_attention(q, k, v, window, scale)
+        return chunked_attention(q, k, v, window, scale, segment_ids)
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         _fallback(f"dtype {q.dtype} (cuDNN needs bf16/fp16)")
-        return chunked_attention(q, k, v, window, scale)
+        return chunked_attention(q, k, v, window, scale, segment_ids)
+    if segment_ids is not None:
+        _fallback("segment ids (no cuDNN document mask in jax.nn.dot_product_attention)")
+        return chunked_attention(q, k, v, window, scale, segment_ids)
 
     def cudnn(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,

@@ -6,6 +6,11 @@ Window semantics are OLMo's: a window of W means each query sees the W keys endi
 implementation (:mod:`olmax.model.attention_impls`, :mod:`olmax.model.splash`) is tested for
 equality against it. Kernels XLA cannot partition run per device through
 :func:`per_device_attention` (q, k, v placed by their logical axes).
+
+Intra-document masking: every implementation takes optional ``segment_ids`` int32 [B, T] (the
+document each position belongs to, :mod:`olmax.model.documents`); query q then also needs
+``segment[q] == segment[k]``. The diagonal stays visible, so no row is ever fully masked. None
+is the plain causal / sliding-window attention, computed exactly as without the argument.
 """
 
 from __future__ import annotations
@@ -28,15 +33,23 @@ def causal_window_mask(q_len: int, k_len: int, window: int | None, q_offset: int
     return mask
 
 
+def same_segment(seg_q: jnp.ndarray, seg_k: jnp.ndarray) -> jnp.ndarray:
+    """[B, Tq, Tk]: True where query i and key j lie in the same document."""
+    return seg_q[:, :, None] == seg_k[:, None, :]
+
+
 def xla_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
-                  scale: float) -> jnp.ndarray:
-    """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] (q.dtype)."""
+                  scale: float, segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
+    """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] (q.dtype); ``segment_ids`` [B, T]
+    adds the document mask."""
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
     qg = q.reshape(b, t, hkv, g, d)
     scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
     mask = causal_window_mask(t, t, window)
+    if segment_ids is not None:
+        mask = (mask[None] & same_segment(segment_ids, segment_ids))[:, None, None]  # [B,1,1,T,T]
     scores = jnp.where(mask, scores, NEG)
     probs = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.astype(v.dtype), v,
@@ -50,6 +63,12 @@ QKV_AXES = (("batch", "seq", "act_heads", "head_dim"), ("batch", "seq", "act_kv_
             ("batch", "seq", "act_kv_heads", "head_dim"))
 
 
-def per_device_attention(fn, q, k, v):
-    """``fn(q, k, v)`` on each device's sequences (and heads) under a mesh; ``fn`` itself otherwise."""
-    return per_device(fn, (q, k, v), QKV_AXES)
+SEGMENT_AXES = ("batch", "seq")
+
+
+def per_device_attention(fn, q, k, v, segment_ids=None):
+    """``fn(q, k, v)`` (``fn(q, k, v, segment_ids)`` when given) on each device's sequences (and
+    heads) under a mesh; ``fn`` itself otherwise."""
+    if segment_ids is None:
+        return per_device(fn, (q, k, v), QKV_AXES)
+    return per_device(fn, (q, k, v, segment_ids), QKV_AXES + (SEGMENT_AXES,))

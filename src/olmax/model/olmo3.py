@@ -38,6 +38,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from olmax.config import ModelConfig
 from olmax.model.attention import attention
+from olmax.model.documents import positions_in_documents
 from olmax.model.kernels import Kernels
 from olmax.model.logical import constrain
 from olmax.model.rope import apply_rope, rope_tables
@@ -64,7 +65,8 @@ HEAD_WEIGHT = ("act_embed", "act_vocab")
 
 
 def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | None,
-                     sin: jnp.ndarray, cos: jnp.ndarray, rt: Runtime) -> jnp.ndarray:
+                     sin: jnp.ndarray, cos: jnp.ndarray, rt: Runtime,
+                     segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
     dense, rms_norm = rt.kernels.dense, rt.kernels.rms_norm
     b, t, _ = x.shape
     q = checkpoint_name(dense(x, p["q_proj"]), "q_proj")
@@ -81,8 +83,8 @@ def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | 
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
     q = constrain(apply_rope(q, sin, cos), Q_HEADS)
     k = constrain(apply_rope(k, sin, cos), KV_HEADS)
-    o = constrain(attention(q, k, v, window, cfg.head_dim ** -0.5, impl=rt.attn_impl, backend=rt.backend),
-                  Q_HEADS)
+    o = constrain(attention(q, k, v, window, cfg.head_dim ** -0.5, impl=rt.attn_impl, backend=rt.backend,
+                            segment_ids=segment_ids), Q_HEADS)
     return constrain(dense(o.reshape(b, t, cfg.q_dim), p["o_proj"]), HIDDEN)
 
 
@@ -94,17 +96,18 @@ def _mlp_block(p: Params, x: jnp.ndarray, kernels: Kernels) -> jnp.ndarray:
 
 
 def _layer(p: Params, h: jnp.ndarray, cfg: ModelConfig, window: int | None, sin, cos,
-           rt: Runtime) -> jnp.ndarray:
+           rt: Runtime, segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
     eps = cfg.norm_eps
     name = checkpoint_name
     rms_norm = rt.kernels.rms_norm
     h = constrain(h, HIDDEN)
     if cfg.block_type == "reordered_norm":
-        a = name(_attention_block(p, h, cfg, window, sin, cos, rt), "attn_out")
+        a = name(_attention_block(p, h, cfg, window, sin, cos, rt, segment_ids), "attn_out")
         h = h + rms_norm(a, p["attn_norm"], eps)
         m = name(_mlp_block(p, h, rt.kernels), "mlp_out")
         return h + rms_norm(m, p["mlp_norm"], eps)
-    a = name(_attention_block(p, rms_norm(h, p["attn_norm"], eps), cfg, window, sin, cos, rt), "attn_out")
+    a = name(_attention_block(p, rms_norm(h, p["attn_norm"], eps), cfg, window, sin, cos, rt, segment_ids),
+             "attn_out")
     h = h + a
     m = name(_mlp_block(p, rms_norm(h, p["mlp_norm"], eps), rt.kernels), "mlp_out")
     return h + m
@@ -115,10 +118,19 @@ def _layer(p: Params, h: jnp.ndarray, cfg: ModelConfig, window: int | None, sin,
 
 
 def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime: Runtime = Runtime(),
-                  *, positions: jnp.ndarray | None = None) -> jnp.ndarray:
-    """Final-normed hidden states [B, T, D] in ``runtime.compute_dtype``."""
+                  *, positions: jnp.ndarray | None = None,
+                  segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Final-normed hidden states [B, T, D] in ``runtime.compute_dtype``.
+
+    ``segment_ids`` [B, T] (packed sequences, :mod:`olmax.model.documents`): attention stays
+    inside each document and, unless ``positions`` are given, RoPE positions restart at 0 in
+    every document -- as OLMo-core does with ``doc_lens``. None: one document per row."""
     params = jax.tree.map(lambda x: x.astype(runtime.compute_dtype), params)
     b, t = tokens.shape
+    if segment_ids is not None:
+        segment_ids = constrain(segment_ids.astype(jnp.int32), HIDDEN[:2])
+        if positions is None:
+            positions = positions_in_documents(segment_ids)
     # The profile may ask for the tables of the plain 0..T-1 positions as constants computed when
     # the program is traced (the CPU's: XLA's CPU backend would otherwise evaluate sin/cos inside
     # every fused consumer, per element of each rotation and its gradient).
@@ -139,7 +151,8 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
     layer_fns = []
     for window in cfg.window_pattern:
         sin, cos = (sin_g, cos_g) if window is None else (sin_l, cos_l)
-        fn = partial(_layer, cfg=cfg, window=window, sin=sin, cos=cos, rt=runtime)
+        fn = partial(_layer, cfg=cfg, window=window, sin=sin, cos=cos, rt=runtime,
+                     segment_ids=segment_ids)
         if runtime.remat != "none":
             fn = jax.checkpoint(fn, policy=REMAT_POLICIES[runtime.remat])
         layer_fns.append(fn)
@@ -191,7 +204,7 @@ def seq_chunks(x: jnp.ndarray, chunk_size: int) -> jnp.ndarray:
 
 
 def forward(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime: Runtime = Runtime(), *,
-            positions: jnp.ndarray | None = None) -> jnp.ndarray:
-    """Logits [B, T, padded_vocab] in fp32."""
-    h = hidden_states(params, tokens, cfg, runtime, positions=positions)
+            positions: jnp.ndarray | None = None, segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Logits [B, T, padded_vocab] in fp32 (``segment_ids``: see :func:`hidden_states`)."""
+    h = hidden_states(params, tokens, cfg, runtime, positions=positions, segment_ids=segment_ids)
     return logits_from_hidden(h, lm_head_weight(params, cfg))

@@ -14,6 +14,9 @@ block by block (online softmax in fp32 scratch, bf16 or fp32 matmul operands) an
 - blocks of ``min(512, T')`` in every kernel (MaxText's defaults), where T' is T rounded up to a
   multiple of 128 lanes and then of the block. Padding rows lie after every real query, so causality
   hides them from real queries; padded query rows are dropped;
+- documents (intra-document masking): the segment ids [B, T] as the kernel's ``SegmentIds``
+  (its mask is the static mask and-ed with ``segment[q] == segment[k]``); padded positions get
+  a segment of their own (-1), so that no padded row is fully masked;
 - one kernel per device: in the training step the call runs per device
   (``olmax.model.logical.per_device``: a ``shard_map`` placing q, k, v by their logical axes --
   batch over ``data x fsdp``, heads over ``tensor`` where it divides both head counts), so XLA never
@@ -119,8 +122,10 @@ def parse_scope(op_name: str) -> dict | None:
 _warned: set[str] = set()
 
 
-def _local_splash(q, k, v, window: int | None, scale: float, block: int, interpret: bool):
-    """q: [b, T, Hq, D], k/v: [b, T, Hkv, D] (one device's part) -> [b, T, Hq, D]."""
+def _local_splash(q, k, v, segment_ids=None, *, window: int | None, scale: float, block: int,
+                  interpret: bool):
+    """q: [b, T, Hq, D], k/v: [b, T, Hkv, D], segment_ids [b, T] or None (one device's part)
+    -> [b, T, Hq, D]."""
     b, t, hq, d = q.shape
     bs, tp = block_and_padded_len(t, block)
     pad = ((0, 0), (0, tp - t), (0, 0), (0, 0))
@@ -131,18 +136,27 @@ def _local_splash(q, k, v, window: int | None, scale: float, block: int, interpr
     kernel = _kernel(tp, t, window, hq, bs, interpret)
     scope = f"{_SCOPE}_t{t}_w{'full' if window is None or window >= t else window}_h{hq}_d{d}_b{b}_bs{bs}"
     with jax.named_scope(scope):
-        out = jax.vmap(kernel)(qt, kt, vt)
+        if segment_ids is None:
+            out = jax.vmap(kernel)(qt, kt, vt)
+        else:
+            from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import (
+                SegmentIds)
+            seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tp - t)), constant_values=-1)
+            out = jax.vmap(lambda q_, k_, v_, s_: kernel(q_, k_, v_, segment_ids=SegmentIds(s_, s_)))(
+                qt, kt, vt, seg)
     return out.transpose(0, 2, 1, 3)[:, :t]
 
 
 def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
-                     scale: float, block_size: int = DEFAULT_BLOCK, *, native: bool = False) -> jnp.ndarray:
-    """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring).
-    ``native``: the program compiles for TPU (else Pallas interpret mode)."""
+                     scale: float, segment_ids: jnp.ndarray | None = None,
+                     block_size: int = DEFAULT_BLOCK, *, native: bool = False) -> jnp.ndarray:
+    """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring);
+    ``segment_ids`` [B, T]: the document mask. ``native``: the program compiles for TPU (else
+    Pallas interpret mode)."""
     if not native and not _warned:
         _warned.add("interpret")
         log.warning("attention 'splash' runs the TPU kernel in Pallas interpret mode: the program "
                     "does not compile for a TPU (exact but slow; 'chunked' is the fast path off TPU)")
     fn = functools.partial(_local_splash, window=window, scale=scale, block=block_size,
                            interpret=not native)
-    return per_device_attention(fn, q, k, v).astype(q.dtype)
+    return per_device_attention(fn, q, k, v, segment_ids).astype(q.dtype)
