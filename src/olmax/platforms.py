@@ -92,6 +92,18 @@ def backend_of(devices: Iterable | None = None) -> str:
     return _BACKEND_NAMES.get(device.platform, device.platform)
 
 
+def float8_matmuls(devices: Iterable | None = None) -> bool:
+    """Whether ``devices`` (default: JAX's) multiply float8 operands in hardware: NVIDIA GPUs of
+    compute capability 8.9 and newer (Ada, Hopper, Blackwell: XLA runs a dot of float8 operands
+    as a cuBLASLt float8 GEMM) and TPU7x (Ironwood). Earlier TPUs' MXUs take bf16 and int8 only."""
+    devices = list(jax.devices() if devices is None else devices)
+    platform = backend_of(devices)
+    if platform == "gpu":
+        return all(d.platform == "cuda" and float(getattr(d, "compute_capability", 0) or 0) >= 8.9
+                   for d in devices)
+    return platform == "tpu" and all(d.device_kind.startswith("TPU7") for d in devices)
+
+
 def profile_for(name: str, backend: str) -> Profile:
     """The profile ``name`` (``auto``: that of ``backend``)."""
     if name not in PROFILE_NAMES:

@@ -1,11 +1,14 @@
 """How the model runs, as one value: :class:`Runtime` (compute dtype, attention implementation,
-remat policy, platform profile), and the one table of compute dtypes by name.
+remat policy, platform profile, float8 dense layers), and the one table of compute dtypes by
+name.
 
 The architecture is the config (:class:`olmax.config.ModelConfig`); a Runtime only chooses how the
 same function is computed: in which dtype the matmuls run (parameters are cast to it; RMSNorm,
 RoPE, softmax and logits stay fp32), which attention kernel runs (every one equals the ``xla``
 reference), what the backward pass recomputes instead of storing (named remat policies), and the
-platform profile's choices (:mod:`olmax.platforms`: kernel set, layer-scan unrolling, RoPE tables).
+platform profile's choices (:mod:`olmax.platforms`: kernel set, layer-scan unrolling, RoPE tables),
+and whether the transformer blocks' dense layers run in float8 (``float8``: torchao's tensorwise
+recipe of OLMo 3's long-context stage, :mod:`olmax.model.kernels.float8`).
 
 The model reads only this value; it never asks which device it runs on. A Runtime built without a
 profile runs the plain JAX path: the reference kernels, a rolled layer scan, RoPE traced per call
@@ -24,8 +27,8 @@ import jax.numpy as jnp
 from olmax.config import TrainConfig
 from olmax.errors import ConfigError
 from olmax.model.attention import IMPLEMENTATIONS
-from olmax.model.kernels import KERNELS, Kernels
-from olmax.platforms import Profile, backend_of, profile_for
+from olmax.model.kernels import FLOAT8_KERNELS, KERNELS, Kernels
+from olmax.platforms import Profile, backend_of, float8_matmuls, profile_for
 
 COMPUTE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -79,6 +82,10 @@ class Runtime:
     # natively (splash by Mosaic on TPU, cuDNN on GPU) or in its portable form (Pallas interpret
     # mode; cuDNN's fallback). None: no hardware kernel runs natively.
     backend: str | None = None
+    # The blocks' dense layers in float8 (olmax.model.kernels.float8); any backend computes them
+    # (emulated in the cpu kernel set); a training config asks for them only where the devices
+    # have float8 matmuls (Runtime.resolve).
+    float8: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_dtype", dtype_of(self.compute_dtype))
@@ -95,23 +102,31 @@ class Runtime:
     @classmethod
     def of(cls, train: TrainConfig, devices: Iterable | None = None, **changes: Any) -> "Runtime":
         """The runtime a training config asks for (``train.compute_dtype/attn_impl/remat/profile``)
-        on ``devices`` (default: JAX's devices; a mesh's ``devices.flat``; a topology's devices
-        when compiling ahead of time), with ``changes`` to those fields."""
+        on ``devices`` (default: JAX's devices; a mesh's ``devices.flat``; a topology's
+        devices when compiling ahead of time), with ``changes`` to those fields."""
         return cls.resolve(**{"compute_dtype": train.compute_dtype, "attn_impl": train.attn_impl,
                               "remat": train.remat, "profile": train.profile, **changes},
                            devices=devices)
 
     @classmethod
     def resolve(cls, compute_dtype: Any = "float32", attn_impl: str = "auto", remat: str = "none",
-                profile: str = "auto", devices: Iterable | None = None) -> "Runtime":
+                profile: str = "auto", devices: Iterable | None = None,
+                float8: bool = False) -> "Runtime":
         """A runtime with the platform profile ``profile`` (``auto``: the devices' platform) for
-        a program compiled for ``devices``."""
+        a program compiled for ``devices``. ``float8`` only where those devices have float8
+        matmuls (:func:`olmax.platforms.float8_matmuls`; elsewhere a ConfigError)."""
         backend = backend_of(devices)
-        return cls(compute_dtype, attn_impl, remat, profile_for(profile, backend), backend)
+        if float8 and not float8_matmuls(devices):
+            kind = next(iter(jax.devices() if devices is None else devices)).device_kind
+            raise ConfigError(f"train.float8: the {backend} devices ({kind}) have no float8 "
+                              "matmuls (GPUs of compute capability 8.9+, TPU7x); "
+                              "set train.float8: false")
+        return cls(compute_dtype, attn_impl, remat, profile_for(profile, backend), backend, float8)
 
     @property
     def kernels(self) -> Kernels:
-        return KERNELS[self.profile.kernels if self.profile else "reference"]
+        return (FLOAT8_KERNELS if self.float8 else KERNELS)[
+            self.profile.kernels if self.profile else "reference"]
 
     @property
     def unroll_layers(self) -> bool:

@@ -9,13 +9,17 @@ Each set gives the same three functions with the same values (up to fp32 summati
 ``reference`` (:mod:`.reference`) is the plain JAX formulation, differentiated by autodiff: what the
 TPU and GPU profiles run. ``cpu`` (:mod:`.cpu`) writes out the backward passes in the shapes XLA's
 CPU backend runs fast. A profile names its set (``olmax.platforms.Profile.kernels``).
+
+:data:`FLOAT8_KERNELS` holds each set with its ``dense`` in float8 (:mod:`.float8`, torchao's
+tensorwise recipe; ``Runtime.float8``): on the ``cpu`` set as torchao's emulation (float8 casts,
+fp32 matmuls), on ``reference`` with float8 operands in the dots.
 """
 
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from olmax.model.kernels import cpu, reference
+from olmax.model.kernels import cpu, float8, reference
 
 
 class Kernels(NamedTuple):
@@ -29,3 +33,11 @@ KERNELS: dict[str, Kernels] = {
     "reference": Kernels("reference", reference.dense, reference.rms_norm, reference.contract_rows),
     "cpu": Kernels("cpu", cpu.dense, cpu.rms_norm, cpu.contract_rows),
 }
+
+
+def _with_float8(k: Kernels) -> Kernels:
+    return k._replace(name=f"{k.name}+float8",
+                      dense=float8.float8_dense(k.dense, emulate=k.name == "cpu"))
+
+
+FLOAT8_KERNELS: dict[str, Kernels] = {name: _with_float8(k) for name, k in KERNELS.items()}
