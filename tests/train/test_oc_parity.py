@@ -114,8 +114,34 @@ def _to_olmax_layout(model, sd=None):
                        "mlp_norm": stack("feed_forward_norm", False)}}
 
 
-def _run_olmo_core(params, batches, model=None):
-    """OLMo-core's training steps on ``batches``, from ``params`` (or an already loaded ``model``)."""
+def _doc_lens():
+    """Per step, OLMo-core ``doc_lens`` [B, 4] (zero-padded) cutting each row into 1 to 4
+    documents, many longer than the window of 8 (intra-document masking runs)."""
+    rng = np.random.default_rng(11)
+    out = []
+    for _ in range(STEPS):
+        lens = np.zeros((B, 4), np.int32)
+        for r in range(B):
+            cuts = np.sort(rng.choice(np.arange(1, T), size=rng.integers(0, 4), replace=False))
+            lens[r, :len(cuts) + 1] = np.diff(np.concatenate([[0], cuts, [T]]))
+        out.append(lens)
+    return out
+
+
+def _documents(doc_lens):
+    """(start, length) of every document in a row's ``doc_lens``."""
+    ends = np.cumsum(doc_lens[doc_lens > 0])
+    return list(zip(ends - doc_lens[doc_lens > 0], doc_lens[doc_lens > 0]))
+
+
+def _run_olmo_core(params, batches, model=None, docs=None):
+    """OLMo-core's training steps on ``batches``, from ``params`` (or an already loaded ``model``).
+
+    ``docs``: each step's ``doc_lens``. OLMo-core masks documents only in its flash-attention
+    backends (its CPU backend, torch SDPA, refuses them) and those compute exactly one forward per
+    document (varlen attention, positions restarting in each document); so here every document of
+    a micro-batch runs as its own forward, with its slice of the row's labels (``get_labels`` of the
+    whole row: a document's last label is the next document's first token)."""
     from olmo_core.data.utils import get_labels
     from olmo_core.optim.adamw import SkipStepAdamW
     from olmo_core.optim.scheduler import CosWithWarmup
@@ -138,10 +164,16 @@ def _run_olmo_core(params, batches, model=None):
         n = (labels != -100).sum() + (~im).sum() * labels.shape[1]
         ce_total = torch.tensor(0.0)
         for s in range(0, B, MICRO):
-            out = model(ids[s:s + MICRO], labels=labels[s:s + MICRO], loss_reduction="sum",
-                        z_loss_multiplier=1e-5, loss_div_factor=n, return_logits=False)
-            ce_total += out.ce_loss.detach()
-            out.loss.backward()
+            if docs is None:
+                pieces = [(ids[s:s + MICRO], labels[s:s + MICRO])]
+            else:
+                pieces = [(ids[r:r + 1, a:a + m], labels[r:r + 1, a:a + m])
+                          for r in range(s, s + MICRO) for a, m in _documents(docs[step - 1][r])]
+            for x, y in pieces:
+                out = model(x, labels=y, loss_reduction="sum", z_loss_multiplier=1e-5,
+                            loss_div_factor=n, return_logits=False)
+                ce_total += out.ce_loss.detach()
+                out.loss.backward()
         params_t = list(model.parameters())
         norm = torch.nn.utils.get_total_norm([p.grad for p in params_t], norm_type=2.0)
         torch.nn.utils.clip_grads_with_norm_(params_t, OPT.max_grad_norm, norm)
@@ -157,7 +189,7 @@ def _run_olmo_core(params, batches, model=None):
     return losses, skipped, norms, _to_olmax_layout(model)
 
 
-def _run_olmax(params, batches, profile="cpu", remat="none", chunk_size=8):
+def _run_olmax(params, batches, profile="cpu", remat="none", chunk_size=8, docs=None):
     train_cfg = TrainConfig(seq_len=T, global_batch_size=B, micro_batch_size=MICRO,
                             max_steps=STEPS, profile=profile, remat=remat, attn_impl="auto")
     tx = skip_step_adamw(OPT)
@@ -166,8 +198,10 @@ def _run_olmax(params, batches, profile="cpu", remat="none", chunk_size=8):
     state = init_train_state(params, tx)
     losses, skipped, norms = [], [], []
     for step, (tokens, mask) in enumerate(batches, start=1):
-        state, m = step_fn(state, {"tokens": jnp.asarray(tokens), "instance_mask": jnp.asarray(mask)},
-                           jnp.float32(schedule(step)))
+        batch = {"tokens": jnp.asarray(tokens), "instance_mask": jnp.asarray(mask)}
+        if docs is not None:
+            batch["doc_lens"] = jnp.asarray(docs[step - 1])
+        state, m = step_fn(state, batch, jnp.float32(schedule(step)))
         losses.append(float(m["loss"]))
         skipped.append(float(m["skipped"]))
         norms.append(float(m["grad_norm"]))
@@ -223,3 +257,23 @@ def _check_against_olmo_core(params, ref, ours):
         print(f"{name}: max |diff| {max_abs:.2e}, |diff|/|travel| {rel_travel:.2e}")
         assert max_abs < 5e-4, (name, max_abs)
         assert rel_travel < 1e-3, (name, rel_travel)
+
+
+@pytest.fixture(scope="module")
+def reference_documents(reference):
+    params, batches, _ = reference
+    docs = _doc_lens()
+    return docs, _run_olmo_core(params, batches, docs=docs)
+
+
+@pytest.mark.parametrize("profile,remat", [("cpu", "none"), ("gpu", "save_proj"), ("tpu", "save_proj")])
+def test_training_steps_with_documents_match_olmo_core(reference, reference_documents, profile, remat):
+    """Packed rows (``doc_lens`` in every batch): olmax's step masks documents and restarts RoPE
+    positions in each; OLMo-core runs one forward per document (see :func:`_run_olmo_core`).
+    Micro-batches of 2 rows, each profile's own attention and loss chunks."""
+    params, batches, plain = reference
+    docs, ref = reference_documents
+    assert sum(len(_documents(d)) for step in docs for d in step) > 2 * STEPS * B   # real packing
+    assert abs(ref[0][0] - plain[0][0]) > 1e-3     # documents change OLMo-core's first loss
+    _check_against_olmo_core(params, ref, _run_olmax(params, batches, profile, remat, chunk_size=None,
+                                                     docs=docs))

@@ -9,6 +9,12 @@ state stay fp32, the forward runs in ``train.compute_dtype`` (:class:`olmax.mode
 
 The platform profile (``train.profile``, :mod:`olmax.platforms`) is resolved here, once, for the
 devices the step compiles for (the mesh's), and the model reads it from the Runtime.
+
+Packed sequences: a batch with ``doc_lens`` int32 [B, D] (OLMo-core's, zero-padded) trains with
+intra-document masking: the step turns them into segment ids [B, T]
+(:mod:`olmax.model.documents`), split into micro-batches and placed by rows like the tokens; the
+model keeps attention inside documents and restarts RoPE positions at each document; labels are
+unchanged (as OLMo-core's). Without ``doc_lens`` the step is the same program as before.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from jax.sharding import Mesh
 
 from olmax.config import ModelConfig, TrainConfig
 from olmax.errors import ConfigError
+from olmax.model.documents import segment_ids_from_doc_lens
 from olmax.model.params import abstract_params, init_params
 from olmax.model.runtime import Runtime
 from olmax.parallel.mesh import data_parallel_size
@@ -67,7 +74,8 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
                     runtime: Runtime | None = None) -> Callable:
     """``step(state, batch, lr) -> (state, metrics)`` (not jitted; see :func:`jit_train_step`).
 
-    ``batch``: ``tokens`` int32 [B, T], ``instance_mask`` bool [B]. ``metrics`` (fp32 scalars):
+    ``batch``: ``tokens`` int32 [B, T], ``instance_mask`` bool [B], optionally ``doc_lens`` int32
+    [B, D] (intra-document masking; see the module docstring). ``metrics`` (fp32 scalars):
     ``loss`` (CE), ``z_loss``, ``grad_norm`` (pre-clip), ``skipped``, ``num_tokens`` (denominator).
     ``runtime``: how the model runs (default: ``train_cfg``'s, its profile resolved for the
     step's devices). ``chunk_size``: positions per loss chunk (default: :func:`loss_chunk`).
@@ -96,8 +104,17 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
             instance_mask = jnp.ones(tokens.shape[:1], jnp.bool_)
         labels = make_labels(tokens, instance_mask)
         denom = loss_denominator(labels, instance_mask)
+        doc_lens = batch.get("doc_lens")
+        rows = (tokens, labels)
+        if doc_lens is not None:
+            rows += (constrain_rows(segment_ids_from_doc_lens(doc_lens, tokens.shape[1])),)
+
+        def grads_of(tok, lab, seg=None):
+            kw = {} if seg is None else {"segment_ids": seg}
+            return grad_fn(state.params, tok, lab, denom, **kw)
+
         if n_micro == 1:
-            (_, sums), grads = grad_fn(state.params, tokens, labels, denom)
+            (_, sums), grads = grads_of(*rows)
             ce, z = sums.ce, sums.z
         else:
             b, t = tokens.shape
@@ -105,14 +122,13 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
 
             def micro(carry, xs):
                 g_acc, ce_acc, z_acc = carry
-                tok, lab = constrain_rows(xs[0]), constrain_rows(xs[1])
-                (_, sums), g = grad_fn(state.params, tok, lab, denom)
+                (_, sums), g = grads_of(*map(constrain_rows, xs))
                 g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, g)
                 return (g_acc, ce_acc + sums.ce, z_acc + sums.z), None
 
             zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
             zero = jnp.zeros((), jnp.float32)
-            (grads, ce, z), _ = jax.lax.scan(micro, (zeros, zero, zero), (split(tokens), split(labels)))
+            (grads, ce, z), _ = jax.lax.scan(micro, (zeros, zero, zero), tuple(map(split, rows)))
         ce_loss = ce / denom
         updates, opt_state = tx.update(grads, state.opt_state, state.params, lr=lr, loss=ce_loss)
         params = optax.apply_updates(state.params, updates)
@@ -142,6 +158,10 @@ def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings:
     if state_shardings is None:
         return jax.jit(step, donate_argnums=(0,), compiler_options=options)
     rep = replicated(mesh)
+    if isinstance(batch_shardings, dict):
+        # One placement for every array of the batch (rows over data x fsdp, the rest whole), so
+        # the step takes batches with or without ``doc_lens``.
+        batch_shardings = batch_sharding(mesh, 1)
     return jax.jit(traced_under_mesh(step, mesh), donate_argnums=(0,),
                    in_shardings=(state_shardings, batch_shardings, rep),
                    out_shardings=(state_shardings, rep), compiler_options=options)
@@ -154,7 +174,7 @@ class ShardedTraining(NamedTuple):
     fresh_state: Callable        # params | None -> TrainState at step 0 (None: fresh params from ``key``)
     state_shardings: Any         # TrainState of NamedShardings
     abstract_state: Any          # TrainState of ShapeDtypeStructs carrying those shardings
-    batch_shardings: dict        # tokens [B, T] / instance_mask [B], rows over data x fsdp
+    batch_shardings: dict        # tokens [B, T] / instance_mask [B] / doc_lens [B, D], rows over data x fsdp
     n_micro: int
     runtime: Runtime             # how the model runs: profile resolved, ``auto`` attention resolved
 
@@ -175,7 +195,8 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
     abs_state = TrainState(abs_params, abs_opt, jax.ShapeDtypeStruct((), jnp.int32))
     abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   abs_state, state_sh)
-    b_sh = {"tokens": batch_sharding(mesh, 2), "instance_mask": batch_sharding(mesh, 1)}
+    b_sh = {"tokens": batch_sharding(mesh, 2), "instance_mask": batch_sharding(mesh, 1),
+            "doc_lens": batch_sharding(mesh, 2)}
     init_p = jax.jit(lambda k: init_params(model_cfg, k), out_shardings=p_sh)
     make_state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=state_sh)
 
