@@ -30,7 +30,9 @@ def test_stage1():
     for name in ("olmo3_7b_stage1", "olmo3_7b_stage1_part2"):
         c = load_recipe(name)
         _common_optimizer(c)
-        assert (c.train.seq_len, c.train.global_batch_size, c.train.micro_batch_size) == (8192, 512, 2)
+        assert (c.train.seq_len, c.train.global_batch_size) == (8192, 512)
+        # AI2's 2 sequences per GPU per micro-step wherever the per-device batch allows it
+        assert (c.train.micro_batch_size, c.train.micro_batch_max) == ("auto", 2)
         assert c.train.seq_len * c.train.global_batch_size == 4_194_304
         assert (c.seed, c.optim.lr, c.data.repetition_filter) == (34521, 3e-4, False)
         assert c.data.mix.endswith("OLMo-mix-0625-official.txt")

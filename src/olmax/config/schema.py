@@ -248,7 +248,11 @@ Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs", "save_a
 class TrainConfig:
     seq_len: int = 8192
     global_batch_size: int = 512         # sequences
-    micro_batch_size: int | None = None  # sequences per device per micro-step (None: no accumulation)
+    # Sequences per device per micro-step (None: the whole per-device batch, no accumulation);
+    # "auto": the largest divisor of the per-device batch that is at most micro_batch_max
+    # (olmax.train.step.micro_batch_size), so a recipe runs at every device count dividing its batch.
+    micro_batch_size: int | Literal["auto"] | None = None
+    micro_batch_max: int | None = None   # the limit of micro_batch_size=auto (None: none); a number ignores it
     max_steps: int = 100
     compute_dtype: ComputeDtype = "float32"   # params and Adam state stay fp32
     attn_impl: AttnImpl = "xla"
@@ -265,7 +269,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_choices(self, "train")
         check_positive(self, "train", "max_steps", "global_batch_size")
-        check_positive(self, "train", "micro_batch_size", "watchdog_s", optional=True)
+        check_positive(self, "train", "micro_batch_max", "watchdog_s", optional=True)
+        if self.micro_batch_size != "auto":
+            check_positive(self, "train", "micro_batch_size", optional=True)
         if self.seq_len <= 1:
             raise ConfigError(f"train.seq_len must be at least 2 (got {self.seq_len})")
 

@@ -41,17 +41,30 @@ from olmax.train.optim import last_step_info
 from olmax.train.state import TrainState, init_train_state
 
 
-def num_micro_batches(train_cfg: TrainConfig, dp: int) -> int:
+def micro_batch_size(train_cfg: TrainConfig, dp: int) -> int:
+    """Sequences per device per micro-step on ``dp`` data-parallel devices (mesh data x fsdp):
+    ``train.micro_batch_size`` as given (it must divide the per-device batch), the whole
+    per-device batch when unset, or with ``auto`` the largest divisor of the per-device batch that
+    is at most ``train.micro_batch_max`` (the given value wherever it divides: the same step)."""
     b = train_cfg.global_batch_size
     if b % dp:
         raise ConfigError(f"train.global_batch_size ({b}) must be divisible by the data-parallel "
                           f"size ({dp} = mesh data x fsdp)")
     per_device = b // dp
-    mb = train_cfg.micro_batch_size or per_device
+    mb = train_cfg.micro_batch_size
+    if mb == "auto":
+        cap = min(per_device, train_cfg.micro_batch_max or per_device)
+        return max(d for d in range(1, cap + 1) if per_device % d == 0)
+    mb = mb or per_device
     if per_device % mb:
         raise ConfigError(f"train.micro_batch_size ({mb}) must divide the per-device batch "
-                          f"({per_device} = {b} / {dp})")
-    return per_device // mb
+                          f"({per_device} = {b} / {dp}); train.micro_batch_size=auto "
+                          f"train.micro_batch_max={mb} takes the largest divisor up to {mb}")
+    return mb
+
+
+def num_micro_batches(train_cfg: TrainConfig, dp: int) -> int:
+    return train_cfg.global_batch_size // dp // micro_batch_size(train_cfg, dp)
 
 
 def step_devices(mesh: Mesh | None) -> list:
@@ -74,8 +87,10 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
                     runtime: Runtime | None = None) -> Callable:
     """``step(state, batch, lr) -> (state, metrics)`` (not jitted; see :func:`jit_train_step`).
 
-    ``batch``: ``tokens`` int32 [B, T], ``instance_mask`` bool [B], optionally ``doc_lens`` int32
-    [B, D] (intra-document masking; see the module docstring). ``metrics`` (fp32 scalars):
+    ``batch``: ``tokens`` int32 [B, T], ``instance_mask`` bool [B], optionally ``label_mask`` bool
+    [B, T] (False: a position that is not scored, e.g. a packed instance's padding) and
+    ``doc_lens`` int32 [B, D] (intra-document masking; see the module docstring). ``metrics``
+    (fp32 scalars):
     ``loss`` (CE), ``z_loss``, ``grad_norm`` (pre-clip), ``skipped``, ``num_tokens`` (denominator).
     ``runtime``: how the model runs (default: ``train_cfg``'s, its profile resolved for the
     step's devices). ``chunk_size``: positions per loss chunk (default: :func:`loss_chunk`).
@@ -102,7 +117,7 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
         instance_mask = batch.get("instance_mask")
         if instance_mask is None:
             instance_mask = jnp.ones(tokens.shape[:1], jnp.bool_)
-        labels = make_labels(tokens, instance_mask)
+        labels = make_labels(tokens, instance_mask, batch.get("label_mask"))
         denom = loss_denominator(labels, instance_mask)
         doc_lens = batch.get("doc_lens")
         rows = (tokens, labels)
@@ -174,7 +189,7 @@ class ShardedTraining(NamedTuple):
     fresh_state: Callable        # params | None -> TrainState at step 0 (None: fresh params from ``key``)
     state_shardings: Any         # TrainState of NamedShardings
     abstract_state: Any          # TrainState of ShapeDtypeStructs carrying those shardings
-    batch_shardings: dict        # tokens [B, T] / instance_mask [B] / doc_lens [B, D], rows over data x fsdp
+    batch_shardings: dict        # every batch key (tokens, label_mask, ...): rows over data x fsdp
     n_micro: int
     runtime: Runtime             # how the model runs: profile resolved, ``auto`` attention resolved
 
@@ -196,7 +211,7 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
     abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   abs_state, state_sh)
     b_sh = {"tokens": batch_sharding(mesh, 2), "instance_mask": batch_sharding(mesh, 1),
-            "doc_lens": batch_sharding(mesh, 2)}
+            "doc_lens": batch_sharding(mesh, 2), "label_mask": batch_sharding(mesh, 2)}
     init_p = jax.jit(lambda k: init_params(model_cfg, k), out_shardings=p_sh)
     make_state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=state_sh)
 
