@@ -206,6 +206,12 @@ class Trainer:
             "instance_mask": jax.make_array_from_process_local_data(
                 self.batch_sharding["instance_mask"], mask, shape[:1]),
         }
+        # packed instances (data.instances=packed): padding is not scored; documents are masked
+        for key, dtype in (("label_mask", bool), ("doc_lens", np.int32)):
+            if key in host:
+                x = np.asarray(host[key], dtype=dtype)
+                batch[key] = jax.make_array_from_process_local_data(
+                    self.batch_sharding[key], x, (t.global_batch_size, *x.shape[1:]))
         if jax.process_count() == 1:
             return batch, batch_hash(tokens)
         return batch, batch_hash(multihost_utils.process_allgather(tokens, tiled=True))
