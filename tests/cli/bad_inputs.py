@@ -745,6 +745,8 @@ def cases() -> list[Case]:
         C("plan", "--topology of an accelerator type of no slice size",
           ["plan", "tiny.yaml", "--topology", "v5p-12"],
           r"^--topology 'v5p-12': 12 is not a slice size of v5p"),
+        C("train", "float8 dense layers on devices without float8 matmuls",
+          [*TRAIN, "train.float8=true"], r"^train.float8: the cpu devices \(cpu\) have no float8 matmuls"),
     ]
     return out
 

@@ -16,7 +16,8 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from olmax.config import ConfigError
+from olmax.config import ConfigError, TrainConfig
+from olmax.config.load import from_dict
 from olmax.model.kernels import float8 as f8
 from olmax.model.kernels import reference
 from olmax.model.params import init_params
@@ -178,11 +179,14 @@ def test_only_layers_olmo_core_converts():
     assert Runtime(float8=False).kernels.dense is reference.dense
 
 
-def test_float8_refused_without_float8_matmuls():
+def test_train_float8_is_a_strict_bool_refused_without_float8_matmuls():
+    with pytest.raises(ConfigError, match="expected bool"):
+        from_dict(TrainConfig, {"float8": "yes"})
+    train = from_dict(TrainConfig, {"float8": True, "profile": "cpu"})
     with pytest.raises(ConfigError, match=r"^train.float8: the cpu devices .* have no float8 "
                                           r"matmuls .*; set train.float8: false$"):
-        Runtime.resolve(profile="cpu", devices=jax.devices("cpu"), float8=True)
-    assert Runtime.resolve(profile="cpu", devices=jax.devices("cpu")).float8 is False
+        Runtime.of(train, jax.devices("cpu"))
+    assert Runtime.of(from_dict(TrainConfig, {}), jax.devices("cpu")).float8 is False
 
 
 def _olmo_core_loss_and_grads(params, tokens, fp8: bool):
@@ -238,3 +242,17 @@ def test_small_olmo3_loss_and_grads_match_olmo_core_float8(profile):
     loss_hp, grads_hp = _olmax_loss_and_grads(params, tokens, Runtime())
     assert abs(loss_hp - loss_ref) > 10 * 1e-5 * abs(loss_ref)
     assert _max_relative(grads_hp, grads_ref) > 10 * 1e-5
+
+
+@pytest.mark.slow
+def test_remat_recomputes_the_same_float8_values():
+    """Rematerialised layers cast their recomputed inputs again, to the same float8 values: in
+    fp32 the gradients under ``full`` and ``save_proj`` remat are those without remat up to fp32
+    summation order (measured: 2e-6 of a tensor's largest entry, in the norms), far below the
+    float8 step (>= 1e-2) a differently rounded cast would move them by."""
+    params = init_params(ref.CFG, jax.random.key(0))
+    tokens = np.random.default_rng(1).integers(0, ref.CFG.vocab_size, size=(ref.B, ref.T))
+    _, base = _olmax_loss_and_grads(params, tokens, Runtime(float8=True))
+    for remat in ("full", "save_proj"):
+        _, grads = _olmax_loss_and_grads(params, tokens, Runtime(float8=True, remat=remat))
+        assert _max_relative(grads, base) <= 1e-5

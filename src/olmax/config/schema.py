@@ -260,6 +260,9 @@ class TrainConfig:
     # How the model is computed (kernels, layer scan, RoPE tables, attn_impl=auto, loss chunks):
     # "auto" follows the devices; "cpu", "tpu", "gpu" force that platform's code path anywhere.
     profile: PlatformProfile = "auto"
+    # The blocks' dense layers in float8 as OLMo 3's long-context stage (torchao's tensorwise
+    # recipe; olmax.model.kernels.float8); only on devices with float8 matmuls.
+    float8: bool = False
     z_loss_multiplier: float = 1e-5
     log_interval: int = 1
     # Seconds without a completed step (the first step, which compiles, excluded) after which
@@ -486,7 +489,6 @@ class RunSpec:
         """The RunConfig with ``model`` (its own checks hold the rules between sections);
         ``replaced``: sections the resolution changed (a mix name found on disk)."""
         return build(RunConfig, {**self.sections, **replaced, "model": model})
-
 
 
 __all__ = [

@@ -101,11 +101,12 @@ class Runtime:
 
     @classmethod
     def of(cls, train: TrainConfig, devices: Iterable | None = None, **changes: Any) -> "Runtime":
-        """The runtime a training config asks for (``train.compute_dtype/attn_impl/remat/profile``)
-        on ``devices`` (default: JAX's devices; a mesh's ``devices.flat``; a topology's
+        """The runtime a training config asks for (``train.compute_dtype/attn_impl/remat/profile/
+        float8``) on ``devices`` (default: JAX's devices; a mesh's ``devices.flat``; a topology's
         devices when compiling ahead of time), with ``changes`` to those fields."""
         return cls.resolve(**{"compute_dtype": train.compute_dtype, "attn_impl": train.attn_impl,
-                              "remat": train.remat, "profile": train.profile, **changes},
+                              "remat": train.remat, "profile": train.profile,
+                              "float8": train.float8, **changes},
                            devices=devices)
 
     @classmethod
