@@ -3,9 +3,9 @@ with the configuration of OLMo 3's long-context stage, ``AOFloat8LinearConfig.re
 tensorwise dynamic scales rounded down to powers of 2, e4m3 input and weight, e5m2 gradients.
 
 Both of olmax's forms are checked: float8 operands in the dots (the ``reference`` kernel set, what
-accelerators run) and torchao's emulation (the ``cpu`` set). A dense layer agrees exactly (forward
-output, grad input, grad weight: the float8 values and scales are the same and the de-scaling is
-exact). A small OLMo 3 converted by OLMo-core's ``apply_fp8`` agrees in loss to 1 fp32 ulp and in
+accelerators run) and torchao's emulation (the ``cpu`` set). A dense layer's float8 values and
+scales are torchao's and the de-scaling is exact, so its forward output, grad input and grad weight
+differ at most by the summation order of the fp32 accumulation (XLA's dot against torch's mm). A small OLMo 3 converted by OLMo-core's ``apply_fp8`` agrees in loss to 1 fp32 ulp and in
 every gradient to about 4e-7 of its largest entry: the float8 casts see the same values, and the
 rest of the model (attention, RMSNorm, loss) differs by fp32 summation order, as without float8.
 """
