@@ -20,9 +20,10 @@ def _mesh(data=1, fsdp=1, tensor=1):
 
 
 def test_mesh_shapes():
-    assert resolve_mesh_shape(MeshConfig(), 8) == (1, 8, 1)
-    assert resolve_mesh_shape(MeshConfig(data=2, fsdp=-1, tensor=2), 8) == (2, 2, 2)
-    assert resolve_mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=1), 8) == (4, 2, 1)
+    assert resolve_mesh_shape(MeshConfig(), 8) == (1, 8, 1, 1)
+    assert resolve_mesh_shape(MeshConfig(data=2, fsdp=-1, tensor=2), 8) == (2, 2, 1, 2)
+    assert resolve_mesh_shape(MeshConfig(data=-1, fsdp=2, tensor=1), 8) == (4, 2, 1, 1)
+    assert resolve_mesh_shape(MeshConfig(fsdp=-1, context=4), 8) == (1, 2, 4, 1)
     with pytest.raises(ConfigError, match="devices"):
         resolve_mesh_shape(MeshConfig(data=3, fsdp=-1), 8)
     with pytest.raises(ConfigError, match="at most one"):

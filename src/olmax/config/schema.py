@@ -363,11 +363,15 @@ class MeshConfig:
     data: int = 1
     fsdp: int = -1                  # -1: all remaining devices
     tensor: int = 1
+    # Context parallelism: the sequence of every row split over this many devices
+    # (olmax.parallel.mesh; parameters are sharded over fsdp x context).
+    context: int = 1
 
     def __post_init__(self) -> None:
-        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor,
+                 "context": self.context}
         if sum(s == -1 for s in sizes.values()) > 1:
-            raise ConfigError("mesh: at most one of data/fsdp/tensor may be -1")
+            raise ConfigError("mesh: at most one of data/fsdp/tensor/context may be -1")
         for name, s in sizes.items():
             if s == 0 or s < -1:
                 raise ConfigError(f"mesh.{name} must be a positive size or -1 (got {s})")
@@ -426,6 +430,9 @@ class RunConfig:
         t, model = self.train, self.model
         if t.seq_len > model.max_seq_len and model.rope_scaling is None:
             raise ConfigError(f"train.seq_len {t.seq_len} exceeds model.max_seq_len {model.max_seq_len}")
+        if t.seq_len % self.mesh.context:
+            raise ConfigError(f"train.seq_len {t.seq_len} must be divisible by mesh.context "
+                              f"{self.mesh.context} (each device holds an equal block of positions)")
 
 
 # Tagged sections: an override of one of these keys replaces what the section held

@@ -106,16 +106,17 @@ class Fit:
     (``defaults``, placed before the user's)."""
 
     cfg: RunConfig
-    mesh: tuple[int, int, int]    # (data, fsdp, tensor)
+    mesh: tuple[int, int, int, int]    # (data, fsdp, context, tensor)
     micro_batches: int
     notes: tuple[str, ...]
     defaults: tuple[str, ...] = ()
 
     def describe(self, job: Job) -> str:
         t = self.cfg.train
-        d, f, tp = self.mesh
+        d, f, c, tp = self.mesh
+        ctx = f"context {c} x " if c > 1 else ""
         return (f"batch {t.global_batch_size} x {t.seq_len}, {t.max_steps} steps, mesh data {d} x "
-                f"fsdp {f} x tensor {tp} over {job.devices} {job.platform.upper()} devices, "
+                f"fsdp {f} x {ctx}tensor {tp} over {job.devices} {job.platform.upper()} devices, "
                 f"{self.micro_batches} micro-batch(es)")
 
 

@@ -58,12 +58,14 @@ def xla_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | 
 
 
 # Logical axes of attention's inputs/outputs (as in ``olmax.model.olmo3``), for kernels that run
-# per device (``olmax.model.logical.per_device``).
-QKV_AXES = (("batch", "seq", "act_heads", "head_dim"), ("batch", "seq", "act_kv_heads", "head_dim"),
-            ("batch", "seq", "act_kv_heads", "head_dim"))
+# per device (``olmax.model.logical.per_device``). Such a kernel sees whole sequences: with
+# context parallelism (positions split over devices) q, k and v are gathered over ``context`` and
+# each device of a context group computes its rows' attention for every position.
+QKV_AXES = (("batch", None, "act_heads", "head_dim"), ("batch", None, "act_kv_heads", "head_dim"),
+            ("batch", None, "act_kv_heads", "head_dim"))
 
 
-SEGMENT_AXES = ("batch", "seq")
+SEGMENT_AXES = ("batch", None)
 
 
 def per_device_attention(fn, q, k, v, segment_ids=None):

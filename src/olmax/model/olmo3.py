@@ -192,15 +192,32 @@ def lse_and_target_logits(h: jnp.ndarray, w: jnp.ndarray,
     return lse, jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
 
 
-def seq_chunks(x: jnp.ndarray, chunk_size: int) -> jnp.ndarray:
+def seq_chunks(x: jnp.ndarray, chunk_size: int, shards: int = 1) -> jnp.ndarray:
     """``x`` [B, T, ...] as [n, B, c, ...]: the sequence in chunks of c positions, c the largest
     divisor of T that is at most ``chunk_size``. Scanning over the n chunks bounds the live logits
-    of the LM head to ``B * c * V`` (the loss and the evaluation scorer both do)."""
+    of the LM head to ``B * c * V`` (the loss and the evaluation scorer both do).
+
+    ``shards`` > 1 (context parallelism: T split into that many contiguous blocks, one per device):
+    chunk k holds the k-th run of c' positions of every block (c = shards * c', c' the largest
+    divisor of T / shards at most ``chunk_size``), so that every device scans its own positions."""
     b, t = x.shape[:2]
-    c = max(1, min(t, chunk_size))
-    while t % c:
+    tb = t // shards
+    c = max(1, min(tb, chunk_size))
+    while tb % c:
         c -= 1
-    return x.reshape(b, t // c, c, *x.shape[2:]).swapaxes(0, 1)
+    if shards == 1:
+        return x.reshape(b, t // c, c, *x.shape[2:]).swapaxes(0, 1)
+    y = jnp.moveaxis(x.reshape(b, shards, tb // c, c, *x.shape[2:]), 2, 0)
+    return y.reshape(tb // c, b, shards * c, *x.shape[2:])
+
+
+def seq_unchunks(y: jnp.ndarray, shards: int = 1) -> jnp.ndarray:
+    """The inverse of :func:`seq_chunks`: [n, B, c, ...] -> [B, n * c, ...]."""
+    n, b, c = y.shape[:3]
+    if shards == 1:
+        return y.swapaxes(0, 1).reshape(b, n * c, *y.shape[3:])
+    z = jnp.moveaxis(y.reshape(n, b, shards, c // shards, *y.shape[3:]), 0, 2)
+    return z.reshape(b, n * c, *y.shape[3:])
 
 
 def forward(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime: Runtime = Runtime(), *,

@@ -1,9 +1,11 @@
-"""The device mesh: axes ``(data, fsdp, tensor)`` from :class:`olmax.config.MeshConfig`.
+"""The device mesh: axes ``(data, fsdp, context, tensor)`` from :class:`olmax.config.MeshConfig`.
 
 ``data`` replicates parameters (pure data parallelism, e.g. across slices/nodes), ``fsdp`` shards
-parameters and optimizer state and splits the batch (ZeRO-3 style), ``tensor`` shards the heads/MLP/
-vocabulary dimensions. The batch is split over ``data x fsdp``. One size may be -1 (all remaining
-devices); the default ``data=1, fsdp=-1, tensor=1`` is FSDP over every device.
+parameters and optimizer state and splits the batch (ZeRO-3 style), ``context`` splits each
+sequence (context parallelism: activations hold 1/context of the positions; parameters and optimizer
+state are sharded over ``fsdp x context``), ``tensor`` shards the heads/MLP/vocabulary dimensions.
+The batch rows are split over ``data x fsdp``. One size may be -1 (all remaining devices); the
+default ``data=1, fsdp=-1, context=1, tensor=1`` is FSDP over every device.
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ from jax.sharding import AxisType, Mesh
 from olmax.config import MeshConfig
 from olmax.errors import ConfigError
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 
-def resolve_mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
-    """The (data, fsdp, tensor) sizes of ``cfg`` over ``n_devices`` (MeshConfig checked its own
-    values; this checks them against the device count)."""
-    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+def resolve_mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int, int]:
+    """The (data, fsdp, context, tensor) sizes of ``cfg`` over ``n_devices`` (MeshConfig checked
+    its own values; this checks them against the device count)."""
+    sizes = [cfg.data, cfg.fsdp, cfg.context, cfg.tensor]
     free = [i for i, s in enumerate(sizes) if s == -1]
     fixed = math.prod(s for s in sizes if s != -1)
     if free:
@@ -35,8 +37,8 @@ def resolve_mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
                               f"(product {fixed})")
         sizes[free[0]] = n_devices // fixed
     if math.prod(sizes) != n_devices:
-        raise ConfigError(f"mesh: data*fsdp*tensor = {math.prod(sizes)} but {n_devices} devices "
-                          f"are available")
+        raise ConfigError(f"mesh: data*fsdp*context*tensor = {math.prod(sizes)} but {n_devices} "
+                          f"devices are available")
     return tuple(sizes)  # type: ignore[return-value]
 
 
@@ -48,7 +50,7 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
     runs across the slices (the data-center network), the rest within each slice."""
     devices = list(devices) if devices is not None else jax.devices()
     shape = resolve_mesh_shape(cfg, len(devices))
-    types = (AxisType.Auto,) * 3
+    types = (AxisType.Auto,) * len(MESH_AXES)
     grid = multislice_grid(shape, devices)
     if grid is not None:
         return Mesh(grid, MESH_AXES, axis_types=types)
@@ -58,7 +60,7 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
         return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=types)
 
 
-def multislice_grid(shape: tuple[int, int, int], devices: Sequence) -> np.ndarray | None:
+def multislice_grid(shape: tuple[int, ...], devices: Sequence) -> np.ndarray | None:
     """The device grid of ``shape`` over devices of several TPU slices (``slice_index``), the data
     axis across slices; None when the devices are one slice."""
     slices = len({getattr(d, "slice_index", 0) for d in devices})
@@ -67,10 +69,15 @@ def multislice_grid(shape: tuple[int, int, int], devices: Sequence) -> np.ndarra
     if shape[0] % slices:
         raise ConfigError(f"mesh.data {shape[0]} must be a multiple of the {slices} slices "
                           "(the data axis runs across slices)")
-    return mesh_utils.create_hybrid_device_mesh((shape[0] // slices, shape[1], shape[2]),
-                                                (slices, 1, 1), devices,
+    return mesh_utils.create_hybrid_device_mesh((shape[0] // slices, *shape[1:]),
+                                                (slices,) + (1,) * (len(shape) - 1), devices,
                                                 allow_split_physical_axes=True)
 
 
 def data_parallel_size(mesh: Mesh) -> int:
     return int(math.prod(mesh.shape[a] for a in BATCH_AXES))
+
+
+def context_size(mesh: Mesh | None) -> int:
+    """How many devices share each sequence (1 without context parallelism or a mesh)."""
+    return 1 if mesh is None else int(dict(mesh.shape).get("context", 1))

@@ -2,11 +2,13 @@
 
 The model names every parameter dimension (``olmax.model.params.param_axes``: ``vocab``, ``embed``,
 ``heads``, ``kv_heads``, ``mlp``, ``layers``, ``norm``, ``head_dim``); :data:`RULES` maps each to
-mesh axes. FSDP is the default: the ``embed`` dimension of every matrix is sharded over ``fsdp``;
-``tensor`` shards heads, MLP and vocabulary. A mesh axis is dropped from a dimension it does not
+mesh axes. FSDP is the default: the ``embed`` dimension of every matrix is sharded over ``fsdp``
+(and ``context``, whose devices hold the same rows' other positions); ``tensor`` shards heads, MLP
+and vocabulary. A mesh axis is dropped from a dimension it does not
 divide (that dimension is then replicated over it) and never used twice in one array.
 Activations are placed by the same table (``act_*`` names, :func:`activation_constrainer`): rows
-over ``data x fsdp``, heads / MLP / vocabulary over ``tensor``, the model dimension whole.
+over ``data x fsdp``, positions over ``context``, heads / MLP / vocabulary over ``tensor``, the
+model dimension whole.
 Optimizer moments are sharded exactly like the parameters they belong to.
 """
 
@@ -26,14 +28,14 @@ from olmax.parallel.mesh import BATCH_AXES
 RULES: Mapping[str, tuple[str, ...]] = {
     "batch": BATCH_AXES,
     "vocab": ("tensor",),
-    "embed": ("fsdp",),
+    "embed": ("fsdp", "context"),
     "heads": ("tensor",),
     "kv_heads": ("tensor",),
     "mlp": ("tensor",),
     "layers": (),
     "norm": (),
     "head_dim": (),
-    "seq": (),
+    "seq": ("context",),
     # activations (``olmax.model.logical``): the model dimension is never split between devices
     "act_embed": (),
     "act_heads": ("tensor",),
@@ -51,7 +53,7 @@ def logical_to_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: 
         chosen = []
         size = 1
         for mesh_axis in (rules.get(name, ()) if name else ()):
-            n = mesh.shape[mesh_axis]
+            n = dict(mesh.shape).get(mesh_axis, 1)
             if mesh_axis in used or n == 1 or dim % (size * n):
                 continue
             chosen.append(mesh_axis)

@@ -123,7 +123,7 @@ def part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_dev
     model, train = local_model(cfg.model, tensor), cfg.train
     dtype = runtime.compute_dtype
     t, b = train.seq_len, per_device_batch
-    mesh = Mesh(np.asarray([device]).reshape(1, 1, 1), MESH_AXES)
+    mesh = Mesh(np.asarray([device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
     one = NamedSharding(mesh, P())
     spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=one)  # noqa: E731
     tok = spec((b, t), jnp.int32)

@@ -41,7 +41,7 @@ from jax.custom_derivatives import SymbolicZero
 from olmax.config import ModelConfig
 from olmax.model.kernels import KERNELS, Kernels
 from olmax.model.logical import constrain
-from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, seq_chunks
+from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, seq_chunks, seq_unchunks
 from olmax.model.runtime import Runtime
 
 IGNORE_INDEX = -100
@@ -112,7 +112,7 @@ def _logits_grad(e, s, lse, scored, safe, z_loss_multiplier: float, dtype) -> ja
 
 
 def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, kernels: Kernels,
-               with_grads: bool):
+               with_grads: bool, seq_shards: int = 1):
     b, t, d = h.shape
     wc = w.astype(h.dtype)
     zero = jnp.zeros((), jnp.float32)
@@ -131,27 +131,29 @@ def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, kernels:
         return sums + (carry[2] + kernels.contract_rows(h_i, g),), constrain(dh.reshape(b, c, d), HIDDEN)
 
     init = (zero, zero) + ((jnp.zeros(w.shape, jnp.float32),) if with_grads else ())
-    carry, dh = jax.lax.scan(body, init, (seq_chunks(h, chunk_size), seq_chunks(labels, chunk_size)))
+    carry, dh = jax.lax.scan(body, init, (seq_chunks(h, chunk_size, seq_shards),
+                                          seq_chunks(labels, chunk_size, seq_shards)))
     sums = LossSums(carry[0], z_loss_multiplier * carry[1])
     if not with_grads:
         return sums
-    return sums, constrain(dh.swapaxes(0, 1).reshape(b, t, d), HIDDEN), carry[2]
+    return sums, constrain(seq_unchunks(dh, seq_shards), HIDDEN), carry[2]
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _fused_loss(h, w, labels, z_loss_multiplier, chunk_size, kernels):
-    sums = _scan_loss(h, w, labels, z_loss_multiplier, chunk_size, kernels, with_grads=False)
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _fused_loss(h, w, labels, z_loss_multiplier, chunk_size, kernels, seq_shards):
+    sums = _scan_loss(h, w, labels, z_loss_multiplier, chunk_size, kernels, with_grads=False,
+                      seq_shards=seq_shards)
     return sums.ce + sums.z, sums
 
 
-def _fused_loss_fwd(h, w, labels, z_loss_multiplier, chunk_size, kernels):
+def _fused_loss_fwd(h, w, labels, z_loss_multiplier, chunk_size, kernels, seq_shards):
     sums, dh, dw = _scan_loss(h.value, w.value, labels.value, z_loss_multiplier, chunk_size, kernels,
-                              with_grads=True)
+                              with_grads=True, seq_shards=seq_shards)
     return (sums.ce + sums.z, sums), (dh, dw)
 
 
-def _fused_loss_bwd(z_loss_multiplier, chunk_size, kernels, res, cotangents):
-    del z_loss_multiplier, chunk_size, kernels
+def _fused_loss_bwd(z_loss_multiplier, chunk_size, kernels, seq_shards, res, cotangents):
+    del z_loss_multiplier, chunk_size, kernels, seq_shards
     dh, dw = res
     g_total, g_sums = cotangents
     if not all(isinstance(x, SymbolicZero) for x in jax.tree.leaves(
@@ -168,16 +170,20 @@ _fused_loss.defvjp(_fused_loss_fwd, _fused_loss_bwd, symbolic_zeros=True)
 
 
 def lm_loss(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multiplier: float,
-            chunk_size: int = 1024, kernels: Kernels = KERNELS["reference"]) -> tuple[jax.Array, LossSums]:
+            chunk_size: int = 1024, kernels: Kernels = KERNELS["reference"],
+            seq_shards: int = 1) -> tuple[jax.Array, LossSums]:
     """``(ce_sum + z_sum, LossSums)`` of final hidden states ``h`` [B, T, D] under the head ``w``
     [D, V] (cast to ``h``'s dtype for the GEMMs); the total is differentiable with respect to ``h``
     and ``w`` (the head's gradient in ``w``'s dtype, accumulated in fp32), the sums are statistics.
 
     Fused and chunked (see the module docstring): chunks of (at most) ``chunk_size`` positions, so
     at most ``B * chunk_size * V`` fp32 logits are live, in the forward pass only. ``kernels``:
-    the kernel set whose ``contract_rows`` forms the head's gradient.
+    the kernel set whose ``contract_rows`` forms the head's gradient. ``seq_shards``: the devices
+    each sequence is split over (context parallelism): each chunk takes ``chunk_size`` positions
+    from every device's block (:func:`olmax.model.olmo3.seq_chunks`).
     """
-    return _fused_loss(h, w, labels, float(z_loss_multiplier), int(chunk_size), kernels)
+    return _fused_loss(h, w, labels, float(z_loss_multiplier), int(chunk_size), kernels,
+                       int(seq_shards))
 
 
 def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multiplier: float,
@@ -189,12 +195,13 @@ def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multip
 
 def loss_and_sums(params, tokens: jax.Array, labels: jax.Array, denominator: jax.Array,
                   cfg: ModelConfig, runtime: Runtime = Runtime(), *, z_loss_multiplier: float,
-                  chunk_size: int = 1024, segment_ids: jax.Array | None = None
-                  ) -> tuple[jax.Array, LossSums]:
+                  chunk_size: int = 1024, segment_ids: jax.Array | None = None,
+                  seq_shards: int = 1) -> tuple[jax.Array, LossSums]:
     """``(ce_sum + z_sum) / denominator`` for one (micro-)batch, and the sums; differentiable.
     ``segment_ids`` [B, T] (packed documents, :mod:`olmax.model.documents`) go to the model; the
-    labels are the same with or without them (OLMo-core scores across document boundaries)."""
+    labels are the same with or without them (OLMo-core scores across document boundaries).
+    ``seq_shards``: the devices each sequence is split over (context parallelism)."""
     h = hidden_states(params, tokens, cfg, runtime, segment_ids=segment_ids)
     total, sums = lm_loss(h, lm_head_weight(params, cfg), labels, z_loss_multiplier=z_loss_multiplier,
-                          chunk_size=chunk_size, kernels=runtime.kernels)
+                          chunk_size=chunk_size, kernels=runtime.kernels, seq_shards=seq_shards)
     return total / denominator, sums

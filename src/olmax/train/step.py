@@ -32,7 +32,7 @@ from olmax.errors import ConfigError
 from olmax.model.documents import segment_ids_from_doc_lens
 from olmax.model.params import abstract_params, init_params
 from olmax.model.runtime import Runtime
-from olmax.parallel.mesh import data_parallel_size
+from olmax.parallel.mesh import context_size, data_parallel_size
 from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings, placed_on,
                                      replicated)
 from olmax.platforms import backend_of, compiler_options
@@ -97,10 +97,14 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
     """
     if runtime is None:
         runtime = Runtime.of(train_cfg, step_devices(mesh))
+    if train_cfg.seq_len % context_size(mesh):
+        raise ConfigError(f"train.seq_len {train_cfg.seq_len} must be divisible by mesh.context "
+                          f"{context_size(mesh)} (each device holds an equal block of positions)")
     if chunk_size is None:
         chunk_size = loss_chunk(train_cfg, n_micro, mesh, runtime)
     loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=runtime,
-                      z_loss_multiplier=train_cfg.z_loss_multiplier, chunk_size=chunk_size)
+                      z_loss_multiplier=train_cfg.z_loss_multiplier, chunk_size=chunk_size,
+                      seq_shards=context_size(mesh))
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def constrain_rows(x):
