@@ -21,7 +21,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from olmax.config import ModelConfig, OptimConfig, SchedulerConfig, TrainConfig
+from olmax.config import ModelConfig, OptimConfig, SchedulerConfig, TrainConfig, YarnConfig
 from olmax.model.params import init_params
 from olmax.model.runtime import REMAT_POLICIES
 from olmax.train.optim import skip_step_adamw
@@ -74,6 +74,13 @@ def _oc_model(params, cfg=CFG):
         sliding_window=SlidingWindowAttentionConfig(
             pattern=[-1 if w is None else w for w in cfg.window_pattern],
             force_full_attention_on_first_layer=False, force_full_attention_on_last_layer=True))
+    if cfg.rope_scaling is not None:   # YaRN, on the full-attention layers (as olmax)
+        from olmo_core.nn.rope import YaRNRoPEScalingConfig
+
+        y = cfg.rope_scaling
+        oc_cfg = oc_cfg.with_rope_scaling(YaRNRoPEScalingConfig(
+            factor=y.factor, beta_fast=y.beta_fast, beta_slow=y.beta_slow,
+            old_context_len=y.original_max_position_embeddings))
     model = oc_cfg.build(init_device="cpu")
     p = jax.tree.map(np.asarray, params)
     lay = p["layers"]
@@ -277,3 +284,83 @@ def test_training_steps_with_documents_match_olmo_core(reference, reference_docu
     assert abs(ref[0][0] - plain[0][0]) > 1e-3     # documents change OLMo-core's first loss
     _check_against_olmo_core(params, ref, _run_olmax(params, batches, profile, remat, chunk_size=None,
                                                      docs=docs))
+
+
+# Stage 3 in small: packed documents, YaRN (original context 8, factor 4: the 24-token rows reach
+# past the original context), and context parallelism (each row's 24 positions split over 4
+# devices, 6 each: windows of 8 and documents cross the devices' blocks), x fsdp 2 on 8 devices.
+STAGE3_STEPS = 12
+CFG_STAGE3 = CFG.replace(rope_scaling=YarnConfig(factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                                                 original_max_position_embeddings=8))
+STAGE3_SCRIPT = """
+import json, sys
+import numpy as np, jax
+from olmax.config import MeshConfig, ModelConfig, OptimConfig, SchedulerConfig, TrainConfig, YarnConfig
+from olmax.model.params import init_params
+from olmax.parallel.mesh import make_mesh
+from olmax.train.optim import skip_step_adamw
+from olmax.train.schedules import build_schedule
+from olmax.train.step import build_sharded_training
+
+spec = json.loads(sys.argv[1])
+cfg = ModelConfig(**{**spec["cfg"], "window_pattern": tuple(spec["cfg"]["window_pattern"]),
+                     "rope_scaling": YarnConfig(**spec["cfg"]["rope_scaling"])})
+data = np.load(spec["data"])
+tx = skip_step_adamw(OptimConfig(**spec["opt"]))
+schedule = build_schedule(SchedulerConfig(**spec["sched"]), spec["peak_lr"], spec["steps"])
+mesh = make_mesh(MeshConfig(fsdp=2, context=4), jax.devices())
+out = {}
+for profile in ("cpu", "tpu"):
+    train = TrainConfig(seq_len=spec["T"], global_batch_size=spec["B"], micro_batch_size=1,
+                        max_steps=spec["steps"], profile=profile, attn_impl="auto")
+    st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
+    state = st.fresh_state(init_params(cfg, jax.random.key(3)))
+    losses, skipped, norms = [], [], []
+    for step in range(1, spec["steps"] + 1):
+        batch = {k: jax.device_put(data[f"{k}{step}"], st.batch_shardings[k])
+                 for k in ("tokens", "instance_mask", "doc_lens")}
+        state, m = st.step_fn(state, batch, np.float32(schedule(step)))
+        losses.append(float(m["loss"])); skipped.append(float(m["skipped"]))
+        norms.append(float(m["grad_norm"]))
+    out[profile] = {"losses": losses, "skipped": skipped, "norms": norms,
+                    "attn": st.runtime.attn_impl}
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_stage3_steps_with_context_parallelism_match_olmo_core(tmp_path):
+    """12 steps of packed, document-masked, YaRN-scaled training with context parallelism 4 x
+    fsdp 2 (8 CPU devices) against OLMo-core's own steps on one device (one forward per document:
+    its CPU attention cannot mask documents, nor does it parallelise over context). The cpu profile
+    (chunked attention) and the tpu profile (splash, Pallas interpreted) both."""
+    import dataclasses
+    import json
+    import os
+    import subprocess
+    import sys
+
+    params = init_params(CFG_STAGE3, jax.random.key(3))
+    batches, docs = _batches()[:STAGE3_STEPS], _doc_lens()[:STAGE3_STEPS]
+    ref_l, ref_s, ref_n, _ = _run_olmo_core(params, batches, model=_oc_model(params, CFG_STAGE3),
+                                            docs=docs)
+    data = tmp_path / "batches.npz"
+    np.savez(data, **{f"{k}{s}": v for s, ((tok, mask), d) in enumerate(zip(batches, docs), start=1)
+                      for k, v in (("tokens", tok), ("instance_mask", mask), ("doc_lens", d))})
+    spec = {"cfg": dataclasses.asdict(CFG_STAGE3), "data": str(data), "T": T, "B": B,
+            "steps": STAGE3_STEPS, "peak_lr": PEAK_LR, "opt": dataclasses.asdict(OPT),
+            "sched": dataclasses.asdict(SCHED)}
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", STAGE3_SCRIPT, json.dumps(spec)], env=env,
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["cpu"]["attn"] == "chunked" and got["tpu"]["attn"] == "splash"
+    for profile, ours in got.items():
+        rel = np.abs(np.array(ours["losses"]) - np.array(ref_l)) / np.abs(np.array(ref_l))
+        print(profile, "max relative loss difference over", STAGE3_STEPS, "steps:", rel.max())
+        assert rel.max() < 1e-5, list(zip(ours["losses"], ref_l))
+        np.testing.assert_allclose(ours["norms"], ref_n, rtol=1e-4)
+        assert ours["skipped"] == ref_s
+    assert ref_l[-1] < 0.8 * ref_l[0]     # the model trained
