@@ -65,3 +65,22 @@ def test_recipe_without_resolving_data():
 
     cfg = load("olmo3_7b_stage1", ["data.mix=No-Such-Mix"], find_mix=False)
     assert cfg.data.mix == "No-Such-Mix" and cfg.train.attn_impl == "auto"
+
+
+def test_stage3():
+    """AI2's long-context script, with its 50B-token length (the CSV's last stage-3 step)."""
+    c = load_recipe("olmo3_7b_stage3")
+    _common_optimizer(c)
+    assert (c.train.seq_len, c.train.global_batch_size) == (65536, 64)
+    assert c.train.seq_len * c.train.global_batch_size == 4_194_304
+    y = c.model.rope_scaling
+    assert (y.factor, y.beta_fast, y.beta_slow, y.original_max_position_embeddings) == (8, 32, 1, 8192)
+    assert y.full_attention_only and y.attention_factor is None   # 0.1 ln 8 + 1, as OLMo-core
+    assert (c.seed, c.optim.lr) == (34521, 0.00020712352850360292)
+    assert (c.scheduler.name, c.scheduler.warmup_steps, c.scheduler.alpha_f) == ("linear_with_warmup", 200, 0.0)
+    assert c.scheduler.t_max == c.train.max_steps == math.ceil(50e9 / 4194304) == 11921
+    d = c.data
+    assert d.mix.endswith("OLMo-longmino-mix-0625.txt") and d.repetition_filter is False
+    assert (d.instances, d.source_group_size, d.source_permutation_seed, d.doc_lens) == ("packed", 8, 123, True)
+    assert c.init.load_optimizer is True and c.init.allow_architecture_override is True
+    assert c.checkpoint.interval == 1000
