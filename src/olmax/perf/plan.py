@@ -162,7 +162,8 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     b, t = cfg.train.global_batch_size, cfg.train.seq_len
     groups = details["layer_groups"]
     per_device = b // st.n_micro // data_parallel_size(mesh)
-    pc = part_costs(cfg, dev, per_device, mesh.shape["tensor"], n, st.runtime)
+    # each device updates its 1/(fsdp x tensor) of the state: data replicas update the same part
+    pc = part_costs(cfg, dev, per_device, mesh.shape["tensor"], n // mesh.shape["data"], st.runtime)
     a, h, o = pc["A"], pc["H"], pc["O"]
     m = st.n_micro
 

@@ -279,6 +279,22 @@ def tell_libtpu_no_tpu() -> None:
             os.environ.setdefault(key, value)
 
 
+def torus_links(libtpu_name: str) -> dict:
+    """The wraparound links of a TPU slice, as libtpu's ``wrap`` option: a 3-D slice (v4, v5p,
+    tpu7x) whose every side is a multiple of 4 chips is a torus (4x4x4, 4x8x8, 8x8x8, ...);
+    smaller or other shapes (2x2x2, 2x4x4) and 2-D slices have none, libtpu's default (the 207
+    3-D slices of MaxText 0.2.5's accelerator table, which its compiles pass as ``wrap``). The
+    compiler plans collectives on the links it is told of: without the wraparound, the TPU
+    compiler's all-gather decomposer rewrites an all-gather over a whole slice of 64 devices or
+    more as a full-size all-reduce (on 4x8x8, FSDP over the 512 devices gathered no weight:
+    benchmarks/README.md, the 512-device layouts), which a torus does not need."""
+    _, _, shape = libtpu_name.partition(":")
+    sides = [int(x) for x in shape.split("x")] if _TPU_SHAPE.fullmatch(shape) else []
+    if len(sides) == 3 and all(x % 4 == 0 for x in sides):
+        return {"wrap": (True, True, True)}
+    return {}
+
+
 def topology_devices(name: str) -> list:
     """The devices of a TPU topology such as ``v5p:4x4x4`` or ``tpu7x:2x2x2`` or a GPU target
     such as ``h100:8`` (compilation only; :func:`check_topology_name` first)."""
@@ -291,9 +307,11 @@ def topology_devices(name: str) -> list:
         from jax.experimental import topologies
     except ImportError as e:  # pragma: no cover - every supported jax has it
         raise OlmaxError(f"this jax has no ahead-of-time topology support ({e})") from None
+    libtpu_name = libtpu_topology(name)
     try:
         with filtered_stderr():
-            desc = topologies.get_topology_desc(platform="tpu", topology_name=libtpu_topology(name))
+            desc = topologies.get_topology_desc(platform="tpu", topology_name=libtpu_name,
+                                                **torus_links(libtpu_name))
     except RuntimeError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "not installed" in msg or "libtpu" in msg.lower() and "lockfile" not in msg:

@@ -1,0 +1,93 @@
+"""FSDP over a whole TPU torus gathers its weights with all-gathers, not full-size all-reduces.
+
+The TPU compiler plans collectives on the links the topology has. ``olmax plan`` used to describe
+every slice without its wraparound links; on such a mesh of 64 devices or more the compiler's
+all-gather decomposer rewrites each all-gather over the whole slice as an all-reduce of the full,
+zero-padded weight (the 7B step on tpu7x 4x8x8: no all-gather, 342 full-weight all-reduces, 36 GiB
+per device per step). Real slices whose sides are multiples of 4 are tori
+(``olmax.perf.targets.torus_links``); compiled for one, the same step all-gathers its weights.
+Here the olmo3-tiny step (d_model 256) on tpu7x 4x4x4 (128 devices, the smallest tpu7x torus),
+FSDP over all of them, compiled both ways: without the wraparound no all-gather and 77 full-size
+weight all-reduces (30 weight matrices); on the torus every layer weight all-gathered and 30
+full-size all-reduces, one per gradient."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from olmax.model.params import param_shapes
+from olmax.perf import hlo, targets
+from olmax.perf.plan import plan
+from olmax.train.recipes import load_recipe
+
+TOPOLOGY = "tpu7x:4x4x4"
+# d_model 256: 2 rows of every weight matrix per device (at 64, fsdp would not divide it and
+# the weights would stay whole)
+OVERRIDES = ["model.d_model=256", "train.global_batch_size=128", "train.micro_batch_size=1",
+             "train.seq_len=128"]
+
+
+def weight_collectives(tmp_path) -> tuple[dict, Counter, int]:
+    """The step's mesh; per (all-gather | all-reduce | reduce-scatter, matrix shape), how many
+    full weight matrices the compiled step moves (loop trip counts included); the number of weight
+    matrices."""
+    cfg = load_recipe("olmo3_tiny", OVERRIDES)
+    out = tmp_path / "step.hlo"
+    p = plan(cfg, TOPOLOGY, parts=False, hlo_out=str(out))
+    shapes = param_shapes(cfg.model)
+    layer = [s[1:] for s in shapes["layers"].values() if len(s) == 3]
+    top = [s for k, s in shapes.items() if k != "layers" and len(s) == 2]
+    matrices = {tuple(sorted(s)) for s in layer + top}
+    moved: Counter = Counter()
+    for ins, times in hlo.analyse(out.read_text()).instructions():
+        kind = hlo.collective_kind(ins)
+        if kind not in ("all-gather", "all-reduce", "reduce-scatter"):
+            continue
+        for _, dims in hlo._SHAPE_RE.findall(ins.shape):
+            a = tuple(int(d) for d in dims.split(",") if d)
+            if len(a) >= 2 and math.prod(a[:-2]) == 1 and tuple(sorted(a[-2:])) in matrices:
+                moved[kind, tuple(sorted(a[-2:]))] += times
+    return p.details["mesh"], moved, len(layer) * cfg.model.n_layers + len(top)
+
+
+def gathered_by_all_reduce(moved: Counter, n_matrices: int) -> bool:
+    """Weights gathered with full-size all-reduces: no all-gather of a full weight matrix, or more
+    full-size all-reduces of weight matrices than one per gradient."""
+    gathers = sum(v for (kind, _), v in moved.items() if kind == "all-gather")
+    reduces = sum(v for (kind, _), v in moved.items() if kind == "all-reduce")
+    return gathers == 0 or reduces > n_matrices
+
+
+@pytest.mark.parametrize("name, torus", [
+    ("tpu7x:4x4x4", True), ("tpu7x:4x8x8", True), ("v5p:4x4x8", True), ("v4:8x8x8", True),
+    ("tpu7x:2x4x4", False), ("tpu7x:2x2x2", False), ("v5p:2x2x4", False), ("v5p:4x4x12", True),
+    ("v6e:16x16", False), ("v5e:2x2", False)])
+def test_torus_links(name, torus):
+    """As MaxText 0.2.5's table of slices has them (all 207 of its 3-D slices agree)."""
+    assert targets.torus_links(name) == ({"wrap": (True, True, True)} if torus else {})
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_without_the_wraparound_fsdp_gathers_weights_with_all_reduces(tmp_path, monkeypatch):
+    """The slice as ``olmax plan`` described it before: the check below catches it."""
+    monkeypatch.setattr(targets, "torus_links", lambda name: {})
+    mesh, moved, n = weight_collectives(tmp_path)
+    assert mesh == {"data": 1, "fsdp": 128, "tensor": 1}
+    assert not any(kind == "all-gather" for kind, _ in moved)
+    assert gathered_by_all_reduce(moved, n)
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_on_the_torus_fsdp_gathers_weights_with_all_gathers(tmp_path):
+    assert targets.torus_links(TOPOLOGY) == {"wrap": (True, True, True)}
+    mesh, moved, n = weight_collectives(tmp_path)
+    assert mesh == {"data": 1, "fsdp": 128, "tensor": 1}
+    assert not gathered_by_all_reduce(moved, n)
+    gathered = {shape for kind, shape in moved if kind == "all-gather"}
+    assert len(gathered) == 3          # (256, 64) q/o, (256, 32) k/v, (256, 256) MLP: every layer weight
+    assert sum(v for (kind, _), v in moved.items() if kind == "all-reduce") == n   # the gradients
