@@ -78,6 +78,14 @@ def cases() -> dict[str, dict]:
     add("scale_tpu7x_128_b4", "scale", "tpu7x:4x4x4", _batch(128, 4), "128 devices x 4 sequences")
     add("scale_v5p_512_b1", "scale", "v5p:8x8x8", _batch(512, 1), "512 devices x 1 sequence")
     add("scale_v5p_128_b4", "scale", "v5p:4x4x8", _batch(128, 4), "128 devices x 4 sequences")
+    # The layout at 512 devices (one sequence per device, the recipe's remat), on the 4x8x8 torus
+    # (olmax.perf.targets.torus_links): FSDP over the whole slice (the default) against HSDP,
+    # FSDP groups of 32 with 16 replicas (the weight gathers stay inside a group).
+    for name, mesh in (("fsdp512", ["mesh.data=1", "mesh.fsdp=512"]),
+                       ("hsdp16x32", ["mesh.data=16", "mesh.fsdp=32"])):
+        add(f"layout_tpu7x_512_{name}", "layout", "tpu7x:4x8x8",
+            ["train.global_batch_size=512", "train.micro_batch_size=1", *mesh],
+            f"512 devices x 1 sequence, {name}")
     # The recipe as written (global batch 512, micro-batch 2) on the 'Done when' topologies.
     add("recipe_tpu7x_2x2x2", "recipe", "tpu7x:2x2x2", [], "the recipe unchanged")
     for r in ("full", "dots_no_batch", "save_outputs", "save_proj"):   # its micro-batch of 2 per device
@@ -127,6 +135,10 @@ def _maxtext_cases() -> dict[str, dict]:
             out[f"maxtext_parts_l{layers}_{tag}"] = {
                 "mode": "parts", "topology": "tpu7x:2x2x2", "layers": layers, "args": args, "env": env,
                 "question": f"MaxText fwd+bwd, {layers} unscanned layers, one device, {tag}"}
+    # The 512-device slice (layout cases): MaxText's default mesh there, FSDP over every device.
+    out["maxtext_tpu7x512_b1_full"] = {
+        "mode": "step", "topology": "tpu7x:4x8x8", "args": plain, "env": {},
+        "question": "MaxText olmo3-7b-pt step, 512 devices x 1 sequence, b1_full"}
     return out
 
 
@@ -165,7 +177,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--maxtext", action="store_true", help="the MaxText cases instead of olmax's")
     p.add_argument("--only", default="", help="comma-separated case names")
-    p.add_argument("--group", default="", help="comma-separated groups (remat, mesh, heads, v5p, scale, recipe)")
+    p.add_argument("--group", default="", help="comma-separated groups (remat, mesh, heads, v5p, scale, layout, recipe)")
     p.add_argument("--python", default=sys.executable, help="interpreter for olmax plan (>= 3.12, tpu extra)")
     p.add_argument("--maxtext-python", default="/work/venvs/maxtext/bin/python")
     p.add_argument("--timeout", type=int, default=5400, help="seconds per case")
