@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 import jax
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -76,3 +77,17 @@ def test_optimizer_moments_follow_their_parameters():
     assert jax.tree.leaves(adam.mu) == jax.tree.leaves(p_sh)
     assert jax.tree.leaves(adam.nu) == jax.tree.leaves(p_sh)
     assert o_sh.window.losses.spec == P()
+
+
+def test_a_rows_devices_share_one_process():
+    """Context (and tensor) groups hold the same rows: each must lie within one process."""
+    from types import SimpleNamespace
+
+    from olmax.parallel.mesh import check_rows_per_process
+
+    # 2 processes x 4 devices, mesh (data 1, fsdp 2, context 4, tensor 1): a context group a process
+    grid = np.array([SimpleNamespace(process_index=i // 4) for i in range(8)], dtype=object)
+    check_rows_per_process(grid.reshape(1, 2, 4, 1))
+    # context 8 over both processes: refused, naming the way out
+    with pytest.raises(ConfigError, match=r"span processes \[0, 1\].*--processes-per-node 1"):
+        check_rows_per_process(grid.reshape(1, 1, 8, 1))

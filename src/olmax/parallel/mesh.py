@@ -81,3 +81,16 @@ def data_parallel_size(mesh: Mesh) -> int:
 def context_size(mesh: Mesh | None) -> int:
     """How many devices share each sequence (1 without context parallelism or a mesh)."""
     return 1 if mesh is None else int(dict(mesh.shape).get("context", 1))
+
+
+def check_rows_per_process(devices: np.ndarray) -> None:
+    """Each process reads only its own rows of a batch (``TrainData.host_batch``), so every device
+    that holds a block of rows -- one (data, fsdp) coordinate: its context and tensor devices --
+    must belong to one process. ``devices``: the mesh's device grid, axes :data:`MESH_AXES`."""
+    groups = np.asarray(devices).reshape(devices.shape[0] * devices.shape[1], -1)
+    for group in groups:
+        processes = sorted({d.process_index for d in group})
+        if len(processes) > 1:
+            raise ConfigError(f"mesh: a row's devices (mesh.context x mesh.tensor = {group.size}) "
+                              f"span processes {processes}; run one process per node "
+                              "(olmax launch --processes-per-node 1) or a smaller mesh.context")

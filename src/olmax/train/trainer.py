@@ -56,7 +56,7 @@ from olmax.data.loader import batch_hash, build_train_data
 from olmax.io import write_json_atomic, write_text_atomic
 from olmax.model.params import count_params
 from olmax.parallel.distributed import check_devices, maybe_initialize
-from olmax.parallel.mesh import make_mesh
+from olmax.parallel.mesh import check_rows_per_process, make_mesh
 from olmax.train.callbacks import Callback, RunView, build_callbacks
 from olmax.train.callbacks.run_lock import lock_run_dir
 from olmax.train.start import start_state
@@ -179,6 +179,7 @@ class Trainer:
     def _build(self) -> None:
         cfg, t = self.cfg, self.cfg.train
         self.mesh = make_mesh(cfg.mesh)
+        check_rows_per_process(self.mesh.devices)
         seed = cfg.init.seed if cfg.init.seed is not None else cfg.seed
         st = build_sharded_training(cfg.model, t, self.tx, self.mesh, jax.random.key(seed))
         # The resolved platform profile is part of the run's config (config.yaml, checkpoint meta).
