@@ -1,3 +1,3 @@
 """olmax: faithful OLMo 3 pre-training in JAX."""
 
-__version__ = "0.2.0"   # CHANGELOG.md; pyproject.toml reads it
+__version__ = "0.3.0"   # CHANGELOG.md; pyproject.toml reads it
