@@ -45,6 +45,21 @@ def test_plan_on_local_cpu(tmp_path, capsys):
     assert p["estimate"]["step_s"] is None and p["estimate"]["method"].startswith("unavailable")
 
 
+def test_plan_of_packed_rows_compiles_the_masked_step(tmp_path):
+    """A recipe of packed rows with document lengths is planned with the inputs its step takes:
+    the label mask and the documents (segment ids in the attention), which change the program."""
+    out, plain = tmp_path / "packed.json", tmp_path / "plain.json"
+    base = ["train.global_batch_size=2", "model.vocab_size=256", "model.padded_vocab_size=256",
+            "train.attn_impl=chunked", "--no-parts"]
+    assert main(["plan", "olmo3_tiny", *base, "--json", str(plain)]) == 0
+    assert main(["plan", "olmo3_tiny", *base, "data.instances=packed", "data.doc_lens=true",
+                 "--hlo", str(tmp_path / "packed.hlo"), "--json", str(out)]) == 0
+    p, q = json.loads(out.read_text()), json.loads(plain.read_text())
+    assert p["details"]["batch_keys"] == ["doc_lens", "instance_mask", "label_mask", "tokens"]
+    assert q["details"]["batch_keys"] == ["instance_mask", "tokens"]
+    assert p["memory"]["fits"] and p["memory"]["argument_bytes"] > q["memory"]["argument_bytes"]
+
+
 def test_topology_without_libtpu_is_one_line(capsys):
     pytest.importorskip("jax")
     import importlib.util

@@ -41,6 +41,12 @@ from olmax.perf.targets import (GiB, chips, filtered_stderr, hbm_bytes, tell_lib
                                 topology_devices, usable_hbm)
 
 
+# The documents a packed row may hold, for the step's doc_lens input: the real width is the data's
+# (the most documents in any row), known only once it is packed; it changes one small input, not
+# the attention (segment ids of the row's positions).
+PLAN_DOC_LENS_WIDTH = 256
+
+
 @dataclasses.dataclass
 class Plan:
     topology: str | None
@@ -84,6 +90,12 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     batch = {"tokens": jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=st.batch_shardings["tokens"]),
              "instance_mask": jax.ShapeDtypeStruct((b,), jnp.bool_,
                                                    sharding=st.batch_shardings["instance_mask"])}
+    if cfg.data.instances == "packed":   # the step packed rows run: padding, and documents masked
+        batch["label_mask"] = jax.ShapeDtypeStruct((b, t), jnp.bool_,
+                                                   sharding=st.batch_shardings["label_mask"])
+        if cfg.data.doc_lens:
+            batch["doc_lens"] = jax.ShapeDtypeStruct((b, PLAN_DOC_LENS_WIDTH), jnp.int32,
+                                                     sharding=st.batch_shardings["doc_lens"])
     lr = jax.ShapeDtypeStruct((), jnp.float32)
     where = (f"{topology or dev.platform} x{n}, batch {b} x {t}, remat={train.remat}, "
              f"attn={st.runtime.attn_impl}, profile={st.runtime.profile_name}")
@@ -101,6 +113,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     whole = cost(compiled)
     groups = model.n_layers // len(model.window_pattern)
     details: dict = {"mesh": dict(mesh.shape), "n_micro": st.n_micro, "layer_groups": groups,
+                     "batch_keys": sorted(batch),
                      "chips": chips(devices), "xla_whole_program_flops": whole.get("flops"),
                      "xla_whole_program_optimal_seconds": whole.get("optimal_seconds"),
                      "kernel_flops": kernel, "kernel_calls": kernel_calls,
