@@ -34,6 +34,7 @@ def rows(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_every_mistake_ends_in_one_clean_line(rows):
     assert len(rows) >= 120
     bad = []
@@ -47,6 +48,7 @@ def test_every_mistake_ends_in_one_clean_line(rows):
     assert not bad, "\n\n".join(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.reference
 def test_the_table_in_docs_is_current(rows):
     if not HAVE_TORCH:

@@ -41,6 +41,7 @@ def _check(results: dict) -> None:
             assert r["temp_many"] <= r["temp_one"] * 1.04, (name, r)
 
 
+@pytest.mark.slow
 def test_whole_batch_per_micro_step():
     _check(_probe("none", "xla", "chunked"))
 
