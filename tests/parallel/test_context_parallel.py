@@ -32,6 +32,7 @@ SCRIPT = textwrap.dedent("""
     from olmax.train.optim import skip_step_adamw
     from olmax.train.schedules import build_schedule
     from olmax.train.step import build_sharded_training
+    from helpers.sharded import run_steps
 
     assert jax.device_count() == 8
     cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
@@ -58,16 +59,11 @@ SCRIPT = textwrap.dedent("""
         for name, (mcfg, n) in meshes.items():
             mesh = make_mesh(mcfg, jax.devices()[:n])
             st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
-            state = st.fresh_state()
-            losses = []
-            for s, toks in enumerate(batches, start=1):
-                batch = {"tokens": jax.device_put(toks, st.batch_shardings["tokens"]),
-                         "instance_mask": jax.device_put(np.ones(4, bool), st.batch_shardings["instance_mask"])}
-                if attn != "xla":   # packed documents too
-                    batch["doc_lens"] = jax.device_put(doc_lens(s), st.batch_shardings["doc_lens"])
-                state, m = st.step_fn(state, batch, np.float32(sched(s)))
-                losses.append(float(m["loss"]))
-            out[f"{attn}/{name}"] = {"losses": losses, "embed_spec": str(state.params["embed"].sharding.spec)}
+            hosts = [{"tokens": toks, "instance_mask": np.ones(4, bool),   # packed documents too:
+                      **({} if attn == "xla" else {"doc_lens": doc_lens(s)})}
+                     for s, toks in enumerate(batches, start=1)]
+            state, m = run_steps(st, hosts, sched)
+            out[f"{attn}/{name}"] = {"losses": m["loss"], "embed_spec": str(state.params["embed"].sharding.spec)}
     # olmax plan of the step on the 8 devices at 2 rows per device: context 1, 2, 4, 8
     long = cfg.replace(d_model=64, head_dim=16, mlp_hidden=128)
     out["plan"] = {}
@@ -83,6 +79,7 @@ SCRIPT = textwrap.dedent("""
 
 def _run() -> dict:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               PYTHONPATH=os.pathsep.join(sys.path),   # helpers.sharded
                JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
                           timeout=1500)

@@ -21,6 +21,7 @@ SCRIPT = textwrap.dedent("""
     from olmax.train.optim import skip_step_adamw
     from olmax.train.schedules import build_schedule
     from olmax.train.step import build_sharded_training
+    from helpers.sharded import run_steps
 
     assert jax.device_count() == 8
     cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
@@ -40,15 +41,10 @@ SCRIPT = textwrap.dedent("""
         mcfg, n = meshes[name]
         mesh = make_mesh(mcfg, jax.devices()[:n])
         st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
-        state = st.fresh_state()
-        losses = []
-        for s, toks in enumerate(batches, start=1):
-            batch = {"tokens": jax.device_put(toks, st.batch_shardings["tokens"]),
-                     "instance_mask": jax.device_put(np.ones(16, bool), st.batch_shardings["instance_mask"])}
-            state, m = st.step_fn(state, batch, np.float32(sched(s)))
-            losses.append(float(m["loss"]))
+        state, m = run_steps(st, [{"tokens": toks, "instance_mask": np.ones(16, bool)}
+                                  for toks in batches], sched)
         emb = state.params["embed"]
-        out[name] = {"losses": losses, "n_micro": st.n_micro,
+        out[name] = {"losses": m["loss"], "n_micro": st.n_micro,
                      "n_shards": len({d.id for d in emb.sharding.device_set}),
                      "embed_spec": str(emb.sharding.spec),
                      "params": [np.asarray(x).ravel()[:4096].tolist() for x in jax.tree.leaves(state.params)]}
@@ -58,6 +54,7 @@ SCRIPT = textwrap.dedent("""
 
 def _run(*meshes, **extra_env):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               PYTHONPATH=os.pathsep.join(sys.path),   # helpers.sharded
                JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", **extra_env)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, *meshes], env=env, capture_output=True,
                           text=True, timeout=1200)

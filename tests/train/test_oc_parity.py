@@ -301,6 +301,7 @@ from olmax.parallel.mesh import make_mesh
 from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.step import build_sharded_training
+from helpers.sharded import run_steps
 
 spec = json.loads(sys.argv[1])
 cfg = ModelConfig(**{**spec["cfg"], "window_pattern": tuple(spec["cfg"]["window_pattern"]),
@@ -314,15 +315,10 @@ for profile in ("cpu", "tpu"):
     train = TrainConfig(seq_len=spec["T"], global_batch_size=spec["B"], micro_batch_size=1,
                         max_steps=spec["steps"], profile=profile, attn_impl="auto")
     st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
-    state = st.fresh_state(init_params(cfg, jax.random.key(3)))
-    losses, skipped, norms = [], [], []
-    for step in range(1, spec["steps"] + 1):
-        batch = {k: jax.device_put(data[f"{k}{step}"], st.batch_shardings[k])
-                 for k in ("tokens", "instance_mask", "doc_lens")}
-        state, m = st.step_fn(state, batch, np.float32(schedule(step)))
-        losses.append(float(m["loss"])); skipped.append(float(m["skipped"]))
-        norms.append(float(m["grad_norm"]))
-    out[profile] = {"losses": losses, "skipped": skipped, "norms": norms,
+    hosts = [{k: data[f"{k}{s}"] for k in ("tokens", "instance_mask", "doc_lens")}
+             for s in range(1, spec["steps"] + 1)]
+    _, m = run_steps(st, hosts, schedule, st.fresh_state(init_params(cfg, jax.random.key(3))))
+    out[profile] = {"losses": m["loss"], "skipped": m["skipped"], "norms": m["grad_norm"],
                     "attn": st.runtime.attn_impl}
 json.dump(out, sys.stdout)
 """
@@ -351,6 +347,7 @@ def test_stage3_steps_with_context_parallelism_match_olmo_core(tmp_path):
             "steps": STAGE3_STEPS, "peak_lr": PEAK_LR, "opt": dataclasses.asdict(OPT),
             "sched": dataclasses.asdict(SCHED)}
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               PYTHONPATH=os.pathsep.join(sys.path),   # helpers.sharded
                JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, "-c", STAGE3_SCRIPT, json.dumps(spec)], env=env,
                           capture_output=True, text=True, timeout=1500)

@@ -128,14 +128,12 @@ def resolve_model(spec: ModelSpec | Mapping[str, Any] | None, weights: WeightsCo
         spec = ModelSpec.parse(spec, path)
     given = dict(spec.fields)
     if spec.preset is not None:
-        preset = get_preset(spec.preset)
-        given = {**{f.name: getattr(preset, f.name) for f in dataclasses.fields(preset)}, **given}
+        given = {**ModelSpec.of(get_preset(spec.preset)).fields, **given}
     if weights is None:
         return build(ModelConfig, given, path)
     source = weights.model
     try:
-        model = build(ModelConfig, {**{f.name: getattr(source, f.name)
-                                       for f in dataclasses.fields(source)}, **given}, path)
+        model = build(ModelConfig, {**ModelSpec.of(source).fields, **given}, path)
     except ConfigError as e:
         raise ConfigError(f"{weights.key} {weights.where}: {e}") from None
     extra = () if weights.hf_source else ("padded_vocab_size",)

@@ -97,9 +97,6 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
     """
     if runtime is None:
         runtime = Runtime.of(train_cfg, step_devices(mesh))
-    if train_cfg.seq_len % context_size(mesh):
-        raise ConfigError(f"train.seq_len {train_cfg.seq_len} must be divisible by mesh.context "
-                          f"{context_size(mesh)} (each device holds an equal block of positions)")
     if chunk_size is None:
         chunk_size = loss_chunk(train_cfg, n_micro, mesh, runtime)
     loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=runtime,
