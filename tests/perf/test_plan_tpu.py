@@ -8,7 +8,7 @@ import json
 import pytest
 
 from olmax.cli import main
-from olmax.model.flops import flops_per_token
+from olmax.model.flops import flops_per_token, peak_flops
 from olmax.model.params import count_params
 from olmax.train.recipes import load_recipe
 
@@ -33,7 +33,9 @@ def test_plan_json_contract(tiny_plan):
     assert set(p["memory"]) >= {"argument_bytes", "output_bytes", "temp_bytes", "alias_bytes",
                                 "code_bytes", "peak_bytes", "hbm_bytes", "fits"}
     assert set(p["flops_per_step"]) >= {"olmo_core", "causal", "xla"}
-    assert set(p["estimate"]) >= {"method", "step_s", "tokens_per_s_per_chip", "mfu_olmo_core", "mfu_causal"}
+    assert set(p["estimate"]) >= {"method", "compute_s", "kernel_s", "collective_s", "step_s",
+                                  "step_s_no_overlap", "tokens_per_s_per_chip", "mfu_olmo_core",
+                                  "mfu_causal"}
     assert all(set(c) >= {"kind", "count", "bytes"} for c in p["collectives"])
     assert (p["topology"], p["num_devices"], p["device_kind"]) == ("v5e:2x2", 4, "TPU v5 lite")
     assert (p["attn_impl"], p["global_batch_size"], p["seq_len"]) == ("splash", 8, 128)
@@ -67,6 +69,18 @@ def test_plan_flops_and_estimate(tiny_plan):
     assert e["method"].startswith("estimate: XLA TPU cost model")
     assert e["step_s"] > 0 and e["tokens_per_s_per_chip"] == pytest.approx(tokens / 4 / e["step_s"])
     assert 0 < e["mfu_causal"] <= e["mfu_olmo_core"] < 1
+    assert "(2 groups - 1 group)" in e["method"] and "collectives timed" in e["method"]
+    assert set(p["details"]["parts"]) == {"one_layer_group", "two_layer_groups", "optimizer"}
+    # the splash matmuls of a 16-wide head dimension (d_model 64, 4 heads) against 128-wide
+    # blocks keep 16/128 of v5e's 128 x 128 MXU busy: priced at 8x their FLOPs
+    d = p["details"]
+    assert d["kernel_flops_at_mxu_occupancy"] == pytest.approx(8 * d["kernel_flops"])
+    assert e["kernel_s"] == pytest.approx(8 * d["kernel_flops"] / peak_flops("TPU v5 lite"))
+    # timed collectives: the step overlaps the asynchronous ones with compute
+    ct = d["collective_time"]
+    assert e["collective_s"] == pytest.approx(ct["async_s"] + ct["sync_s"]) and e["collective_s"] > 0
+    assert e["step_s_no_overlap"] == pytest.approx(e["compute_s"] + e["collective_s"])
+    assert e["step_s"] == pytest.approx(max(e["compute_s"], ct["async_s"]) + ct["sync_s"])
     kinds = {c["kind"]: c for c in p["collectives"]}
     assert kinds["all-gather"]["count"] > 0 and kinds["all-gather"]["bytes"] > 0   # FSDP gathers
     assert p["compile_s"] > 0

@@ -172,19 +172,42 @@ def part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_dev
     return out
 
 
-def kernel_flops(prog) -> tuple[float, dict]:
-    """FLOPs the splash kernels execute per step (per device), from the compiled HLO."""
+# The matmuls of one visited (query block, key block) pair of each splash kernel, as
+# (contraction width, output width) with D the head dimension and K the block: forward QK^T, PV;
+# dq kernel QK^T, dO V^T, dS K; dkv kernel QK^T, P^T dO, dO V^T, dS^T Q (olmax.model.splash.MATMULS).
+SPLASH_MATMULS = {"fwd": (("D", "K"), ("K", "D")),
+                  "dq": (("D", "K"), ("D", "K"), ("K", "D")),
+                  "dkv": (("D", "K"), ("K", "D"), ("D", "K"), ("K", "D"))}
+
+
+def mxu_occupancy(contraction: int, width: int, mxu: int | None) -> float:
+    """The share of a ``mxu x mxu`` systolic array a matmul keeps busy: its contraction and output
+    widths against the array's (a narrower one leaves the rest of the array idle). 1 without a
+    known array."""
+    if not mxu:
+        return 1.0
+    return min(1.0, contraction / mxu) * min(1.0, width / mxu)
+
+
+def kernel_flops(prog, mxu: int | None = None) -> tuple[float, dict, float]:
+    """FLOPs the splash kernels execute per step (per device), from the compiled HLO: (FLOPs,
+    calls per phase, FLOPs divided by the MXU occupancy of each phase's matmuls on a ``mxu``-wide
+    array -- the peak-rate FLOPs the same time would have done)."""
     from olmax.model.splash import kernel_flops as splash_flops, parse_scope
 
-    total, calls = 0.0, {}
+    total, effective, calls = 0.0, 0.0, {}
     for ins, mult in hlo.custom_calls(prog, "tpu_custom_call"):
         names = hlo.op_names(ins)
         shape = next((s for s in map(parse_scope, names) if s), None)
         phase = re.search(r"splash_m[hq]a_(fwd|dq|dkv)", ins.name + " " + " ".join(names))
         if shape is None or phase is None:
             continue
+        p = phase.group(1)
         f = splash_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
-                        shape["batch"], phase.group(1), shape["block"])
-        total += f * mult
-        calls[phase.group(1)] = calls.get(phase.group(1), 0) + int(mult)
-    return total, calls
+                         shape["batch"], p, shape["block"]) * mult
+        widths = {"D": shape["head_dim"], "K": shape["block"]}
+        occ = [mxu_occupancy(widths[c], widths[w], mxu) for c, w in SPLASH_MATMULS[p]]
+        total += f
+        effective += f * sum(1 / o for o in occ) / len(occ)   # the matmuls are of equal FLOPs
+        calls[p] = calls.get(p, 0) + int(mult)
+    return total, calls, effective

@@ -137,6 +137,8 @@ class Program:
     entry: str
     multiplier: dict[str, float]          # computation -> executions per program run
     unknown_loops: int                     # loops whose trip count could not be read
+    # computation -> (the computation that calls it, the calling instruction's opcode)
+    callers: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
     def instructions(self):
         """(instruction, multiplier) over every computation that runs."""
@@ -152,6 +154,7 @@ def analyse(text: str) -> Program:
     if entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
     mult: dict[str, float] = defaultdict(float)
+    callers: dict[str, tuple[str, str]] = {}
     unknown = 0
 
     def visit(cname: str, m: float, depth: int = 0) -> None:
@@ -163,6 +166,9 @@ def analyse(text: str) -> Program:
             called = called_computations(ins)
             if not called:
                 continue
+            for names in called.values():
+                for c in names:
+                    callers.setdefault(c, (cname, ins.opcode))
             if ins.opcode == "while":
                 known = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.text)
                 n = int(known.group(1)) if known else None
@@ -181,7 +187,7 @@ def analyse(text: str) -> Program:
                         visit(c, m, depth + 1)
 
     visit(entry, 1.0)
-    return Program(comps, entry, dict(mult), unknown)
+    return Program(comps, entry, dict(mult), unknown, callers)
 
 
 def collective_kind(ins: Instruction) -> str | None:
@@ -217,6 +223,81 @@ def collectives(prog: Program) -> list[dict]:
             size[kind] += m * collective_bytes(ins, kind)
     return [{"kind": k, "count": int(round(count[k])), "bytes": int(round(size[k]))}
             for k in COLLECTIVES if count.get(k)]
+
+
+_MESH_GROUPS_RE = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_IOTA_GROUPS_RE = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_LIST_GROUPS_RE = re.compile(r"replica_groups=\{\{([\d,]*)\}")
+_PAIRS_RE = re.compile(r"source_target_pairs=\{\{(\d+),(\d+)\}")
+
+
+def replica_group(ins: Instruction) -> list[int] | None:
+    """The device ids (positions in the program's device assignment) of the first replica group
+    of a collective, in any of the forms XLA prints: a list ``{{0,1},{2,3}}``, an iota
+    ``[2,2]<=[4]`` (optionally transposed, ``[2,2]<=[2,2]T(1,0)``), or a named mesh
+    ``mesh['data'=2,'fsdp'=8] {'fsdp'}`` (the group varies the named axes, the others at 0).
+    None: every device (``{}`` or no groups)."""
+    import numpy as np
+
+    text = ins.text.split(", metadata=")[0]
+    m = _MESH_GROUPS_RE.search(text)
+    if m:
+        axes = [(a.split("=")[0].strip().strip("'"), int(a.split("=")[1])) for a in m.group(1).split(",")]
+        named = {a.strip().strip("'") for a in m.group(2).split(",") if a.strip()}
+        ids = np.arange(math.prod(n for _, n in axes)).reshape([n for _, n in axes])
+        index = tuple(slice(None) if name in named else 0 for name, _ in axes)
+        return [int(x) for x in ids[index].reshape(-1)]
+    m = _IOTA_GROUPS_RE.search(text)
+    if m:
+        dims = [int(x) for x in m.group(3).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if m.group(4):
+            ids = ids.transpose([int(x) for x in m.group(4).split(",")])
+        return [int(x) for x in ids.reshape(int(m.group(1)), int(m.group(2)))[0]]
+    m = _LIST_GROUPS_RE.search(text)
+    if m and m.group(1):
+        return [int(x) for x in m.group(1).split(",")]
+    return None
+
+
+def permute_pair(ins: Instruction) -> tuple[int, int] | None:
+    """The first (source, target) pair of a collective-permute."""
+    m = _PAIRS_RE.search(ins.text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _runs_async(prog: Program, ins: Instruction) -> bool:
+    """Whether a collective runs asynchronously beside the computation that started it: an
+    ``-start`` op, or a collective inside a computation started by one (``custom-call-start``,
+    ``async-start``, ``call-start``: how TPU programs run collectives on their own threads)."""
+    if ins.opcode.endswith("-start"):
+        return True
+    cname = ins.computation
+    for _ in range(8):             # up through fusions and wrappers, not out of a loop or branch
+        if cname not in prog.callers:
+            return False
+        cname, op = prog.callers[cname]
+        if op.endswith("-start"):
+            return True
+        if op in _CONTROL:
+            return False
+    return False
+
+
+def collective_ops(prog: Program) -> list[dict]:
+    """Every collective of the program: ``kind``, ``bytes`` per execution per device (as
+    :func:`collective_bytes`), ``count`` (executions per program run), ``group`` (the device ids of
+    its first replica group; None: all devices), ``pair`` (a permute's first source and target)
+    and ``async`` (:func:`_runs_async`)."""
+    out = []
+    for ins, m in prog.instructions():
+        kind = collective_kind(ins)
+        if kind:
+            out.append({"kind": kind, "bytes": collective_bytes(ins, kind), "count": m,
+                        "group": replica_group(ins), "async": _runs_async(prog, ins),
+                        "pair": permute_pair(ins) if kind == "collective-permute" else None,
+                        "name": ins.name})
+    return out
 
 
 def op_names(ins: Instruction) -> list[str]:

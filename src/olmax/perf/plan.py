@@ -13,18 +13,30 @@ FLOPs per step (per device) are reported three ways:
 - ``olmo_core`` / ``causal``: olmax's analytic model FLOPs (:mod:`olmax.model.flops`);
 - ``xla``: XLA's own count made comparable. A compiled program's ``cost_analysis`` counts a loop
   body once (a scanned layer stack, the micro-batch loop, the loss chunks) and gives Pallas kernels
-  no cost. So the step is also compiled as unscanned parts on the same mesh: (A) the loss with one
-  layer group (the window pattern's period) forward + backward, (H) the LM head + loss alone
-  forward + backward, (O) the optimizer update; then ``xla = n_micro * (groups * (A - H) + H) + O``,
-  plus the FLOPs the Pallas kernels execute, counted from the compiled step's HLO (each kernel call
-  times its loop trip counts) at the blocks the kernel visits. It exceeds the analytic count by
-  remat's recomputed forward, by attention computed densely (``xla``: the full T x T scores;
-  ``chunked``: whole blocks; splash: whole 512-blocks on the mask's edge) and by the elementwise
-  work (norms, softmax, optimizer) that model FLOPs leave out.
+  no cost. So the step is also compiled as unscanned parts for one device: (A1) the loss with one
+  layer group (the window pattern's period) forward + backward, (A2) the same with two groups, (O)
+  the optimizer update over the device's share of the state. One layer group is ``A2 - A1``,
+  everything outside the layers (embedding, LM head, loss) ``2 A1 - A2``, and
+  ``xla = n_micro * (groups * (A2 - A1) + 2 A1 - A2) + O``, plus the FLOPs the Pallas kernels
+  execute, counted from the compiled step's HLO (each kernel call times its loop trip counts) at
+  the blocks the kernel visits. It exceeds the analytic count by remat's recomputed forward, by
+  attention computed densely (``xla``: the full T x T scores; ``chunked``: whole blocks; splash:
+  whole 512-blocks on the mask's edge) and by the elementwise work (norms, softmax, optimizer)
+  that model FLOPs leave out.
 
-The step-time *estimate* sums XLA's cost model (``optimal_seconds``, TPU only) over the same parts;
-kernels XLA cannot see are added at their FLOPs over the device's peak. It is labelled as such; the
-whole program's own ``optimal_seconds`` is not used (negative for scanned programs).
+The step-time *estimate* (labelled as such, its method in ``estimate.method``):
+
+- compute: XLA's cost model (``optimal_seconds``, TPU only) over the same parts, combined as the
+  FLOPs are; the whole program's own ``optimal_seconds`` is not used (negative for scanned
+  programs). Pallas kernels, which the cost model cannot see, at their FLOPs over the device's
+  peak times the MXU occupancy of their matmuls' block shapes (a 128-wide head dimension fills
+  half of a 256 x 256 MXU): ``compute_s`` includes them, ``kernel_s`` is their part;
+- collectives (``collective_s``): every collective of the compiled step, timed by the bandwidth
+  model of the target's network in :mod:`olmax.perf.network` (bytes and groups from the program);
+- ``step_s = max(compute_s, asynchronous collectives) + synchronous collectives`` (the compiled
+  schedule runs the asynchronous ones beside compute), and ``step_s_no_overlap = compute_s +
+  collective_s``. Tokens/s and MFU are of ``step_s``. Where the network is unknown (CPU, v4),
+  collectives are not timed and ``step_s`` is the compute.
 """
 
 from __future__ import annotations
@@ -35,10 +47,11 @@ import time
 
 from olmax.config import RunConfig
 from olmax.io import write_bytes_atomic
-from olmax.perf import hlo
+from olmax.perf import hlo, network
 from olmax.perf.costs import DoesNotFit, compile_or_explain, cost, kernel_flops, part_costs
-from olmax.perf.targets import (GiB, chips, filtered_stderr, hbm_bytes, tell_libtpu_no_tpu,
-                                topology_devices, usable_hbm)
+from olmax.perf.targets import (GiB, accelerator_of, chips, filtered_stderr, hbm_bytes,
+                                libtpu_topology, parse_gpu, tell_libtpu_no_tpu, topology_devices,
+                                torus_links, usable_hbm)
 
 
 # The documents a packed row may hold, for the step's doc_lens input: the real width is the data's
@@ -109,7 +122,8 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     if hlo_out:
         write_bytes_atomic(hlo_out, text.encode())
     prog = hlo.analyse(text)
-    kernel, kernel_calls = kernel_flops(prog)
+    acc = accelerator_of(dev)
+    kernel, kernel_calls, kernel_effective = kernel_flops(prog, acc.mxu if acc else None)
     whole = cost(compiled)
     groups = model.n_layers // len(model.window_pattern)
     details: dict = {"mesh": dict(mesh.shape), "n_micro": st.n_micro, "layer_groups": groups,
@@ -117,12 +131,13 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
                      "chips": chips(devices), "xla_whole_program_flops": whole.get("flops"),
                      "xla_whole_program_optimal_seconds": whole.get("optimal_seconds"),
                      "kernel_flops": kernel, "kernel_calls": kernel_calls,
+                     "kernel_flops_at_mxu_occupancy": kernel_effective,
                      "loops_with_unknown_trip_count": prog.unknown_loops}
     flops = _flops(model, b, t, n)
-    estimate = {"method": None, "step_s": None, "tokens_per_s_per_chip": None,
-                "mfu_olmo_core": None, "mfu_causal": None}
+    estimate = dict(_NO_ESTIMATE)
     if parts:
-        estimate = _estimate(cfg, st, mesh, dev, n, flops, kernel, details)
+        coll = _time_collectives(prog, mesh, topology, details)
+        estimate = _estimate(cfg, st, mesh, dev, n, flops, kernel, kernel_effective, coll, details)
     else:
         estimate["method"] = "not computed (parts skipped)"
 
@@ -165,10 +180,33 @@ def _flops(model, b: int, t: int, n: int) -> dict:
             "causal": flops_per_token(model, t, "causal") * tokens / n, "xla": None}
 
 
+_NO_ESTIMATE = {"method": None, "compute_s": None, "kernel_s": None, "collective_s": None,
+                "step_s": None, "step_s_no_overlap": None, "tokens_per_s_per_chip": None,
+                "mfu_olmo_core": None, "mfu_causal": None}
+
+
+def _time_collectives(prog, mesh, topology: str | None, details: dict) -> dict | None:
+    """The compiled step's collectives timed by :mod:`olmax.perf.network` (into
+    ``details["collective_time"]``), or None where the target's network is unknown."""
+    dev = mesh.devices.flat[0]
+    if not network.timed(dev):
+        return None
+    wrap = ()
+    if topology and dev.platform == "tpu" and parse_gpu(topology) is None:
+        wrap = torus_links(libtpu_topology(topology)).get("wrap", ())
+    ops = hlo.collective_ops(prog)
+    # device ids in the program's replica groups are positions in its device assignment: the
+    # mesh's devices in order
+    coll = network.time_collectives(ops, list(mesh.devices.flat), wrap)
+    details["collective_time"] = {"async_s": coll["async_s"], "sync_s": coll["sync_s"],
+                                  "by_kind_s": coll["by_kind"], "wrap": list(wrap)}
+    return coll
+
+
 def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
-              details: dict) -> dict:
+              kernel_effective: float, coll: dict | None, details: dict) -> dict:
     """XLA's FLOPs (into ``flops["xla"]``) and the step-time estimate from the unscanned parts
-    (their costs into ``details["parts"]``); see the module docstring for the sum."""
+    (their costs into ``details["parts"]``) and the timed collectives; see the module docstring."""
     from olmax.model.flops import peak_flops
     from olmax.parallel.mesh import data_parallel_size
 
@@ -176,40 +214,52 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     groups = details["layer_groups"]
     per_device = b // st.n_micro // data_parallel_size(mesh)
     # each device updates its 1/(fsdp x tensor) of the state: data replicas update the same part
-    pc = part_costs(cfg, dev, per_device, mesh.shape["tensor"], n // mesh.shape["data"], st.runtime)
-    a, h, o = pc["A"], pc["H"], pc["O"]
+    args = (cfg, dev, per_device, mesh.shape["tensor"], n // mesh.shape["data"], st.runtime)
+    pc = part_costs(*args, only=("A", "O"))
+    a1, o = pc["A"], pc["O"]
+    a2 = part_costs(*args, only=("A",), groups=2)["A"]
     m = st.n_micro
 
     def combine(key):
-        if any(x.get(key) is None for x in (a, h, o)):
+        if any(x.get(key) is None for x in (a1, a2, o)):
             return None
-        return m * (groups * (a[key] - h[key]) + h[key]) + o[key]
+        group, rest = a2[key] - a1[key], 2 * a1[key] - a2[key]
+        return m * (groups * group + rest) + o[key]
 
     xla = combine("flops")
     flops["xla"] = None if xla is None else xla + kernel
     details["parts"] = {name: {k: part.get(k) for k in ("flops", "optimal_seconds", "optimal_seconds_raw",
                                                         "custom_calls", "bytes accessed")}
-                        for name, part in (("layer_group_plus_head", a), ("head_and_loss", h),
+                        for name, part in (("one_layer_group", a1), ("two_layer_groups", a2),
                                            ("optimizer", o))}
     seconds = combine("optimal_seconds")
     peak_dev = peak_flops(dev)
-    if not (seconds is not None and seconds > 0 and all(x["optimal_seconds"] > 0 for x in (a, h, o))):
-        return {"method": (f"unavailable: XLA's {dev.platform} backend gives no usable cost-model "
-                           f"time for the parts (optimal_seconds "
-                           f"{[x.get('optimal_seconds') for x in (a, h, o)]})"),
-                "step_s": None, "tokens_per_s_per_chip": None, "mfu_olmo_core": None, "mfu_causal": None}
-    kernel_s = kernel / peak_dev if (kernel and peak_dev) else 0.0
-    step_s = seconds + kernel_s
+    times = [x.get("optimal_seconds") for x in (a1, a2, o)]
+    if not (seconds is not None and seconds > 0 and all(x > 0 for x in times) and times[1] > times[0]):
+        return dict(_NO_ESTIMATE, method=(f"unavailable: XLA's {dev.platform} backend gives no usable "
+                                          f"cost-model time for the parts (optimal_seconds {times})"))
+    kernel_s = kernel_effective / peak_dev if (kernel_effective and peak_dev) else 0.0
+    compute_s = seconds + kernel_s
+    method = (f"estimate: XLA {dev.platform.upper()} cost model (optimal_seconds) of unscanned "
+              f"one-device parts, one layer group as (2 groups - 1 group): {m} micro-batch(es) x "
+              f"({groups} layer groups + embedding/LM head/loss) + optimizer")
+    if kernel:
+        method += "; Pallas kernels at their FLOPs / (peak x the MXU occupancy of their block shapes)"
+    if coll is None:
+        step_s = no_overlap = compute_s
+        method += "; collectives not timed (no network model for this target; listed with their bytes)"
+    else:
+        step_s, no_overlap = network.overlap(compute_s, coll)
+        method += ("; collectives timed by olmax.perf.network's bandwidth model (bytes and groups from "
+                   "the compiled program); step = max(compute, asynchronous collectives) + "
+                   "synchronous collectives")
     per_chip = n / details["chips"]
     tps_dev = b * t / n / step_s
-    method = (f"estimate: XLA {dev.platform.upper()} cost model (optimal_seconds) summed over "
-              f"unscanned one-device parts: {m} micro-batch(es) x ({groups} layer groups + "
-              f"LM head/loss) + optimizer")
-    if kernel:
-        method += "; Pallas kernels at their FLOPs / peak"
-    method += "; collectives not timed (assumed overlapped; listed with their bytes)"
     f_oc, f_c = flops["olmo_core"], flops["causal"]
-    return {"method": method, "step_s": step_s, "tokens_per_s_per_chip": tps_dev * per_chip,
+    return {"method": method, "compute_s": compute_s, "kernel_s": kernel_s,
+            "collective_s": None if coll is None else coll["collective_s"],
+            "step_s": step_s, "step_s_no_overlap": no_overlap,
+            "tokens_per_s_per_chip": tps_dev * per_chip,
             "mfu_olmo_core": f_oc / step_s / peak_dev if peak_dev else None,
             "mfu_causal": f_c / step_s / peak_dev if peak_dev else None}
 
@@ -246,6 +296,11 @@ def format_plan(p: Plan) -> str:
         rows.append(("  step time", f"{e['step_s'] * 1e3:.1f} ms, {e['tokens_per_s_per_chip']:,.0f} "
                                     f"tokens/s/chip, MFU {pct(e['mfu_olmo_core'])} (olmo_core), "
                                     f"{pct(e['mfu_causal'])} (causal)"))
+        parts = [f"compute {e['compute_s'] * 1e3:.1f} ms (kernels {e['kernel_s'] * 1e3:.1f})"]
+        if e.get("collective_s") is not None:
+            parts += [f"collectives {e['collective_s'] * 1e3:.1f} ms",
+                      f"no overlap {e['step_s_no_overlap'] * 1e3:.1f} ms"]
+        rows.append(("  parts", ", ".join(parts)))
     coll = ", ".join(f"{c['kind']} {c['count']}x {_gib(c['bytes'])}" for c in p.collectives) or "none"
     rows.append(("collectives", coll))
     width = max(len(k) for k, _ in rows)

@@ -73,12 +73,25 @@ device_description_str: "{name}"
 class Accelerator:
     """One accelerator generation. ``kinds``: lower-case substrings of ``device_kind`` that name
     it; ``hbm``: memory per device in bytes (None: unknown); ``gpu_target``: a GPU's
-    ``GpuTargetConfig`` text, for compiling without one (a TPU's ``name`` is libtpu's)."""
+    ``GpuTargetConfig`` text, for compiling without one (a TPU's ``name`` is libtpu's).
+
+    The network and matrix units, for ``olmax plan``'s estimate (:mod:`olmax.perf.network`; None:
+    unknown, not timed): ``link_bw``, bytes/s one direction of one inter-chip link (TPU ICI; a
+    GPU's NVLink bandwidth to the switch); ``dcn_bw``, bytes/s one direction per chip across slices
+    (a GPU's network card, across nodes); ``devices_per_chip``, JAX devices sharing a chip's links;
+    ``mxu``, the width of the TPU's systolic matrix unit (``mxu x mxu``).
+    TPU figures: Cloud TPU's system-architecture pages (bidirectional ICI per chip: v5e 1,600 Gb/s
+    over 4 links, v5p and TPU7x 1,200 GB/s over 6, v6e 800 GB/s over 4; DCN per chip: v5p 50 Gb/s,
+    v6e and TPU7x 100 Gb/s); GPUs: NVLink 4 at 900 GB/s both ways, one 400 Gb/s NIC per GPU."""
     name: str
     platform: str
     kinds: tuple[str, ...] = ()
     hbm: int | None = None
     gpu_target: str | None = None
+    link_bw: float | None = None
+    dcn_bw: float | None = None
+    devices_per_chip: int = 1
+    mxu: int | None = None
 
 
 # Rows whose ``kinds`` overlap go most specific first ("tpu v5 lite" before "tpu v5").
@@ -86,16 +99,27 @@ class Accelerator:
 ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("v2", "tpu"),
     Accelerator("v3", "tpu"),
-    Accelerator("v4", "tpu", ("tpu v4",), 32 * GiB),
-    Accelerator("v5e", "tpu", ("tpu v5 lite", "tpu v5e"), 16 * GiB),
-    Accelerator("v5p", "tpu", ("tpu v5p", "tpu v5"), 95 * GiB),   # v5p reports itself as "TPU v5"
-    Accelerator("v6e", "tpu", ("tpu v6 lite", "tpu v6e"), 32 * GiB),
-    Accelerator("tpu7x", "tpu", ("tpu7x",), 96 * GiB),
+    Accelerator("v4", "tpu", ("tpu v4",), 32 * GiB, mxu=128),
+    Accelerator("v5e", "tpu", ("tpu v5 lite", "tpu v5e"), 16 * GiB, link_bw=25e9, mxu=128),
+    Accelerator("v5p", "tpu", ("tpu v5p", "tpu v5"), 95 * GiB,   # v5p reports itself as "TPU v5"
+                link_bw=100e9, dcn_bw=50e9 / 8, mxu=128),
+    Accelerator("v6e", "tpu", ("tpu v6 lite", "tpu v6e"), 32 * GiB, link_bw=100e9, dcn_bw=100e9 / 8,
+                mxu=256),
+    Accelerator("tpu7x", "tpu", ("tpu7x",), 96 * GiB, link_bw=100e9, dcn_bw=100e9 / 8,
+                devices_per_chip=2, mxu=256),
     Accelerator("h100", "gpu", ("h100",), 80 * GiB,
-                _COMMON.format(bandwidth=3352320000000, memory=84929347584, name="NVIDIA H100 80GB HBM3")),
+                _COMMON.format(bandwidth=3352320000000, memory=84929347584, name="NVIDIA H100 80GB HBM3"),
+                link_bw=450e9, dcn_bw=400e9 / 8),
     Accelerator("h200", "gpu", ("h200",), 141 * GiB,
-                _COMMON.format(bandwidth=4800000000000, memory=150754820096, name="NVIDIA H200")),
+                _COMMON.format(bandwidth=4800000000000, memory=150754820096, name="NVIDIA H200"),
+                link_bw=450e9, dcn_bw=400e9 / 8),
 )
+
+
+def accelerator_of(device: Any) -> Accelerator | None:
+    """The :data:`ACCELERATORS` row of a device (by its ``device_kind``), else None."""
+    kind = str(getattr(device, "device_kind", device)).lower()
+    return next((a for a in ACCELERATORS if any(k in kind for k in a.kinds)), None)
 
 # HBM per device (bytes), matched as lower-case substrings of ``device_kind``, in table order.
 HBM_BYTES: tuple[tuple[str, int], ...] = tuple((k, a.hbm) for a in ACCELERATORS if a.hbm for k in a.kinds)
