@@ -104,6 +104,7 @@ def test_gpu_target_names_and_missing_plugin(capsys):
     from olmax.perf.targets import cuda_plugin_installed
 
     assert targets.parse_gpu("h100:8") == ("h100", 8) and targets.parse_gpu("H200") == ("h200", 1)
+    assert targets.parse_gpu("h100:64x8") == ("h100", 512)
     assert targets.parse_gpu("v5p:4x4x4") is None
     for bad in ("h100:x", "h100:0", "h200:-1"):
         with pytest.raises(OlmaxError, match=rf"--topology {bad}: the GPU count must be a positive"):

@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("recipe", help="recipe name or YAML path")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     p.add_argument("--topology", default=None,
-                   help="TPU topology (e.g. tpu7x:2x2x2, v5p:4x4x4) or GPU target (h100:8, h200:8) "
+                   help="TPU topology (e.g. tpu7x:2x2x2, v5p:4x4x4) or GPU target (h100:8, h200:8, h100:64x8) "
                         "to compile for; default: the local devices")
     p.add_argument("--profile", choices=PROFILE_NAMES, default=None,
                    help="platform profile of the model's code path (train.profile; default: the "

@@ -12,7 +12,7 @@ prices each execution here. The model, per device:
   the sum over its axes (a multi-dimensional algorithm uses the axes at once), shared by the
   devices of a chip (TPU7x: its 2 TensorCores), all of which run the same collective at once.
   A group within one chip moves no data over links (priced by its latency only). On a GPU target
-  a group inside a node (8 GPUs behind NVSwitch) gets one direction of NVLink per GPU; a group
+  a group inside a node (one process: 8 GPUs behind NVSwitch) gets one direction of NVLink per GPU; a group
   across nodes the network card's (``dcn_bw``). A TPU group across slices gets the chip's DCN
   share.
 - **Bytes.** For ``S`` bytes per device (:func:`olmax.perf.hlo.collective_bytes`: the gathered
@@ -37,11 +37,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from olmax.perf.targets import accelerator_of
+from olmax.perf.targets import GPUS_PER_NODE, accelerator_of
 
 # Seconds per algorithm step of a collective (a hop and its synchronisation): assumed.
 STEP_LATENCY_S = {"tpu": 1e-6, "gpu": 5e-6}
-GPU_NODE = 8      # GPUs per node behind one NVSwitch
 
 
 def _spans(devices: Sequence[Any], all_devices: Sequence[Any]) -> list[tuple[int, int, int]]:
@@ -64,7 +63,7 @@ def group_bandwidth(devices: Sequence[Any], all_devices: Sequence[Any],
         raise ValueError(f"no network figures for {devices[0].device_kind}")
     steps = len(devices) - 1
     if acc.platform == "gpu":
-        nodes = {d.id // GPU_NODE for d in devices}
+        nodes = {getattr(d, "process_index", d.id // GPUS_PER_NODE) for d in devices}
         return (acc.link_bw if len(nodes) == 1 else acc.dcn_bw), steps
     if len({getattr(d, "slice_index", 0) for d in devices}) > 1:
         return acc.dcn_bw / acc.devices_per_chip, steps

@@ -236,8 +236,10 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     peak_dev = peak_flops(dev)
     times = [x.get("optimal_seconds") for x in (a1, a2, o)]
     if not (seconds is not None and seconds > 0 and all(x > 0 for x in times) and times[1] > times[0]):
-        return dict(_NO_ESTIMATE, method=(f"unavailable: XLA's {dev.platform} backend gives no usable "
-                                          f"cost-model time for the parts (optimal_seconds {times})"))
+        return dict(_NO_ESTIMATE, collective_s=None if coll is None else coll["collective_s"],
+                    method=(f"unavailable: XLA's {dev.platform} backend gives no usable cost-model "
+                            f"time for the parts (optimal_seconds {times})"
+                            + ("" if coll is None else "; collectives timed by olmax.perf.network")))
     kernel_s = kernel_effective / peak_dev if (kernel_effective and peak_dev) else 0.0
     compute_s = seconds + kernel_s
     method = (f"estimate: XLA {dev.platform.upper()} cost model (optimal_seconds) of unscanned "
@@ -292,6 +294,8 @@ def format_plan(p: Plan) -> str:
                                                       if f["xla"] and f["causal"] else "")),
         ("estimate", e["method"] or "n/a"),
     ]
+    if e.get("collective_s") is not None and not e["step_s"]:
+        rows.append(("  collectives", f"{e['collective_s'] * 1e3:.1f} ms (timed by the network model)"))
     if e["step_s"]:
         rows.append(("  step time", f"{e['step_s'] * 1e3:.1f} ms, {e['tokens_per_s_per_chip']:,.0f} "
                                     f"tokens/s/chip, MFU {pct(e['mfu_olmo_core'])} (olmo_core), "

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 from olmax.errors import ConfigError, OlmaxError
 
 GiB = 2 ** 30
+GPUS_PER_NODE = 8     # an HGX node: 8 GPUs behind NVSwitch
 
 # The share of a GPU's memory JAX's allocator takes (``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's own
 # default is 0.75): ``olmax launch`` exports this value in GPU jobs and ``olmax plan`` judges a GPU
@@ -153,16 +154,18 @@ def hbm_bytes(device: Any) -> tuple[int | None, str]:
 
 
 def parse_gpu(name: str) -> tuple[str, int] | None:
-    """``h100:8`` -> ("h100", 8); ``h200`` -> ("h200", 1); None for names of no GPU here. A GPU
-    name with a count that is not a positive whole number (``h100:eight``, ``h100:0``) is an
-    OlmaxError."""
+    """``h100:8`` -> ("h100", 8); ``h200`` -> ("h200", 1); ``h100:64x8`` (64 nodes of 8) ->
+    ("h100", 512); None for names of no GPU here. A GPU count that is not a positive whole number
+    (``h100:eight``, ``h100:0``) is an OlmaxError."""
     kind, _, count = name.lower().partition(":")
     if kind not in GPU_TARGETS:
         return None
-    if count and not (count.isdigit() and int(count) > 0):
+    nodes, _, per_node = count.rpartition("x")
+    if count and not (per_node.isdigit() and int(per_node) > 0
+                      and (not nodes or (nodes.isdigit() and int(nodes) > 0))):
         raise OlmaxError(f"--topology {name}: the GPU count must be a positive whole number "
-                         f"(e.g. {kind}:8)")
-    return kind, int(count or 1)
+                         f"(e.g. {kind}:8, or {kind}:64x8 for 64 nodes of 8)")
+    return kind, int(nodes or 1) * int(per_node or 1)
 
 
 def mem_fraction(environ: Mapping[str, str] = os.environ) -> float:
@@ -233,7 +236,8 @@ def cuda_plugin_installed() -> bool:
 
 def gpu_topology_devices(kind: str, count: int) -> list:
     """``count`` compile-only GPUs described by :data:`GPU_TARGETS` (no GPU needed; the CUDA
-    PJRT plugin must be installed)."""
+    PJRT plugin must be installed); more than one node's worth are nodes of
+    :data:`GPUS_PER_NODE`."""
     import glob
 
     if not cuda_plugin_installed():
@@ -246,8 +250,11 @@ def gpu_topology_devices(kind: str, count: int) -> list:
     from jax.experimental import topologies
 
     try:
+        # beyond one node: nodes of GPUS_PER_NODE, each its own process (host)
+        hosts, per_host = ((count // GPUS_PER_NODE, GPUS_PER_NODE) if count > GPUS_PER_NODE
+                           and count % GPUS_PER_NODE == 0 else (1, count))
         desc = topologies.get_topology_desc(platform="cuda", target_config=GPU_TARGETS[kind],
-                                            topology=f"1x1x{count}")
+                                            topology=f"1x{hosts}x{per_host}")
     except (RuntimeError, NotImplementedError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise OlmaxError(f"--topology {kind}:{count}: the CUDA plugin cannot compile without a GPU "
@@ -257,7 +264,7 @@ def gpu_topology_devices(kind: str, count: int) -> list:
 
 _TPU_SHAPE = re.compile(r"[1-9]\d*(x[1-9]\d*){1,2}")
 _TOPOLOGY_EXAMPLES = ("examples: v5e:2x2, v5p:2x2x1, v5p:4x4x4 or v5p-128, v6e:4x4, tpu7x:2x2x1, "
-                      "tpu7x:4x4x4 or tpu7x-128 (GPUs: h100:8, h200:8)")
+                      "tpu7x:4x4x4 or tpu7x-128 (GPUs: h100:8, h200:8, h100:64x8 for 64 nodes)")
 
 
 def libtpu_topology(name: str) -> str:
