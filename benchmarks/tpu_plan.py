@@ -50,8 +50,9 @@ def cases() -> dict[str, dict]:
     """name -> {group, topology, overrides, question}."""
     out: dict[str, dict] = {}
 
-    def add(name, group, topology, overrides, question):
-        out[name] = {"group": group, "topology": topology, "overrides": overrides, "question": question}
+    def add(name, group, topology, overrides, question, recipe=RECIPE):
+        out[name] = {"group": group, "topology": topology, "overrides": overrides, "question": question,
+                     "recipe": recipe}
 
     # Remat policies, FSDP over 16 devices, 4 and 1 sequences per device.
     for b in (4, 1):
@@ -69,6 +70,12 @@ def cases() -> dict[str, dict]:
         add(f"heads_16x256_b{b}", "heads", SMALL,
             [*_batch(16, b), "model.preset=olmo3-7b-16x256", "train.remat=full"],
             f"16 x 256 heads, {b} x 8192 per device (twin: remat_full_b{b})")
+    # The same twins under the estimate that prices the splash kernels at their MXU occupancy and
+    # times the collectives (the cases above predate it).
+    for h in ("32x128", "16x256"):
+        preset = [] if h == "32x128" else ["model.preset=olmo3-7b-16x256"]
+        add(f"heads_mxu_{h}_b1", "heads", SMALL, [*_batch(16, 1), *preset, "train.remat=full"],
+            f"{h} heads, 1 x 8192 per device, full remat (MXU-aware estimate)")
     # v5p (one device per chip, 95 GiB): 8 devices at 1 and 4 sequences each, full remat.
     for b in (1, 4):
         add(f"v5p_full_b{b}", "v5p", "v5p:2x2x2", [*_batch(8, b), "train.remat=full"],
@@ -92,6 +99,23 @@ def cases() -> dict[str, dict]:
         add(f"recipe_tpu7x_2x2x2_{r}", "recipe", "tpu7x:2x2x2", [f"train.remat={r}"],
             f"the recipe, remat={r}")
     add("recipe_v5p_2x2x2", "recipe", "v5p:2x2x2", [], "the recipe unchanged")
+    # The original run's scale, each recipe as packaged (micro-batch: auto): stage 1 on 512
+    # Ironwood devices (256 chips), resized to 128 devices at the same global batch, stage 2 on a
+    # v5p slice of 128 chips; and 16 devices at stage 1's per-device batch (the weak-scaling twin).
+    add("original_stage1_tpu7x_512", "original", "tpu7x:4x8x8", [], "stage 1, 512 devices (256 chips)")
+    add("original_stage1_tpu7x_128", "original", "tpu7x:4x4x4", [],
+        "stage 1 resized to 128 devices, same global batch")
+    add("original_stage1_tpu7x_16_b1", "original", SMALL, ["train.global_batch_size=16"],
+        "stage 1 at 512's per-device batch on 16 devices (weak-scaling twin)")
+    add("original_stage2_v5p_128", "original", "v5p:4x4x8", [], "stage 2 on v5p, 128 chips",
+        recipe="olmo3_7b_stage2")
+    # GPUs (JAX's CUDA plugin; XLA's GPU compiler gives no cost-model time, so no parts): the
+    # recipe on one node of 8, and on 64 nodes of 8 with FSDP inside a node, replicas across (HSDP)
+    add("original_stage1_h100_8", "original", "h100:8", ["--no-parts"], "stage 1 on 8 H100s")
+    add("original_stage1_h100_8_mb1", "original", "h100:8", ["train.micro_batch_max=1", "--no-parts"],
+        "stage 1 on 8 H100s, one sequence per micro-batch")
+    add("original_stage1_h100_64x8_hsdp", "original", "h100:64x8",
+        ["mesh.data=64", "mesh.fsdp=8", "--no-parts"], "stage 1 on 64 nodes of 8 H100s, HSDP 64 x 8")
     return out
 
 
@@ -135,6 +159,13 @@ def _maxtext_cases() -> dict[str, dict]:
             out[f"maxtext_parts_l{layers}_{tag}"] = {
                 "mode": "parts", "topology": "tpu7x:2x2x2", "layers": layers, "args": args, "env": env,
                 "question": f"MaxText fwd+bwd, {layers} unscanned layers, one device, {tag}"}
+    # Its launcher's settings at 4 x 8192 per device need 103 GiB per device on 16 devices (FSDP 16
+    # holds 1/16 of the state): compiled where the original run used them, 128 devices (global
+    # batch 512), the olmax twin being original_stage1_tpu7x_128.
+    out["maxtext_tpu7x128_b4_repro"] = {
+        "mode": "step", "topology": "tpu7x:4x4x4", "args": repro,
+        "env": {"LIBTPU_INIT_ARGS": MAXTEXT_REPRO_LIBTPU},
+        "question": "MaxText olmo3-7b-pt step, 128 devices x 4 sequences, its launcher's settings"}
     # The 512-device slice (layout cases): MaxText's default mesh there, FSDP over every device.
     out["maxtext_tpu7x512_b1_full"] = {
         "mode": "step", "topology": "tpu7x:4x8x8", "args": plain, "env": {},
@@ -142,18 +173,43 @@ def _maxtext_cases() -> dict[str, dict]:
     return out
 
 
+def time_maxtext_collectives(text: str, topology: str) -> dict:
+    """MaxText's compiled step's collectives, timed as ``olmax plan`` times its own
+    (:mod:`olmax.perf.network`), over the topology's devices in olmax's mesh order (MaxText orders
+    its mesh physically too; a group over every device is the same either way)."""
+    from olmax.perf import hlo, network
+    from olmax.perf.targets import libtpu_topology, topology_devices, torus_links
+
+    prog = hlo.analyse(text)
+    wrap = torus_links(libtpu_topology(topology)).get("wrap", ())
+    devices = topology_devices(topology)
+    from olmax.parallel.mesh import make_mesh
+    from olmax.config import MeshConfig
+
+    order = list(make_mesh(MeshConfig(), devices).devices.flat)
+    coll = network.time_collectives(hlo.collective_ops(prog), order, wrap)
+    kernels: dict[str, float] = {}   # Pallas calls per step by their op name's last part
+    for ins, times in hlo.custom_calls(prog, "tpu_custom_call"):
+        names = hlo.op_names(ins)
+        key = (names[0].split("/")[-1] if names else ins.name)[:80]
+        kernels[key] = kernels.get(key, 0) + times
+    return {**coll, "collectives": hlo.collectives(prog), "kernel_calls": kernels}
+
+
 def run(name: str, case: dict, python: str, maxtext_python: str, timeout: int) -> None:
     """One case in its own process; its result written to ``results/tpu_plan/<name>.json``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", **case.get("env", {})}
+        hlo_text = Path(tmp) / "step.hlo"
         if "mode" in case:      # MaxText
             cmd = [maxtext_python, str(HERE / "maxtext_compile.py"), case["mode"], "--topology",
                    MAXTEXT_TOPOLOGY[case["topology"]], "--json", str(out),
-                   *(["--layers", str(case["layers"])] if case["mode"] == "parts" else []), "--", *case["args"]]
+                   *(["--layers", str(case["layers"])] if case["mode"] == "parts" else []),
+                   *(["--hlo", str(hlo_text)] if case["mode"] == "step" else []), "--", *case["args"]]
             env.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost")
         else:
-            cmd = [python, "-m", "olmax.cli", "plan", RECIPE, *case["overrides"], "--topology",
+            cmd = [python, "-m", "olmax.cli", "plan", case.get("recipe", RECIPE), *case["overrides"], "--topology",
                    case["topology"], "--json", str(out)]
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent / "src"), env.get("PYTHONPATH")]))
         print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(cmd[1:])}", flush=True)
@@ -166,6 +222,8 @@ def run(name: str, case: dict, python: str, maxtext_python: str, timeout: int) -
             rc, text = None, f"timed out after {timeout} s\n" + (e.stdout or b"").decode(errors="replace")
         wall = time.perf_counter() - t0
         got = json.loads(out.read_text()) if out.exists() else None
+        if got is not None and hlo_text.exists():
+            got["collective_time"] = time_maxtext_collectives(hlo_text.read_text(), case["topology"])
     write_json_atomic(RESULTS / f"{name}.json", {
         "case": name, **case, "command": " ".join(cmd[1:]), "rc": rc, "wall_s": wall,
         "output_tail": text[-4000:], ("maxtext" if "mode" in case else "plan"): got,
@@ -177,7 +235,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--maxtext", action="store_true", help="the MaxText cases instead of olmax's")
     p.add_argument("--only", default="", help="comma-separated case names")
-    p.add_argument("--group", default="", help="comma-separated groups (remat, mesh, heads, v5p, scale, layout, recipe)")
+    p.add_argument("--group", default="", help="comma-separated groups (remat, mesh, heads, v5p, scale, layout, recipe, original)")
     p.add_argument("--python", default=sys.executable, help="interpreter for olmax plan (>= 3.12, tpu extra)")
     p.add_argument("--maxtext-python", default="/work/venvs/maxtext/bin/python")
     p.add_argument("--timeout", type=int, default=5400, help="seconds per case")

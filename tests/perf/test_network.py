@@ -113,3 +113,71 @@ def test_mxu_occupancy_of_splash_matmuls():
     # every matmul of every splash kernel has the head dimension on one side and the block on the other
     for phase, mms in SPLASH_MATMULS.items():
         assert all(sorted(m) == ["D", "K"] for m in mms), phase
+
+
+# A loop of 4 trips whose body starts an asynchronous all-gather (-start/-done), a SparseCore
+# thread (custom-call-start) running an all-gather over a named mesh axis, an all-reduce fused
+# under an AsyncCollectiveStart custom call, and a synchronous all-reduce in the entry.
+PROGRAM = """HloModule jit_step, is_scheduled=true
+
+%sc_gather (p: f32[4,64]) -> f32[16,64] {
+  %p = f32[4,64]{1,0} parameter(0)
+  ROOT %all-gather.9 = f32[16,64]{1,0} all-gather(%p), channel_id=9, replica_groups=mesh['data'=2,'fsdp'=4] {'fsdp'}, dimensions={0}
+}
+
+%fused_ar (q: bf16[32]) -> bf16[32] {
+  %q = bf16[32]{0} parameter(0)
+  ROOT %all-reduce.5 = bf16[32]{0} all-reduce(%q), channel_id=5, replica_groups=[4,2]<=[2,4]T(1,0), to_apply=%add
+}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (t: (s32[], f32[8,64])) -> (s32[], f32[8,64]) {
+  %t = (s32[], f32[8,64]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[8,64]{1,0} get-tuple-element(%t), index=1
+  %ags = (f32[1,64]{1,0}, f32[8,64]{1,0}) all-gather-start(%x), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %agd = f32[8,64]{1,0} all-gather-done(%ags)
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %r = (s32[], f32[8,64]) tuple(%j, %agd)
+}
+
+%cond (c: (s32[], f32[8,64])) -> pred[] {
+  %c = (s32[], f32[8,64]) parameter(0)
+  %k = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%k, %n), direction=LT
+}
+
+ENTRY %main (x: f32[8,64], y: f32[4,64], z: bf16[32]) -> f32[8,64] {
+  %x = f32[8,64]{1,0} parameter(0)
+  %y = f32[4,64]{1,0} parameter(1)
+  %z = bf16[32]{0} parameter(2)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8,64]) tuple(%zero, %x)
+  %loop = (s32[], f32[8,64]) while(%init), condition=%cond, body=%body
+  %scs = ((f32[4,64]), f32[16,64], s32[]) custom-call-start(%y), custom_call_target="SparseCoreThread", called_computations={%sc_gather}
+  %acs = bf16[32]{0} custom-call(%z), custom_call_target="AsyncCollectiveStart", called_computations={%fused_ar}
+  %sync = f32[8,64]{1,0} all-reduce(%x), channel_id=7, replica_groups={}, to_apply=%add
+  ROOT %out = f32[8,64]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_collective_ops_of_a_program_read_by_hand():
+    ops = {o["name"]: o for o in hlo.collective_ops(hlo.analyse(PROGRAM))}
+    assert set(ops) == {"ags", "all-gather.9", "all-reduce.5", "sync"}
+    loop = ops["ags"]
+    assert (loop["kind"], loop["count"], loop["async"], loop["group"]) == ("all-gather", 4, True, list(range(8)))
+    assert loop["bytes"] == 8 * 64 * 4                      # the gathered result
+    sc = ops["all-gather.9"]
+    assert (sc["count"], sc["async"], sc["group"], sc["bytes"]) == (1, True, [0, 1, 2, 3], 16 * 64 * 4)
+    fused = ops["all-reduce.5"]
+    assert (fused["async"], fused["group"], fused["bytes"]) == (True, [0, 4], 32 * 2)
+    sync = ops["sync"]
+    assert (sync["async"], sync["group"], sync["count"]) == (False, None, 1)

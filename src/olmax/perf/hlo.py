@@ -166,9 +166,10 @@ def analyse(text: str) -> Program:
             called = called_computations(ins)
             if not called:
                 continue
+            target = re.search(r'custom_call_target="([^"]+)"', ins.text) if ins.opcode == "custom-call" else None
             for names in called.values():
                 for c in names:
-                    callers.setdefault(c, (cname, ins.opcode))
+                    callers.setdefault(c, (cname, ins.opcode + (f":{target.group(1)}" if target else "")))
             if ins.opcode == "while":
                 known = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.text)
                 n = int(known.group(1)) if known else None
@@ -269,7 +270,8 @@ def permute_pair(ins: Instruction) -> tuple[int, int] | None:
 def _runs_async(prog: Program, ins: Instruction) -> bool:
     """Whether a collective runs asynchronously beside the computation that started it: an
     ``-start`` op, or a collective inside a computation started by one (``custom-call-start``,
-    ``async-start``, ``call-start``: how TPU programs run collectives on their own threads)."""
+    ``async-start``, ``call-start``: how TPU programs run collectives on their own threads) or by
+    an ``AsyncCollectiveStart`` custom call (TPU's asynchronous collective fusions)."""
     if ins.opcode.endswith("-start"):
         return True
     cname = ins.computation
@@ -277,7 +279,7 @@ def _runs_async(prog: Program, ins: Instruction) -> bool:
         if cname not in prog.callers:
             return False
         cname, op = prog.callers[cname]
-        if op.endswith("-start"):
+        if op.endswith("-start") or op.endswith(":AsyncCollectiveStart"):
             return True
         if op in _CONTROL:
             return False

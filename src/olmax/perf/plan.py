@@ -135,11 +135,12 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
                      "loops_with_unknown_trip_count": prog.unknown_loops}
     flops = _flops(model, b, t, n)
     estimate = dict(_NO_ESTIMATE)
+    coll = _time_collectives(prog, mesh, topology, details)
     if parts:
-        coll = _time_collectives(prog, mesh, topology, details)
         estimate = _estimate(cfg, st, mesh, dev, n, flops, kernel, kernel_effective, coll, details)
     else:
-        estimate["method"] = "not computed (parts skipped)"
+        estimate.update(method="not computed (parts skipped)",
+                        collective_s=None if coll is None else coll["collective_s"])
 
     return Plan(topology=topology, num_devices=n, device_kind=dev.device_kind,
                 profile=st.runtime.profile_name, attn_impl=st.runtime.attn_impl,
