@@ -56,11 +56,17 @@ def rope_tables(positions: jnp.ndarray, head_dim: int, theta: float,
 
 
 def apply_rope(x: jnp.ndarray, sin: jnp.ndarray, cos: jnp.ndarray) -> jnp.ndarray:
-    """x: [B, T, H, D]; sin/cos: [T, D] or [B, T, D]. Applied in fp32, returned in x.dtype."""
+    """x: [B, T, H, D]; sin/cos: [T, D] or [B, T, D]. Applied in fp32, returned in x.dtype.
+
+    Computed half by half -- ``[x1 c - x2 s, x2 c + x1 s]`` with the tables' first half (their two
+    halves are equal) -- which is ``x * cos + rotate_half(x) * sin`` exactly (``a + (-b)`` is
+    ``a - b`` in IEEE arithmetic; rounding to x.dtype commutes with the concatenation), without
+    an fp32 rotated copy of x: each half is read, rotated and rounded in one pass, and the
+    gradient has no fp32 concatenation to split."""
+    half = x.shape[-1] // 2
     if sin.ndim == 2:
         sin, cos = sin[None], cos[None]
-    sin, cos = sin[:, :, None, :], cos[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * cos + rotated * sin).astype(x.dtype)
+    s, c = sin[:, :, None, :half], cos[:, :, None, :half]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([(x1 * c - x2 * s).astype(x.dtype), (x2 * c + x1 * s).astype(x.dtype)],
+                           axis=-1)
