@@ -60,7 +60,8 @@ def xla_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | 
 # Logical axes of attention's inputs/outputs (as in ``olmax.model.olmo3``), for kernels that run
 # per device (``olmax.model.logical.per_device``). Such a kernel sees whole sequences: with
 # context parallelism (positions split over devices) q, k and v are gathered over ``context`` and
-# each device of a context group computes its rows' attention for every position.
+# each device of a context group computes its rows' attention for every position -- except where
+# the implementation splits the queries (``olmax.model.attention_cp``: splash and xla).
 QKV_AXES = (("batch", None, "act_heads", "head_dim"), ("batch", None, "act_kv_heads", "head_dim"),
             ("batch", None, "act_kv_heads", "head_dim"))
 

@@ -20,7 +20,14 @@ block by block (online softmax in fp32 scratch, bf16 or fp32 matmul operands) an
 - one kernel per device: in the training step the call runs per device
   (``olmax.model.logical.per_device``: a ``shard_map`` placing q, k, v by their logical axes --
   batch over ``data x fsdp``, heads over ``tensor`` where it divides both head counts), so XLA never
-  gathers q/k/v to run a custom call it cannot partition. Each device ``vmap``s over its sequences.
+  gathers q/k/v to run a custom call it cannot partition. Each device ``vmap``s over its sequences;
+- context parallelism (``context`` > 1, :mod:`olmax.model.attention_cp`): each device runs the
+  kernel on its own queries (two chunks of the zig-zag layout) against the keys it gathered (the
+  whole sequence in natural order, or for a window within a chunk its halo layout). The mask is
+  the causal / local mask evaluated at the queries' true positions (the kernel's ``q_sequence``);
+  where it differs between devices, each device's mask tables are built when the program is
+  traced, with equal shapes (no grid shrinking), and the device picks its own by its index in the
+  context group. Query and key lengths then differ, with a block each (``min(512, length)``).
 
 In a program compiled for TPU (``native``) the kernel is compiled by Mosaic; elsewhere it runs in
 Pallas interpret mode (exact, slow: how the TPU profile's code path is tested on CPU), which is

@@ -183,8 +183,9 @@ def kernel_flops(prog) -> tuple[float, dict]:
         phase = re.search(r"splash_m[hq]a_(fwd|dq|dkv)", ins.name + " " + " ".join(names))
         if shape is None or phase is None:
             continue
+        split = {k: v for k, v in shape.items() if k in ("kv_len", "kv_block", "context", "halo")}
         f = splash_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
-                        shape["batch"], phase.group(1), shape["block"])
+                        shape["batch"], phase.group(1), shape["block"], **split)
         total += f * mult
         calls[phase.group(1)] = calls.get(phase.group(1), 0) + int(mult)
     return total, calls
