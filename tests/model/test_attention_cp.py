@@ -3,7 +3,6 @@ of the split splash calls; the losses and the compiled program on 8 devices are 
 ``tests/parallel/test_context_parallel.py``."""
 
 import jax.numpy as jnp
-import numpy as np
 
 from olmax.model.attention_cp import (device_positions, from_zigzag, halo_query_coords, to_zigzag,
                                       uses_halo, zigzag_order)

@@ -38,7 +38,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from olmax.model.attention_ref import NEG
+from olmax.model.attention_ref import masked_attention, same_segment
 from olmax.model.logical import per_device
 
 SPLIT_IMPLS = ("xla", "splash")
@@ -126,22 +126,15 @@ def gathered_kv(k, v, seg, n: int, window: int | None):
 
 def reference_local(q, k, v, seg_q, seg_kv, q_coords, window: int | None, scale: float):
     """The ``xla`` reference on one device: queries at key-axis coordinates ``q_coords`` [Tq]
-    against keys [Tk] (causal and windowed by coordinates, and within documents), full scores,
-    softmax in fp32 -- the same arithmetic as :func:`olmax.model.attention_ref.xla_attention`."""
-    b, tq, hq, d = q.shape
-    hkv = k.shape[2]
-    g = hq // hkv
-    qg = q.reshape(b, tq, hkv, g, d)
-    scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
+    against keys [Tk] (causal and windowed by coordinates, and within documents), with the
+    arithmetic of :func:`olmax.model.attention_ref.xla_attention`."""
     qi = q_coords[:, None]
     kj = jnp.arange(k.shape[1])[None, :]
     mask = kj <= qi
     if window is not None:
         mask = mask & (kj > qi - window)
-    mask = (mask[None] & (seg_q[:, :, None] == seg_kv[:, None, :]))[:, None, None]
-    probs = jax.nn.softmax(jnp.where(mask, scores, NEG), axis=-1)
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return out.reshape(b, tq, hq, d).astype(q.dtype)
+    mask = (mask[None] & same_segment(seg_q, seg_kv))[:, None, None]     # [b, 1, 1, Tq, Tk]
+    return masked_attention(q, k, v, mask, scale)
 
 
 def context_parallel_attention(q, k, v, window: int | None, scale: float, n: int,

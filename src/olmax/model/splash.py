@@ -216,22 +216,22 @@ def _split_tables(tq_p: int, tkv_p: int, coords: tuple, window: int | None, head
     sizes = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
                           block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
                           block_q_dq=bq, block_kv_dq=bkv)
-    infos, fn = [], None
+    infos, first = [], None
     for rows in coords:
         base = (m.CausalMask((tq_p, tkv_p)) if window is None else
                 m.LocalMask((tq_p, tkv_p), window_size=(window - 1, 0), offset=0))
         base.q_sequence = np.asarray(rows, np.int32)        # the queries' true coordinates
         mask = m.MultiHeadMask([base] * heads)
         kw = dict(downcast_smem_data=False, shrink_grid=False)
-        fwd, fn = mi.process_mask(mask, (bq, bkv), **kw)
-        dq, _ = mi.process_mask(mask, (bq, bkv), **kw)
-        dkv, _ = mi.process_mask_dkv(mask, (bq, bkv), **kw)
-        infos.append((fwd, dq, dkv))
+        infos.append((mi.process_mask(mask, (bq, bkv), **kw)[0],
+                      mi.process_mask(mask, (bq, bkv), **kw)[0],
+                      mi.process_mask_dkv(mask, (bq, bkv), **kw)[0]))
+        if first is None:    # the kernel's static arguments, as splash's own constructor sets them
+            with jax.ensure_compile_time_eval():
+                first = sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                           interpret=interpret)
     tables = jax.tree.map(lambda *xs: np.stack(xs), *infos)
-    static = dict(block_sizes=sizes, is_mqa=False, save_residuals=False,
-                  mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
-                  residual_checkpoint_name=None, mask_function=fn, interpret=interpret)
-    return tables, static
+    return tables, first.kwargs
 
 
 def _local_splash_split(q, k, v, seg_q, seg_kv, *, window: int | None, halo: bool, n: int,

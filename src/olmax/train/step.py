@@ -15,6 +15,12 @@ intra-document masking: the step turns them into segment ids [B, T]
 (:mod:`olmax.model.documents`), split into micro-batches and placed by rows like the tokens; the
 model keeps attention inside documents and restarts RoPE positions at each document; labels are
 unchanged (as OLMo-core's). Without ``doc_lens`` the step is the same program as before.
+
+Context parallelism with an attention implementation that splits the queries (``splash``, ``xla``;
+:func:`split_context`): the step trains on the load-balanced zig-zag layout
+(:mod:`olmax.model.attention_cp`): tokens, labels, segment ids and RoPE positions are computed in
+natural order, then permuted alike along the sequence, before the micro-batch split. The loss is a
+sum over positions, so it is the same whatever the order.
 """
 
 from __future__ import annotations
@@ -102,13 +108,14 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
     if chunk_size is None:
         chunk_size = loss_chunk(train_cfg, n_micro, mesh, runtime)
     runtime = split_context(runtime, mesh)
-    def grad_fn_of(rt, *args, **kwargs):
+
+    def grad_fn_of(rt: Runtime):
         loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=rt,
                           z_loss_multiplier=train_cfg.z_loss_multiplier, chunk_size=chunk_size,
                           seq_shards=context_size(mesh))
-        return jax.value_and_grad(loss_fn, has_aux=True)(*args, **kwargs)
+        return jax.value_and_grad(loss_fn, has_aux=True)
 
-    grad_fn = partial(grad_fn_of, runtime)
+    grad_fn = grad_fn_of(runtime)
 
     def constrain_rows(x):
         if mesh is None:
@@ -128,8 +135,10 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
         denom = loss_denominator(labels, instance_mask)
         doc_lens = batch.get("doc_lens")
         seg = None if doc_lens is None else segment_ids_from_doc_lens(doc_lens, tokens.shape[1])
+        # a sequence that does not cut into 2 x context chunks keeps the natural order and
+        # whole-sequence attention
         n = runtime.context if balanced(tokens.shape[1], runtime.context) else 1
-        fn = grad_fn if n == runtime.context else partial(grad_fn_of, split_context(runtime, None))
+        fn = grad_fn if n == runtime.context else grad_fn_of(replace(runtime, context=1))
         positions = None
         if n > 1:
             # the zig-zag layout (olmax.model.attention_cp): every per-position array, computed in
