@@ -5,14 +5,14 @@ Runs in a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``
 tiny OLMo 3 (GQA, 128 positions, a full-attention layer and windows of 8 and 12: on context 8 a
 device holds two chunks of 8 positions, so the windows of 8 take the halo exchange and the window
 of 12 the all-gather; on context 4 both windows fit a chunk of 16) on 1 device, on context 8, and
-on context 4 x fsdp 2, with the xla attention, and on packed documents (intra-document masking,
-documents across the devices' chunks) with the chunked attention and the tpu profile's splash
-(Pallas, interpreted on CPU). xla and splash split the attention (load-balanced zig-zag layout,
-:mod:`olmax.model.attention_cp`); chunked keeps whole sequences. The compiled step of splash on
-context 8 is read for its collectives, the per-device kernel's shape and its query positions. Then
-the split splash kernel on bigger blocks (several query and key blocks per device) against the
-reference, and ``olmax plan``'s per-device memory of the step on 8 devices for context 1, 2, 4
-and 8 at the same rows per device.
+on context 4 x fsdp 2 (gathering one key head at a time), with the xla attention, and on packed
+documents (intra-document masking, documents across the devices' chunks) with the chunked
+attention and the tpu profile's splash (Pallas, interpreted on CPU). xla and splash split the
+attention (load-balanced zig-zag layout, :mod:`olmax.model.attention_cp`); chunked keeps whole
+sequences. The compiled step of splash on context 8 is read for its collectives, the per-device
+kernel's shape and its query positions. Then the split splash kernel on bigger blocks (several
+query and key blocks per device) against the reference, and ``olmax plan``'s per-device memory of
+the step on 8 devices for context 1, 2, 4 and 8 at the same rows per device.
 """
 
 import json
@@ -29,7 +29,7 @@ from olmax.model.olmo3 import seq_chunks, seq_unchunks
 from olmax.model.splash import parse_scope
 
 SCRIPT = textwrap.dedent("""
-    import json, os, re, sys
+    import dataclasses, json, os, re, sys
     import numpy as np, jax, jax.numpy as jnp
     from jaxlib._hlo import HloPrintOptions
     from olmax.config import (MeshConfig, ModelConfig, OptimConfig, RunConfig, SchedulerConfig,
@@ -67,10 +67,13 @@ SCRIPT = textwrap.dedent("""
               "ctx4_fsdp2": (MeshConfig(fsdp=2, context=4), 8)}
     out = {}
     for attn, profile in (("xla", "cpu"), ("chunked", "cpu"), ("splash", "tpu")):
-        train = TrainConfig(seq_len=64, global_batch_size=4, max_steps=10, attn_impl=attn, profile=profile)
+        train = TrainConfig(seq_len=T, global_batch_size=4, max_steps=10, attn_impl=attn, profile=profile)
         for name, (mcfg, n) in meshes.items():
             mesh = make_mesh(mcfg, jax.devices()[:n])
-            st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
+            # context 4 x fsdp 2 gathers the keys and values of one key head at a time
+            stride = 1 if name == "ctx4_fsdp2" else None
+            st = build_sharded_training(cfg, dataclasses.replace(train, context_head_stride=stride),
+                                        tx, mesh, jax.random.key(0))
             hosts = [{"tokens": toks, "instance_mask": np.ones(4, bool),   # packed documents too:
                       **({} if attn == "xla" else {"doc_lens": doc_lens(s)})}
                      for s, toks in enumerate(batches, start=1)]

@@ -50,11 +50,12 @@ NATIVE_BACKEND = {"splash": "tpu", "cudnn": "gpu"}
 
 def attention(q, k, v, window: int | None, scale: float, impl: str = "xla",
               backend: str | None = None, segment_ids: jnp.ndarray | None = None,
-              context: int = 1) -> jnp.ndarray:
+              context: int = 1, head_stride: int | None = None) -> jnp.ndarray:
     """Attention by the implementation ``impl`` in a program compiled by ``backend``;
     ``segment_ids`` [B, T] (None: one document per row) keeps it inside documents.
     ``context`` > 1 (only for :data:`olmax.model.attention_cp.SPLIT_IMPLS`): the sequence is in the
-    zig-zag layout over that many context-parallel devices, each computing its own queries."""
+    zig-zag layout over that many context-parallel devices, each computing its own queries;
+    ``head_stride``: key heads whose keys and values are gathered at a time (None: all)."""
     try:
         fn = IMPLEMENTATIONS[impl]
     except KeyError:
@@ -66,8 +67,9 @@ def attention(q, k, v, window: int | None, scale: float, impl: str = "xla",
                              f"(those that do: {', '.join(SPLIT_IMPLS)})")
         if impl == "splash":
             return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl],
-                      context=context)
-        return context_parallel_attention(q, k, v, window, scale, context, segment_ids)
+                      context=context, head_stride=head_stride)
+        return context_parallel_attention(q, k, v, window, scale, context, segment_ids,
+                                          head_stride=head_stride)
     if impl in NATIVE_BACKEND:
         return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl])
     return fn(q, k, v, window, scale, segment_ids)

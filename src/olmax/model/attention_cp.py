@@ -30,6 +30,8 @@ device (a ``shard_map`` through :func:`olmax.model.logical.per_device`, the sequ
   static local mask on every device.
 
 Segment ids (documents) travel with the keys; without documents every position is segment 0.
+With ``train.context_head_stride`` the keys and values of a few key heads are gathered at a time
+(AI2's ``head_stride``), bounding the gathered buffers to those heads'.
 """
 
 from __future__ import annotations
@@ -138,18 +140,34 @@ def reference_local(q, k, v, seg_q, seg_kv, q_coords, window: int | None, scale:
 
 
 def context_parallel_attention(q, k, v, window: int | None, scale: float, n: int,
-                               segment_ids=None, *, local=None):
+                               segment_ids=None, *, local=None, head_stride: int | None = None):
     """Attention of q [B, T, Hq, D], k/v [B, T, Hkv, D] in the zig-zag layout over ``n`` context
     devices, each device computing its own queries (module docstring). ``local(q, k, v, seg_q,
-    seg_kv, window=, halo=, n=)`` computes one device's part (default: :func:`reference_local`)."""
+    seg_kv, window=, halo=, n=)`` computes one device's part (default: :func:`reference_local`).
+
+    ``head_stride`` (AI2's llama3 ``head_stride``): each device gathers the keys and values of that
+    many of its key heads at a time (with their query heads), the groups one after the other in a
+    loop, so that only one group's gathered keys and values are live; None, or a stride that does
+    not divide the device's key heads: all at once."""
     if segment_ids is None:
         segment_ids = jnp.zeros(q.shape[:2], jnp.int32)
 
-    def per_dev(q, k, v, seg):
-        seg = seg.astype(jnp.int32)
+    def heads(q, k, v, seg):
         kk, vv, seg_kv, coords, halo = gathered_kv(k, v, seg, n, window)
         if local is None:
             return reference_local(q, kk, vv, seg, seg_kv, coords, window, scale)
         return local(q, kk, vv, seg, seg_kv, window=window, halo=halo, n=n)
+
+    def per_dev(q, k, v, seg):
+        seg = seg.astype(jnp.int32)
+        b, t, hq, d = q.shape
+        hkv = k.shape[2]
+        s = head_stride
+        if s is None or s >= hkv or hkv % s:
+            return heads(q, k, v, seg)
+        # groups of s key heads and their s * (Hq / Hkv) query heads, leading: [G, b, t, ...]
+        group = lambda x: jnp.moveaxis(x.reshape(b, t, hkv // s, -1, d), 2, 0)  # noqa: E731
+        out = jax.lax.map(lambda x: heads(*x, seg), (group(q), group(k), group(v)))
+        return jnp.moveaxis(out, 0, 2).reshape(b, t, hq, d)
 
     return per_device(per_dev, (q, k, v, segment_ids), QKV_SEQ_AXES + (SEGMENT_SEQ_AXES,))

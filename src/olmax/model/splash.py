@@ -230,8 +230,18 @@ def _split_tables(tq_p: int, tkv_p: int, coords: tuple, window: int | None, head
             with jax.ensure_compile_time_eval():
                 first = sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
                                            interpret=interpret)
-    tables = jax.tree.map(lambda *xs: np.stack(xs), *infos)
+    tables = jax.tree.map(lambda *xs: _small_ints(np.stack(xs)), *infos)
     return tables, first.kwargs
+
+
+def _small_ints(x: np.ndarray) -> np.ndarray:
+    """Integer tables in the smallest type that holds every device's entries (they live in the
+    TPU's small scalar memory); the query positions (int32 in the kernel) stay as they are."""
+    if x.dtype == np.int32 and x.ndim == 4:      # [devices, heads, query blocks, key blocks]
+        for t in (np.int8, np.int16):
+            if x.size == 0 or (x.min() >= np.iinfo(t).min and x.max() <= np.iinfo(t).max):
+                return x.astype(t)
+    return x
 
 
 def _local_splash_split(q, k, v, seg_q, seg_kv, *, window: int | None, halo: bool, n: int,
@@ -282,11 +292,12 @@ def _local_splash_split(q, k, v, seg_q, seg_kv, *, window: int | None, halo: boo
 def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
                      scale: float, segment_ids: jnp.ndarray | None = None,
                      block_size: int = DEFAULT_BLOCK, *, native: bool = False,
-                     context: int = 1) -> jnp.ndarray:
+                     context: int = 1, head_stride: int | None = None) -> jnp.ndarray:
     """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring);
     ``segment_ids`` [B, T]: the document mask. ``native``: the program compiles for TPU (else
     Pallas interpret mode). ``context`` > 1: the sequence is in the zig-zag layout over that many
-    devices and each computes its own queries (:mod:`olmax.model.attention_cp`)."""
+    devices and each computes its own queries (:mod:`olmax.model.attention_cp`; ``head_stride``:
+    key heads whose keys and values are gathered at a time)."""
     if not native and not _warned:
         _warned.add("interpret")
         log.warning("attention 'splash' runs the TPU kernel in Pallas interpret mode: the program "
@@ -297,7 +308,7 @@ def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int
         local = functools.partial(_local_splash_split, scale=scale, block=block_size,
                                   interpret=not native)
         return context_parallel_attention(q, k, v, window, scale, context, segment_ids,
-                                          local=local).astype(q.dtype)
+                                          local=local, head_stride=head_stride).astype(q.dtype)
     fn = functools.partial(_local_splash, window=window, scale=scale, block=block_size,
                            interpret=not native)
     return per_device_attention(fn, q, k, v, segment_ids).astype(q.dtype)

@@ -107,7 +107,7 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
         runtime = Runtime.of(train_cfg, step_devices(mesh))
     if chunk_size is None:
         chunk_size = loss_chunk(train_cfg, n_micro, mesh, runtime)
-    runtime = split_context(runtime, mesh)
+    runtime = split_context(runtime, mesh, train_cfg.context_head_stride)
 
     def grad_fn_of(rt: Runtime):
         loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=rt,
@@ -187,12 +187,14 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
     return step
 
 
-def split_context(runtime: Runtime, mesh: Mesh | None) -> Runtime:
+def split_context(runtime: Runtime, mesh: Mesh | None, head_stride: int | None = None) -> Runtime:
     """``runtime`` with attention split over the mesh's context devices where its implementation
     can (:data:`olmax.model.attention_cp.SPLIT_IMPLS`; the step then trains on the zig-zag layout),
+    gathering the keys and values of ``head_stride`` key heads at a time (``train.context_head_stride``),
     else (no mesh, no context parallelism, another implementation) with ``context`` = 1."""
     n = context_size(mesh)
-    return replace(runtime, context=n if n > 1 and runtime.attn_impl in SPLIT_IMPLS else 1)
+    n = n if n > 1 and runtime.attn_impl in SPLIT_IMPLS else 1
+    return replace(runtime, context=n, context_head_stride=head_stride if n > 1 else None)
 
 
 def traced_under_mesh(fn: Callable, mesh: Mesh) -> Callable:
