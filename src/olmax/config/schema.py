@@ -270,7 +270,8 @@ class TrainConfig:
     watchdog_s: float | None = None
     # Context parallelism (mesh.context > 1) with split attention: gather the keys and values of
     # this many key heads at a time, one group after the other, to bound the gathered buffers
-    # (AI2's llama3 head_stride; None: all heads at once). It must divide the key heads per device.
+    # (AI2's llama3 head_stride). None, or a stride that does not divide a device's key heads: all
+    # heads at once.
     context_head_stride: int | None = None
 
     def __post_init__(self) -> None:

@@ -36,9 +36,9 @@ With ``train.context_head_stride`` the keys and values of a few key heads are ga
 
 from __future__ import annotations
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from olmax.model.attention_ref import masked_attention, same_segment
 from olmax.model.logical import per_device
@@ -47,7 +47,9 @@ SPLIT_IMPLS = ("xla", "splash")
 AXIS = "context"
 HALO_NONE = -2      # segment id of keys that exist in no sequence (the halo of the first chunk)
 
-QKV_SEQ_AXES = (("batch", "seq", "act_heads", "head_dim"), ("batch", "seq", "act_kv_heads", "head_dim"),
+# q, k, v and segment ids, positions split over ``context`` (unlike attention_ref.QKV_AXES)
+QKV_SEQ_AXES = (("batch", "seq", "act_heads", "head_dim"),
+                ("batch", "seq", "act_kv_heads", "head_dim"),
                 ("batch", "seq", "act_kv_heads", "head_dim"))
 SEGMENT_SEQ_AXES = ("batch", "seq")
 
@@ -87,7 +89,7 @@ def uses_halo(window: int | None, chunk: int) -> bool:
 
 
 def halo_query_coords(c: int, window: int) -> np.ndarray:
-    """int [2C]: each local query's index into the halo layout ``[halo_A, A, halo_B, B]`` of keys."""
+    """int [2C]: each local query's index into the keys' halo layout ``[halo_A, A, halo_B, B]``."""
     return np.concatenate([window + np.arange(c), 2 * window + c + np.arange(c)])
 
 

@@ -207,8 +207,9 @@ def _split_tables(tq_p: int, tkv_p: int, coords: tuple, window: int | None, head
                   bkv: int, interpret: bool):
     """Mask tables (forward, dq, dkv) of a context-parallel call, one set per row of ``coords``
     (each device's query coordinates, padded to ``tq_p``), stacked along a leading axis, and the
-    kernel's static arguments. The grids are not shrunk and the tables not downcast, so that every
-    device's tables have the same shapes and the device can pick its own at run time."""
+    kernel's static arguments. The grids are not shrunk and the integer type is chosen for all
+    devices together, so that every device's tables have the same shapes and types and the device
+    can pick its own at run time."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as m
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi

@@ -190,8 +190,9 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
 def split_context(runtime: Runtime, mesh: Mesh | None, head_stride: int | None = None) -> Runtime:
     """``runtime`` with attention split over the mesh's context devices where its implementation
     can (:data:`olmax.model.attention_cp.SPLIT_IMPLS`; the step then trains on the zig-zag layout),
-    gathering the keys and values of ``head_stride`` key heads at a time (``train.context_head_stride``),
-    else (no mesh, no context parallelism, another implementation) with ``context`` = 1."""
+    gathering the keys and values of ``head_stride`` key heads at a time
+    (``train.context_head_stride``); else (no mesh, no context parallelism, another
+    implementation) with ``context`` = 1."""
     n = context_size(mesh)
     n = n if n > 1 and runtime.attn_impl in SPLIT_IMPLS else 1
     return replace(runtime, context=n, context_head_stride=head_stride if n > 1 else None)
