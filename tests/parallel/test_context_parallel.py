@@ -1,13 +1,18 @@
 """Context parallelism: each sequence split over ``mesh.context`` devices gives the losses of one
-device, and each device holds 1/context of the activations.
+device, each device holds 1/context of the activations and computes attention for its own queries.
 
 Runs in a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``: 10 steps of a
-tiny OLMo 3 (GQA, windows of 8 shorter than a device's block of positions, a full-attention layer)
-on 1 device, on context 8, and on context 4 x fsdp 2, with the xla attention, and on packed
-documents (intra-document masking, documents across the devices' blocks) with the chunked attention
-and the tpu profile's splash (Pallas, interpreted on CPU); then
-``olmax plan``'s per-device memory of the step on 8 devices for context 1, 2, 4 and 8 at the same
-rows per device.
+tiny OLMo 3 (GQA, 128 positions, a full-attention layer and windows of 8 and 12: on context 8 a
+device holds two chunks of 8 positions, so the windows of 8 take the halo exchange and the window
+of 12 the all-gather; on context 4 both windows fit a chunk of 16) on 1 device, on context 8, and
+on context 4 x fsdp 2 (gathering one key head at a time), with the xla attention, and on packed
+documents (intra-document masking, documents across the devices' chunks) with the chunked
+attention and the tpu profile's splash (Pallas, interpreted on CPU). xla and splash split the
+attention (load-balanced zig-zag layout, :mod:`olmax.model.attention_cp`); chunked keeps whole
+sequences. The compiled step of splash on context 8 is read for its collectives, the per-device
+kernel's shape and its query positions. Then the split splash kernel on bigger blocks (several
+query and key blocks per device) against the reference, and ``olmax plan``'s per-device memory of
+the step on 8 devices for context 1, 2, 4 and 8 at the same rows per device.
 """
 
 import json
@@ -21,10 +26,12 @@ import numpy as np
 import pytest
 
 from olmax.model.olmo3 import seq_chunks, seq_unchunks
+from olmax.model.splash import parse_scope
 
 SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    import numpy as np, jax
+    import dataclasses, json, os, re, sys
+    import numpy as np, jax, jax.numpy as jnp
+    from jaxlib._hlo import HloPrintOptions
     from olmax.config import (MeshConfig, ModelConfig, OptimConfig, RunConfig, SchedulerConfig,
                               TrainConfig)
     from olmax.parallel.mesh import make_mesh
@@ -35,35 +42,82 @@ SCRIPT = textwrap.dedent("""
     from helpers.sharded import run_steps
 
     assert jax.device_count() == 8
+    T = 128
     cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                      vocab_size=250, padded_vocab_size=256, window_pattern=(8, 8, 8, None),
+                      vocab_size=250, padded_vocab_size=256, window_pattern=(8, 12, 8, None),
                       max_seq_len=4096)
     tx = skip_step_adamw(OptimConfig(lr=5e-3))
     sched = build_schedule(SchedulerConfig(warmup_steps=2), 5e-3, 10)
     rng = np.random.default_rng(0)
-    batches = [np.minimum(rng.geometric(0.05, size=(4, 64)), 249).astype(np.int32) for _ in range(10)]
+    batches = [np.minimum(rng.geometric(0.05, size=(4, T)), 249).astype(np.int32) for _ in range(10)]
 
-    def doc_lens(step):   # 1 to 4 documents per row, some across the devices' blocks of 8
+    def doc_lens(step):   # 1 to 4 documents per row, some across the devices' chunks
         out = np.zeros((4, 5), np.int32)
         r = np.random.default_rng(step)
         for row in range(4):
-            cuts = np.sort(r.choice(np.arange(1, 64), r.integers(0, 4), replace=False))
-            lens = np.diff(np.concatenate([[0], cuts, [64]]))
+            cuts = np.sort(r.choice(np.arange(1, T), r.integers(0, 4), replace=False))
+            lens = np.diff(np.concatenate([[0], cuts, [T]]))
             out[row, :len(lens)] = lens
         return out
+
+    def collectives(text):   # (op, result shape) -> count, over the compiled step
+        found = re.findall(r"= (\w+\[[\d,]*\])(?:\{[^}]*\})? (all-gather|collective-permute)(?:-start)?\(", text)
+        return {f"{op} {shape}": found.count((shape, op)) for shape, op in set(found)}
     meshes = {"1": (MeshConfig(fsdp=1), 1), "ctx8": (MeshConfig(fsdp=1, context=8), 8),
               "ctx4_fsdp2": (MeshConfig(fsdp=2, context=4), 8)}
     out = {}
     for attn, profile in (("xla", "cpu"), ("chunked", "cpu"), ("splash", "tpu")):
-        train = TrainConfig(seq_len=64, global_batch_size=4, max_steps=10, attn_impl=attn, profile=profile)
+        train = TrainConfig(seq_len=T, global_batch_size=4, max_steps=10, attn_impl=attn, profile=profile)
         for name, (mcfg, n) in meshes.items():
             mesh = make_mesh(mcfg, jax.devices()[:n])
-            st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
+            # context 4 x fsdp 2 gathers the keys and values of one key head at a time
+            stride = 1 if name == "ctx4_fsdp2" else None
+            st = build_sharded_training(cfg, dataclasses.replace(train, context_head_stride=stride),
+                                        tx, mesh, jax.random.key(0))
             hosts = [{"tokens": toks, "instance_mask": np.ones(4, bool),   # packed documents too:
                       **({} if attn == "xla" else {"doc_lens": doc_lens(s)})}
                      for s, toks in enumerate(batches, start=1)]
             state, m = run_steps(st, hosts, sched)
             out[f"{attn}/{name}"] = {"losses": m["loss"], "embed_spec": str(state.params["embed"].sharding.spec)}
+            if (attn, name) == ("splash", "ctx8"):   # the compiled step (jit's cached executable)
+                batch = {k: jax.device_put(v, st.batch_shardings[k]) for k, v in hosts[0].items()}
+                compiled = st.step_fn.lower(state, batch, np.float32(0.0)).compile()
+                opts = HloPrintOptions.short_parsable()
+                opts.print_large_constants = True
+                text = compiled.runtime_executable().hlo_modules()[0].to_string(opts)
+                tables = re.findall(r"s32\[8,128\]\{1,0\} constant\(\{ (.*?) \}\)", text)
+                meta = compiled.as_text()                # with op_name metadata
+                out["hlo"] = {"collectives": collectives(meta),
+                              "scopes": sorted(set(re.findall(r"olmax_splash_\w+?_cp\d+(?:halo|gather)", meta))),
+                              "q_tables": [[[int(x) for x in row.strip(" {}").split(",")]
+                                            for row in t.split("}, {")] for t in tables]}
+    # the split splash kernel with several query and key blocks per device (context 2, blocks of 128)
+    from olmax.model.attention_cp import from_zigzag, to_zigzag
+    from olmax.model.attention_ref import xla_attention
+    from olmax.model.splash import splash_attention
+    from olmax.parallel.sharding import placed_on
+    mesh2 = make_mesh(MeshConfig(fsdp=1, context=2), jax.devices()[:2])
+    ks = jax.random.split(jax.random.key(1), 4)
+    q, ct = (jax.random.normal(ks[i], (1, 512, 4, 16)) for i in (0, 3))
+    k, v = (jax.random.normal(ks[i], (1, 512, 2, 16)) for i in (1, 2))
+    seg = jnp.asarray(np.repeat(np.arange(4), [100, 200, 150, 62])[None], jnp.int32)
+
+    def split(q, k, v, w):
+        with placed_on(mesh2):
+            o = splash_attention(*(to_zigzag(x, 2) for x in (q, k, v)), w, 0.25, to_zigzag(seg, 2),
+                                 block_size=128, context=2)
+        return from_zigzag(o, 2)
+
+    out["blocks"] = {}
+    with jax.default_matmul_precision("highest"):
+        for w in (100, 160, None):   # halo (window <= chunk of 128), gather, causal
+            def out_and_grads(fn, q, k, v, c):
+                o, vjp = jax.vjp(fn, q, k, v)
+                return [o, *vjp(c)]
+            got = jax.jit(lambda *a: out_and_grads(lambda *x: split(*x, w), *a))(q, k, v, ct)
+            ref = out_and_grads(lambda *x: xla_attention(*x, w, 0.25, seg), q, k, v, ct)
+            out["blocks"][str(w)] = [float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+                                     for a, b in zip(got, ref)]
     # olmax plan of the step on the 8 devices at 2 rows per device: context 1, 2, 4, 8
     long = cfg.replace(d_model=64, head_dim=16, mlp_hidden=128)
     out["plan"] = {}
@@ -101,6 +155,35 @@ def test_context_parallel_losses_equal_one_device_and_memory_scales():
         # parameters and optimizer state are sharded over fsdp x context
         assert "context" in out[f"{attn}/ctx8"]["embed_spec"]
         assert "fsdp" in out[f"{attn}/ctx4_fsdp2"]["embed_spec"]
+    # The compiled step of splash on context 8 (4 rows per device, 2 key heads of 8, T = 128 in
+    # 16 chunks of 8). (a) The sliding layers of window 8 fetch only 8 positions of keys and values
+    # from each neighbour (collective-permutes, forward and backward), and only the two layers that
+    # need the whole sequence (window 12 > a chunk, full attention) all-gather keys and values.
+    hlo = out["hlo"]
+    coll = hlo["collectives"]
+    print("collectives of the compiled step (context 8):", coll)
+    halo = coll.get("collective-permute f32[4,8,2,8]", 0)
+    assert halo >= 2 * 2 * 2, coll          # 2 halo layers x (k, v) x 2 neighbours, forward
+    assert coll.get("all-gather f32[4,128,2,8]", 0) == 2 * 2, coll
+    assert coll.get("collective-permute s32[4,8]", 0) >= 2, coll   # the halos' segment ids
+    # (b) each device's kernel has T / context = 16 queries: against the 2 x (8 + 8) positions of
+    # its halo layout, or the gathered 128
+    print("splash calls:", hlo["scopes"])
+    scopes = [parse_scope(x) for x in hlo["scopes"]]
+    assert {(s["t"], s["window"], s["kv_len"], s["halo"]) for s in scopes} == {
+        (16, 8, 32, True), (16, 12, 128, False), (16, None, 128, False)}
+    assert all(s["context"] == 8 for s in scopes)
+    # (c) load-balanced: device d's queries (the kernel's query-position table, one row per
+    # device; padded rows repeat the last query) are chunks d and 15 - d
+    assert hlo["q_tables"], "no query-position table in the compiled step"
+    for table in hlo["q_tables"]:
+        for d, row in enumerate(table):
+            assert row[:16] == list(range(8 * d, 8 * d + 8)) + list(range(8 * (15 - d), 8 * (16 - d)))
+            assert set(row[16:]) == {row[15]}
+    # several query and key blocks per device: the split kernel equals the reference
+    print("split splash vs xla, blocks of 128 (out, dq, dk, dv):", out["blocks"])
+    for w, errs in out["blocks"].items():
+        assert max(errs) <= 1e-5, (w, errs)
     plans = {int(k): v for k, v in out["plan"].items()}
     assert [plans[c]["mesh"]["context"] for c in (1, 2, 4, 8)] == [1, 2, 4, 8]
     mem = {c: p["temp_bytes"] for c, p in plans.items()}

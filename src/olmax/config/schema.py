@@ -268,11 +268,17 @@ class TrainConfig:
     # Seconds without a completed step (the first step, which compiles, excluded) after which
     # every thread's stack goes to RUN_DIR/hangs/ and the process exits 75 (None: no watchdog).
     watchdog_s: float | None = None
+    # Context parallelism (mesh.context > 1) with split attention: gather the keys and values of
+    # this many key heads at a time, one group after the other, to bound the gathered buffers
+    # (AI2's llama3 head_stride). None, or a stride that does not divide a device's key heads: all
+    # heads at once.
+    context_head_stride: int | None = None
 
     def __post_init__(self) -> None:
         check_choices(self, "train")
         check_positive(self, "train", "max_steps", "global_batch_size")
-        check_positive(self, "train", "micro_batch_max", "watchdog_s", optional=True)
+        check_positive(self, "train", "micro_batch_max", "watchdog_s", "context_head_stride",
+                       optional=True)
         if self.micro_batch_size != "auto":
             check_positive(self, "train", "micro_batch_size", optional=True)
         if self.seq_len <= 1:

@@ -16,6 +16,9 @@ through its fallback (``chunked``). Either is logged once; the window is never d
 
 Packed sequences: ``segment_ids`` [B, T] (:mod:`olmax.model.documents`) confine every query to
 its own document in every implementation (the window then applies inside the document).
+
+Context parallelism: ``xla`` and ``splash`` split each sequence's queries over the context devices,
+load-balanced, with halo exchanges for sliding windows (:mod:`olmax.model.attention_cp`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Callable
 
 import jax.numpy as jnp
 
+from olmax.model.attention_cp import SPLIT_IMPLS, context_parallel_attention
 from olmax.model.attention_impls import chunked_attention, cudnn_attention, dot_product_attention
 from olmax.model.attention_ref import xla_attention
 from olmax.model.splash import splash_attention
@@ -45,14 +49,27 @@ NATIVE_BACKEND = {"splash": "tpu", "cudnn": "gpu"}
 
 
 def attention(q, k, v, window: int | None, scale: float, impl: str = "xla",
-              backend: str | None = None, segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
+              backend: str | None = None, segment_ids: jnp.ndarray | None = None,
+              context: int = 1, head_stride: int | None = None) -> jnp.ndarray:
     """Attention by the implementation ``impl`` in a program compiled by ``backend``;
-    ``segment_ids`` [B, T] (None: one document per row) keeps it inside documents."""
+    ``segment_ids`` [B, T] (None: one document per row) keeps it inside documents.
+    ``context`` > 1 (only for :data:`olmax.model.attention_cp.SPLIT_IMPLS`): the sequence is in the
+    zig-zag layout over that many context-parallel devices, each computing its own queries;
+    ``head_stride``: key heads whose keys and values are gathered at a time (None: all)."""
     try:
         fn = IMPLEMENTATIONS[impl]
     except KeyError:
         raise ValueError(f"unknown attention implementation '{impl}' "
                          f"(known: {', '.join(IMPLEMENTATIONS)})") from None
+    if context > 1:
+        if impl not in SPLIT_IMPLS:
+            raise ValueError(f"attention '{impl}' does not split sequences over context devices "
+                             f"(those that do: {', '.join(SPLIT_IMPLS)})")
+        if impl == "splash":
+            return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl],
+                      context=context, head_stride=head_stride)
+        return context_parallel_attention(q, k, v, window, scale, context, segment_ids,
+                                          head_stride=head_stride)
     if impl in NATIVE_BACKEND:
         return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl])
     return fn(q, k, v, window, scale, segment_ids)

@@ -42,25 +42,34 @@ def xla_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | 
                   scale: float, segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
     """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] (q.dtype); ``segment_ids`` [B, T]
     adds the document mask."""
-    b, t, hq, d = q.shape
-    hkv = k.shape[2]
-    g = hq // hkv
-    qg = q.reshape(b, t, hkv, g, d)
-    scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
+    t = q.shape[1]
     mask = causal_window_mask(t, t, window)
     if segment_ids is not None:
         mask = (mask[None] & same_segment(segment_ids, segment_ids))[:, None, None]  # [B,1,1,T,T]
+    return masked_attention(q, k, v, mask, scale)
+
+
+def masked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
+                     scale: float) -> jnp.ndarray:
+    """q: [B, Tq, Hq, D], k/v: [B, Tk, Hkv, D], ``mask`` (True: visible) broadcastable to
+    [B, Hkv, Hq / Hkv, Tq, Tk] -> [B, Tq, Hq, D]: full scores, softmax in fp32."""
+    b, tq, hq, d = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    qg = q.reshape(b, tq, hkv, g, d)
+    scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
     scores = jnp.where(mask, scores, NEG)
     probs = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs.astype(v.dtype), v,
                      preferred_element_type=jnp.float32)
-    return out.reshape(b, t, hq, d).astype(q.dtype)
+    return out.reshape(b, tq, hq, d).astype(q.dtype)
 
 
 # Logical axes of attention's inputs/outputs (as in ``olmax.model.olmo3``), for kernels that run
 # per device (``olmax.model.logical.per_device``). Such a kernel sees whole sequences: with
 # context parallelism (positions split over devices) q, k and v are gathered over ``context`` and
-# each device of a context group computes its rows' attention for every position.
+# each device of a context group computes its rows' attention for every position -- except where
+# the implementation splits the queries (``olmax.model.attention_cp``: splash and xla).
 QKV_AXES = (("batch", None, "act_heads", "head_dim"), ("batch", None, "act_kv_heads", "head_dim"),
             ("batch", None, "act_kv_heads", "head_dim"))
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from olmax.config import ModelConfig
@@ -84,7 +85,8 @@ def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | 
     q = constrain(apply_rope(q, sin, cos), Q_HEADS)
     k = constrain(apply_rope(k, sin, cos), KV_HEADS)
     o = constrain(attention(q, k, v, window, cfg.head_dim ** -0.5, impl=rt.attn_impl, backend=rt.backend,
-                            segment_ids=segment_ids), Q_HEADS)
+                            segment_ids=segment_ids, context=rt.context,
+                            head_stride=rt.context_head_stride), Q_HEADS)
     return constrain(dense(o.reshape(b, t, cfg.q_dim), p["o_proj"]), HIDDEN)
 
 
@@ -134,7 +136,7 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
     # The profile may ask for the tables of the plain 0..T-1 positions as constants computed when
     # the program is traced (the CPU's: XLA's CPU backend would otherwise evaluate sin/cos inside
     # every fused consumer, per element of each rotation and its gradient).
-    static = positions is None and runtime.rope_tables_at_trace
+    static = (positions is None or isinstance(positions, np.ndarray)) and runtime.rope_tables_at_trace
     with jax.ensure_compile_time_eval() if static else contextlib.nullcontext():
         if positions is None:
             positions = jnp.arange(t)

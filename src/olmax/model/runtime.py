@@ -86,6 +86,12 @@ class Runtime:
     # (emulated in the cpu kernel set); a training config asks for them only where the devices
     # have float8 matmuls (Runtime.resolve).
     float8: bool = False
+    # Context parallelism with split attention (olmax.model.attention_cp): the sequences are in the
+    # zig-zag layout over this many devices and attention computes each device's own queries.
+    # Set by the training step (olmax.train.step.split_context); 1: natural order, no split.
+    context: int = 1
+    # With ``context`` > 1: key heads whose keys and values are gathered at a time (None: all).
+    context_head_stride: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_dtype", dtype_of(self.compute_dtype))

@@ -203,9 +203,10 @@ def kernel_flops(prog, mxu: int | None = None) -> tuple[float, dict, float]:
         if shape is None or phase is None:
             continue
         p = phase.group(1)
+        split = {k: v for k, v in shape.items() if k in ("kv_len", "kv_block", "context", "halo")}
         f = splash_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
-                         shape["batch"], p, shape["block"]) * mult
-        widths = {"D": shape["head_dim"], "K": shape["block"]}
+                         shape["batch"], p, shape["block"], **split) * mult
+        widths = {"D": shape["head_dim"], "K": min(shape["block"], shape.get("kv_block") or shape["block"])}
         occ = [mxu_occupancy(widths[c], widths[w], mxu) for c, w in SPLASH_MATMULS[p]]
         total += f
         effective += f * sum(1 / o for o in occ) / len(occ)   # the matmuls are of equal FLOPs

@@ -196,12 +196,13 @@ def lm_loss_sums(h: jax.Array, w: jax.Array, labels: jax.Array, *, z_loss_multip
 def loss_and_sums(params, tokens: jax.Array, labels: jax.Array, denominator: jax.Array,
                   cfg: ModelConfig, runtime: Runtime = Runtime(), *, z_loss_multiplier: float,
                   chunk_size: int = 1024, segment_ids: jax.Array | None = None,
-                  seq_shards: int = 1) -> tuple[jax.Array, LossSums]:
+                  seq_shards: int = 1, positions=None) -> tuple[jax.Array, LossSums]:
     """``(ce_sum + z_sum) / denominator`` for one (micro-)batch, and the sums; differentiable.
     ``segment_ids`` [B, T] (packed documents, :mod:`olmax.model.documents`) go to the model; the
     labels are the same with or without them (OLMo-core scores across document boundaries).
-    ``seq_shards``: the devices each sequence is split over (context parallelism)."""
-    h = hidden_states(params, tokens, cfg, runtime, segment_ids=segment_ids)
+    ``seq_shards``: the devices each sequence is split over (context parallelism). ``positions``
+    (None: from the segment ids, or 0..T-1): the RoPE positions, e.g. of a permuted sequence."""
+    h = hidden_states(params, tokens, cfg, runtime, segment_ids=segment_ids, positions=positions)
     total, sums = lm_loss(h, lm_head_weight(params, cfg), labels, z_loss_multiplier=z_loss_multiplier,
                           chunk_size=chunk_size, kernels=runtime.kernels, seq_shards=seq_shards)
     return total / denominator, sums

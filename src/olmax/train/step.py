@@ -15,10 +15,17 @@ intra-document masking: the step turns them into segment ids [B, T]
 (:mod:`olmax.model.documents`), split into micro-batches and placed by rows like the tokens; the
 model keeps attention inside documents and restarts RoPE positions at each document; labels are
 unchanged (as OLMo-core's). Without ``doc_lens`` the step is the same program as before.
+
+Context parallelism with an attention implementation that splits the queries (``splash``, ``xla``;
+:func:`split_context`): the step trains on the load-balanced zig-zag layout
+(:mod:`olmax.model.attention_cp`): tokens, labels, segment ids and RoPE positions are computed in
+natural order, then permuted alike along the sequence, before the micro-batch split. The loss is a
+sum over positions, so it is the same whatever the order.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial, wraps
 from typing import Any, Callable, NamedTuple
 
@@ -29,7 +36,8 @@ from jax.sharding import Mesh
 
 from olmax.config import ModelConfig, TrainConfig
 from olmax.errors import ConfigError
-from olmax.model.documents import segment_ids_from_doc_lens
+from olmax.model.attention_cp import SPLIT_IMPLS, balanced, to_zigzag, zigzag_order
+from olmax.model.documents import positions_in_documents, segment_ids_from_doc_lens
 from olmax.model.params import abstract_params, init_params
 from olmax.model.runtime import Runtime
 from olmax.parallel.mesh import context_size, data_parallel_size
@@ -99,10 +107,15 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
         runtime = Runtime.of(train_cfg, step_devices(mesh))
     if chunk_size is None:
         chunk_size = loss_chunk(train_cfg, n_micro, mesh, runtime)
-    loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=runtime,
-                      z_loss_multiplier=train_cfg.z_loss_multiplier, chunk_size=chunk_size,
-                      seq_shards=context_size(mesh))
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    runtime = split_context(runtime, mesh, train_cfg.context_head_stride)
+
+    def grad_fn_of(rt: Runtime):
+        loss_fn = partial(loss_and_sums, cfg=model_cfg, runtime=rt,
+                          z_loss_multiplier=train_cfg.z_loss_multiplier, chunk_size=chunk_size,
+                          seq_shards=context_size(mesh))
+        return jax.value_and_grad(loss_fn, has_aux=True)
+
+    grad_fn = grad_fn_of(runtime)
 
     def constrain_rows(x):
         if mesh is None:
@@ -121,13 +134,31 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
         labels = make_labels(tokens, instance_mask, batch.get("label_mask"))
         denom = loss_denominator(labels, instance_mask)
         doc_lens = batch.get("doc_lens")
+        seg = None if doc_lens is None else segment_ids_from_doc_lens(doc_lens, tokens.shape[1])
+        # a sequence that does not cut into 2 x context chunks keeps the natural order and
+        # whole-sequence attention
+        n = runtime.context if balanced(tokens.shape[1], runtime.context) else 1
+        fn = grad_fn if n == runtime.context else grad_fn_of(replace(runtime, context=1))
+        positions = None
+        if n > 1:
+            # the zig-zag layout (olmax.model.attention_cp): every per-position array, computed in
+            # natural order, permuted alike; RoPE reads the true positions
+            positions = (zigzag_order(tokens.shape[1], n) if seg is None else
+                         to_zigzag(positions_in_documents(seg), n))
+            tokens, labels = to_zigzag(tokens, n), to_zigzag(labels, n)
+            seg = None if seg is None else to_zigzag(seg, n)
         rows = (tokens, labels)
-        if doc_lens is not None:
-            rows += (constrain_rows(segment_ids_from_doc_lens(doc_lens, tokens.shape[1])),)
+        if seg is not None:
+            rows += (constrain_rows(seg),)
+            if positions is not None:
+                rows += (constrain_rows(positions),)
 
-        def grads_of(tok, lab, seg=None):
+        def grads_of(tok, lab, seg=None, pos=None):
             kw = {} if seg is None else {"segment_ids": seg}
-            return grad_fn(state.params, tok, lab, denom, **kw)
+            pos = positions if pos is None else pos
+            if pos is not None:
+                kw["positions"] = pos
+            return fn(state.params, tok, lab, denom, **kw)
 
         if n_micro == 1:
             (_, sums), grads = grads_of(*rows)
@@ -154,6 +185,17 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
         return TrainState(params, opt_state, state.step + 1), metrics
 
     return step
+
+
+def split_context(runtime: Runtime, mesh: Mesh | None, head_stride: int | None = None) -> Runtime:
+    """``runtime`` with attention split over the mesh's context devices where its implementation
+    can (:data:`olmax.model.attention_cp.SPLIT_IMPLS`; the step then trains on the zig-zag layout),
+    gathering the keys and values of ``head_stride`` key heads at a time
+    (``train.context_head_stride``); else (no mesh, no context parallelism, another
+    implementation) with ``context`` = 1."""
+    n = context_size(mesh)
+    n = n if n > 1 and runtime.attn_impl in SPLIT_IMPLS else 1
+    return replace(runtime, context=n, context_head_stride=head_stride if n > 1 else None)
 
 
 def traced_under_mesh(fn: Callable, mesh: Mesh) -> Callable:
