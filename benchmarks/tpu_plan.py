@@ -196,6 +196,70 @@ def time_maxtext_collectives(text: str, topology: str) -> dict:
     return {**coll, "collectives": hlo.collectives(prog), "kernel_calls": kernels}
 
 
+# Matmuls per visited block pair of MaxText's splash kernels with the fused backward kernel
+# (sa_use_fused_bwd_kernel): forward QK^T, PV; backward QK^T (recomputed), dO V^T, P^T dO, dS^T Q,
+# dS K; without it, olmax's (olmax.model.splash.MATMULS). Every one has the head dimension on one
+# side and the block on the other.
+MAXTEXT_FUSED_MATMULS = {"fwd": 2, "bwd": 5}
+
+
+def maxtext_estimate(tag: str, step_case: str, olmax_case: str) -> dict:
+    """MaxText's step (``maxtext_<step_case>``'s compiled program, parts ``maxtext_parts_l4/l8_<tag>``)
+    put through ``olmax plan``'s method: one 4-layer group = parts(8 layers) - parts(4 layers), the
+    rest = 2 parts(4) - parts(8); olmax's optimizer part at the same share of the state
+    (``olmax_case``'s), the splash kernels' FLOPs at 2048-blocks over the peak times their MXU
+    occupancy, and the collectives of MaxText's compiled step timed by the same network model."""
+    from olmax.model.flops import flops_per_token, peak_flops
+    from olmax.model.presets import PRESETS
+    from olmax.model.splash import MATMULS, visited_blocks
+    from olmax.perf.costs import mxu_occupancy
+    from olmax.perf.targets import accelerator_of
+
+    load = lambda n: json.loads((RESULTS / f"{n}.json").read_text())  # noqa: E731
+    l4, l8 = (load(f"maxtext_parts_l{n}_{tag}")["maxtext"]["cost"] for n in (4, 8))
+    step = load(step_case)
+    mt = step["maxtext"]
+    ours = load(olmax_case)["plan"]
+    args = dict(a.split("=", 1) for a in step["args"])
+    b, t = int(args["per_device_batch_size"]), int(args["max_target_length"])
+    block = int(args.get("sa_block_q", 512))
+    kind = ours["device_kind"]
+    peak = peak_flops(kind)
+    mxu = accelerator_of(kind).mxu
+    cfg = PRESETS["olmo3-7b"]                        # MaxText's olmo3-7b-pt: the same widths
+    groups = cfg.n_layers // len(cfg.window_pattern)
+    group_s = l8["optimal_seconds"] - l4["optimal_seconds"]
+    rest_s = 2 * l4["optimal_seconds"] - l8["optimal_seconds"]
+    opt_s = ours["details"]["parts"]["optimizer"]["optimal_seconds"]
+    occ = mxu_occupancy(cfg.head_dim, block, mxu)
+    # matmuls per visited block pair: forward (twice where full remat recomputes it) + backward
+    matmuls = (sum(MAXTEXT_FUSED_MATMULS.values()) if args.get("sa_use_fused_bwd_kernel") == "True"
+               else sum(MATMULS.values()))
+    if args.get("remat_policy") == "full":
+        matmuls += MATMULS["fwd"]
+    kernel = 0.0
+    for window in cfg.window_pattern:
+        pairs = visited_blocks(t, window, block)
+        per_call = 2 * block * block * cfg.head_dim * pairs * cfg.n_heads * b
+        kernel += groups * per_call * matmuls
+    kernel_s = kernel / occ / peak
+    compute = groups * group_s + rest_s + opt_s + kernel_s
+    coll = mt["collective_time"]
+    step_s = max(compute, coll["async_s"]) + coll["sync_s"]
+    n_dev = ours["num_devices"]
+    tokens = b * t                                   # per device
+    return {"tag": tag, "step_case": step_case, "olmax_case": olmax_case, "per_device": [b, t],
+            "group_s": group_s, "rest_s": rest_s, "optimizer_s": opt_s, "kernel_s": kernel_s,
+            "kernel_flops": kernel, "compute_s": compute, "collective_s": coll["collective_s"],
+            "async_s": coll["async_s"], "sync_s": coll["sync_s"], "step_s": step_s,
+            "step_s_no_overlap": compute + coll["collective_s"],
+            "mfu_causal": flops_per_token(cfg, t, "causal") * tokens / step_s / peak,
+            "peak_bytes": mt["memory"].get("peak_memory_in_bytes"), "compile_s": mt.get("compile_s"),
+            "devices": n_dev, "kernel_calls": coll.get("kernel_calls"),
+            "method": "olmax plan's: cost-model parts (8 - 4 layers), olmax's optimizer part, splash "
+                      "at its 2048-blocks / (peak x MXU occupancy), collectives by olmax.perf.network"}
+
+
 def run(name: str, case: dict, python: str, maxtext_python: str, timeout: int) -> None:
     """One case in its own process; its result written to ``results/tpu_plan/<name>.json``."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -240,7 +304,14 @@ def main() -> int:
     p.add_argument("--maxtext-python", default="/work/venvs/maxtext/bin/python")
     p.add_argument("--timeout", type=int, default=5400, help="seconds per case")
     p.add_argument("--rerun", action="store_true", help="run cases whose result file exists")
+    p.add_argument("--maxtext-estimate", nargs=3, metavar=("TAG", "STEP_CASE", "OLMAX_CASE"),
+                   help="put MaxText's compiled step through olmax plan's estimate (see maxtext_estimate)")
     a = p.parse_args()
+    if a.maxtext_estimate:
+        est = maxtext_estimate(*a.maxtext_estimate)
+        write_json_atomic(RESULTS / f"maxtext_estimate_{a.maxtext_estimate[1]}.json", est)
+        print(json.dumps(est, indent=1))
+        return 0
     only, groups = {s for s in a.only.split(",") if s}, {s for s in a.group.split(",") if s}
     for name, case in (_maxtext_cases() if a.maxtext else cases()).items():
         if (only and name not in only) or (groups and case.get("group") not in groups):
