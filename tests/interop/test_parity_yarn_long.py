@@ -3,7 +3,9 @@
 
 - At 16384 tokens (twice the original context) with OLMo 3's own YaRN parameters, on the ``cpu``
   profile: HF's eager attention holds [heads, T, T] fp32 scores, about 7 GiB at 16k for this
-  two-head model, so 32k and 65k do not fit this machine.
+  two-head model, so 32k and 65k do not fit this machine that way.
+- At 65536 tokens (the whole stage-3 context) with OLMo 3's YaRN, on full-attention layers (the
+  ones YaRN scales) against HF's SDPA attention, which holds no [T, T] scores.
 - At the whole extended context of a scaled-down YaRN (original 1024, factor 8: 8192 tokens, as
   65536 is to 8192), on every profile. The ramp between the interpolated and the extrapolated
   frequencies covers dimensions 1..7 of 16 there (4..9 of 16 at original 8192): both regimes and
@@ -68,6 +70,25 @@ def test_yarn_parity_at_16k_with_olmo3_parameters(tmp_path):
     _model(tmp_path / "hf", original=8192, window=4096)
     r = run_parity(tmp_path / "hf", seq_len=16384, dtype="float32", seed=0, profile="cpu")
     _check(r, 16384, 4096, "cpu")
+
+
+@pytest.mark.slow
+def test_yarn_parity_at_65k_on_full_attention_layers(tmp_path):
+    """The whole stage-3 context, 65,536 tokens, with OLMo 3's YaRN (original 8192, factor 8) on a
+    model of full-attention layers only -- the layers YaRN scales -- against HF's SDPA attention
+    (causal, no [T, T] mask or scores held: eager would need 32 GiB per head), olmax on its
+    ``cpu`` profile (block-sparse chunked attention)."""
+    make_hf_model(tmp_path / "hf", vocab=256, hidden=32, inter=64, layers=2, heads=2, kv_heads=1,
+                  head_dim=16, layer_types=[FULL, FULL], rope_theta=THETA, yarn=_yarn(8192),
+                  max_pos=65536)
+    r = run_parity(tmp_path / "hf", seq_len=65536, dtype="float32", seed=0, profile="cpu",
+                   hf_attn="sdpa")
+    print(f"\nYaRN cpu at 65536 (full attention): kl_max {r['kl_max']:.3e} top1 "
+          f"{r['top1_agreement']:.4f} max|dlogit| {r['max_abs_logit_diff']:.3e} "
+          f"(HF {r['seconds_hf']} s, olmax {r['seconds_olmax']} s)")
+    assert r["seq_len"] == 65536
+    assert r["kl_max"] <= 1e-9
+    assert r["top1_agreement"] == 1.0
 
 
 def test_yarn_ramp_is_exercised():

@@ -137,13 +137,13 @@ def position_metrics(ref: np.ndarray, out: np.ndarray, chunk: int = 256
 # The comparison
 
 
-def _hf_model(hf_dir: str | os.PathLike, dtype: str):
+def _hf_model(hf_dir: str | os.PathLike, dtype: str, attn: str = "eager"):
     torch, transformers = _reference()
     tdtype = getattr(torch, dtype)
     transformers.utils.logging.disable_progress_bar()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(hf_dir), dtype=tdtype, attn_implementation="eager", use_safetensors=True)
+            str(hf_dir), dtype=tdtype, attn_implementation=attn, use_safetensors=True)
     except (OSError, ValueError) as e:
         raise OlmaxError(f"transformers cannot load {hf_dir}: {str(e).splitlines()[0]}") from None
     return model.eval()
@@ -193,12 +193,13 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
                seq_len: int | None = None, batch: int = 1, dtype: str = "float32", seed: int = 0,
                tokens: np.ndarray | None = None, token_file: str | None = None,
                text: str | None = None, profile: str = "auto", attn_impl: str = "auto",
-               hf_dtype: str | None = None) -> dict[str, Any]:
+               hf_dtype: str | None = None, hf_attn: str = "eager") -> dict[str, Any]:
     """Run both models on the same batch and return the parity report (a JSON-able dict).
     ``profile``: the platform profile whose code path olmax runs (``auto``: this machine's
     devices'; ``cpu``, ``tpu``, ``gpu`` force it, see :mod:`olmax.platforms`), with its attention
     for ``attn_impl=auto``. ``hf_dtype``: the reference's dtype (default: ``dtype``), e.g.
-    olmax in bfloat16 against HF in float32."""
+    olmax in bfloat16 against HF in float32. ``hf_attn``: the reference's attention (``eager``, the
+    default, holds [heads, T, T] scores; ``sdpa`` does not, for long sequences)."""
     hf_dtype = hf_dtype or dtype
     for d in (dtype, hf_dtype):
         if d not in PARITY_DTYPES:
@@ -210,7 +211,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     params, cfg, source = _olmax_params(hf_dir, checkpoint, dtype)
     tokens, inputs = _inputs(cfg, hf_dir, tokens, token_file, text, batch,
                              seq_len or default_seq_len(cfg), seed)
-    model = _hf_model(hf_dir, hf_dtype)
+    model = _hf_model(hf_dir, hf_dtype, hf_attn)
     # fp32 means fp32: no TF32 / reduced-precision matmul passes on accelerators.
     with jax.default_matmul_precision("highest"):
         fwd = jax.jit(lambda p, t: forward(p, t, cfg, runtime))
