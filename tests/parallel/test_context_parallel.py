@@ -28,7 +28,7 @@ import pytest
 from olmax.model.olmo3 import seq_chunks, seq_unchunks
 from olmax.model.splash import parse_scope
 
-SCRIPT = textwrap.dedent("""
+SCRIPT = textwrap.dedent(r"""
     import dataclasses, json, os, re, sys
     import numpy as np, jax, jax.numpy as jnp
     from jaxlib._hlo import HloPrintOptions
