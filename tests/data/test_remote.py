@@ -411,7 +411,9 @@ def test_ctrl_c_stops_a_fetch_at_once_and_the_rerun_resumes(tmp_path):
     big = {f"/d/big-{i}.npy": np.random.default_rng(i).integers(0, VOCAB, 300_000).astype("<u4").tobytes()
            for i in range(6)}
     with file_server(big) as srv:
-        srv.delay = 0.05                                     # ~1.3 MB/s per connection: minutes
+        # ~130 KB/s per connection: about 9 s a file, so the copy is still running when the test
+        # sends Ctrl-C however late the first .part appears on a loaded machine
+        srv.delay = 0.5
         out = tmp_path / "copy"
         names = [k.split("/")[-1] for k in big]
         cmd, env = _fetch_cmd(*names, "--root", f"{srv.url}/d", "--to", str(out), "--workers", "2",
