@@ -177,16 +177,14 @@ def time_maxtext_collectives(text: str, topology: str) -> dict:
     """MaxText's compiled step's collectives, timed as ``olmax plan`` times its own
     (:mod:`olmax.perf.network`), over the topology's devices in olmax's mesh order (MaxText orders
     its mesh physically too; a group over every device is the same either way)."""
+    from olmax.config import MeshConfig
+    from olmax.parallel.mesh import make_mesh
     from olmax.perf import hlo, network
     from olmax.perf.targets import libtpu_topology, topology_devices, torus_links
 
     prog = hlo.analyse(text)
     wrap = torus_links(libtpu_topology(topology)).get("wrap", ())
-    devices = topology_devices(topology)
-    from olmax.parallel.mesh import make_mesh
-    from olmax.config import MeshConfig
-
-    order = list(make_mesh(MeshConfig(), devices).devices.flat)
+    order = list(make_mesh(MeshConfig(), topology_devices(topology)).devices.flat)
     coll = network.time_collectives(hlo.collective_ops(prog), order, wrap)
     kernels: dict[str, float] = {}   # Pallas calls per step by their op name's last part
     for ins, times in hlo.custom_calls(prog, "tpu_custom_call"):

@@ -46,12 +46,9 @@ STEP_LATENCY_S = {"tpu": 1e-6, "gpu": 5e-6}
 def _spans(devices: Sequence[Any], all_devices: Sequence[Any]) -> list[tuple[int, int, int]]:
     """(axis, positions the group spans, axis length) per torus axis the group varies along."""
     coords = [tuple(d.coords) for d in devices]
-    out = []
-    for i in range(len(coords[0])):
-        k = len({c[i] for c in coords})
-        if k > 1:
-            out.append((i, k, max(tuple(d.coords)[i] for d in all_devices) + 1))
-    return out
+    sizes = [n + 1 for n in map(max, zip(*(tuple(d.coords) for d in all_devices)))]
+    spans = [(i, len({c[i] for c in coords}), n) for i, n in enumerate(sizes)]
+    return [s for s in spans if s[1] > 1]
 
 
 def group_bandwidth(devices: Sequence[Any], all_devices: Sequence[Any],
