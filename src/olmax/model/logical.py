@@ -9,7 +9,8 @@ embedding lookup produces (the model dimension split, the batch whole), so every
 compute attention for every sequence of the global batch.
 
 Activation axis names: ``batch``, ``seq``, ``act_embed``, ``act_heads``, ``act_kv_heads``,
-``head_dim``, ``act_mlp``, ``act_vocab``.
+``head_dim``, ``act_mlp``, ``act_vocab``, and ``rows`` (positions of a micro-batch flattened to
+rows, batch-major: split over every device that holds other rows or other positions).
 """
 
 from __future__ import annotations
@@ -48,6 +49,24 @@ def _bound(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
 def activation_sharding(fn: Constrainer | None) -> contextlib.AbstractContextManager:
     """Trace model code under ``fn`` (None: no constraints)."""
     return _bound(_CONSTRAINER, fn)
+
+
+# How many parts the placement splits a dimension into: ``parts(name, size)``.
+Splitter = Callable[[str, int], int]
+
+_SPLITTER: contextvars.ContextVar[Splitter | None] = contextvars.ContextVar(
+    "olmax_activation_parts", default=None)
+
+
+def parts(axis: str, size: int) -> int:
+    """How many devices a dimension of ``size`` named ``axis`` is split over (1 outside a mesh)."""
+    fn = _SPLITTER.get()
+    return 1 if fn is None else int(fn(axis, size))
+
+
+def activation_parts(fn: Splitter | None) -> contextlib.AbstractContextManager:
+    """Trace model code with ``fn`` answering :func:`parts` (None: nothing is split)."""
+    return _bound(_SPLITTER, fn)
 
 
 # Kernels XLA cannot partition (Pallas custom calls) or partitions only for equal input shardings

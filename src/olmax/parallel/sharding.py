@@ -15,13 +15,14 @@ Optimizer moments are sharded exactly like the parameters they belong to.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Iterator, Mapping
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from olmax.config import ModelConfig
-from olmax.model.logical import activation_sharding, per_device_kernels
+from olmax.model.logical import activation_parts, activation_sharding, per_device_kernels
 from olmax.model.params import param_axes, param_shapes
 from olmax.parallel.mesh import BATCH_AXES
 
@@ -36,6 +37,7 @@ RULES: Mapping[str, tuple[str, ...]] = {
     "norm": (),
     "head_dim": (),
     "seq": ("context",),
+    "rows": BATCH_AXES + ("context",),
     # activations (``olmax.model.logical``): the model dimension is never split between devices
     "act_embed": (),
     "act_heads": ("tensor",),
@@ -82,6 +84,18 @@ def activation_constrainer(mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RU
     return constrain
 
 
+def activation_splitter(mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RULES):
+    """The function :func:`olmax.model.logical.activation_parts` takes: ``(name, size)`` -> the
+    number of devices :func:`activation_constrainer` splits such a dimension over."""
+
+    def parts(name: str, size: int) -> int:
+        spec = logical_to_spec((name,), (size,), mesh, rules)[0]
+        axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+        return math.prod(dict(mesh.shape)[a] for a in axes)
+
+    return parts
+
+
 def per_device_runner(mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RULES):
     """The runner :func:`olmax.model.logical.per_device_kernels` takes: a ``shard_map`` over
     ``mesh`` with each input split by its logical axes. A dimension that is split for some inputs
@@ -109,7 +123,8 @@ def placed_on(mesh: Mesh | None) -> Iterator[None]:
     if mesh is None:
         yield
         return
-    with activation_sharding(activation_constrainer(mesh)), per_device_kernels(per_device_runner(mesh)):
+    with activation_sharding(activation_constrainer(mesh)), \
+            activation_parts(activation_splitter(mesh)), per_device_kernels(per_device_runner(mesh)):
         yield
 
 

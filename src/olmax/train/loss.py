@@ -27,6 +27,11 @@ logits' gradient is rounded to bf16 for the two backward GEMMs (fp32 accumulatio
 autocast backward does; the head's gradient accumulates in fp32 (by the runtime's kernel set's
 ``contract_rows``). How many positions a chunk holds is the platform profile's rule
 (``olmax.platforms.Profile.loss_chunk``).
+
+On a mesh a chunk's rows stay where the model left them (split over the data-parallel devices and,
+under context parallelism, over ``context``): every device computes the logits of its own rows
+only, and adds its rows' products to a head-gradient partial of its own; the partials are summed
+once, after the last chunk. No logits or logit gradients move between devices.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from olmax.config import ModelConfig
 from olmax.model.kernels import KERNELS, Kernels
-from olmax.model.logical import constrain
+from olmax.model.logical import constrain, parts
 from olmax.model.olmo3 import HIDDEN, hidden_states, lm_head_weight, seq_chunks, seq_unchunks
 from olmax.model.runtime import Runtime
 
@@ -74,9 +79,18 @@ def loss_denominator(labels: jax.Array, instance_mask: jax.Array | None = None) 
 
 
 # One chunk's positions as rows: [N, D] hidden states and [N, V] logits, N = B x c (batch-major, so
-# the rows stay split over the data-parallel devices like the batch).
-_ROWS = ("batch", "act_embed")
-_ROW_LOGITS = ("batch", "act_vocab")
+# the rows stay split like the batch, and under context parallelism like the positions too).
+_ROWS = ("rows", "act_embed")
+_ROW_LOGITS = ("rows", "act_vocab")
+# The same rows in one part per device ([P, N / P, ...]) and the head gradient's per-device partial
+# sums [P, D, V]: each device adds its own rows' products to its own partial over the chunks, and
+# the parts are summed once after the last chunk (a reduce-scatter to the head's sharding). A
+# [D, V] accumulator sharded like the head would instead make every chunk gather all devices'
+# logit gradients (or reduce a full-size product) to form each device's columns.
+_PART_ROWS = ("rows", None, "act_embed")
+_PART_LOGITS = ("rows", None, "act_vocab")
+_PARTIAL = ("rows", "act_embed", "act_vocab")
+_HEAD = ("embed", "vocab")
 
 
 def _chunk_sums(x: jax.Array, w: jax.Array, labels: jax.Array):
@@ -116,6 +130,15 @@ def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, kernels:
     b, t, d = h.shape
     wc = w.astype(h.dtype)
     zero = jnp.zeros((), jnp.float32)
+    h_chunks = seq_chunks(h, chunk_size, seq_shards)
+    n_parts = parts("rows", b * h_chunks.shape[2])
+
+    def head_grad(h_i, x, g):
+        if n_parts == 1:
+            return kernels.contract_rows(h_i, g)
+        xp = constrain(x.reshape(n_parts, -1, d), _PART_ROWS)
+        gp = constrain(g.reshape(n_parts, -1, g.shape[-1]), _PART_LOGITS)
+        return constrain(jax.vmap(kernels.contract_rows)(xp, gp), _PARTIAL)
 
     def body(carry, xs):
         h_i, l_i = xs
@@ -128,15 +151,18 @@ def _scan_loss(h, w, labels, z_loss_multiplier: float, chunk_size: int, kernels:
             return sums, None
         g = _logits_grad(e, s, lse, scored, safe, z_loss_multiplier, wc.dtype)
         dh = jnp.einsum("nv,dv->nd", g, wc, preferred_element_type=jnp.float32).astype(h.dtype)
-        return sums + (carry[2] + kernels.contract_rows(h_i, g),), constrain(dh.reshape(b, c, d), HIDDEN)
+        return sums + (carry[2] + head_grad(h_i, x, g),), constrain(dh.reshape(b, c, d), HIDDEN)
 
-    init = (zero, zero) + ((jnp.zeros(w.shape, jnp.float32),) if with_grads else ())
-    carry, dh = jax.lax.scan(body, init, (seq_chunks(h, chunk_size, seq_shards),
-                                          seq_chunks(labels, chunk_size, seq_shards)))
+    dw0 = jnp.zeros(w.shape, jnp.float32)
+    if n_parts > 1:
+        dw0 = constrain(jnp.zeros((n_parts,) + w.shape, jnp.float32), _PARTIAL)
+    init = (zero, zero) + ((dw0,) if with_grads else ())
+    carry, dh = jax.lax.scan(body, init, (h_chunks, seq_chunks(labels, chunk_size, seq_shards)))
     sums = LossSums(carry[0], z_loss_multiplier * carry[1])
     if not with_grads:
         return sums
-    return sums, constrain(seq_unchunks(dh, seq_shards), HIDDEN), carry[2]
+    dw = carry[2] if n_parts == 1 else constrain(jnp.sum(carry[2], axis=0), _HEAD)
+    return sums, constrain(seq_unchunks(dh, seq_shards), HIDDEN), dw
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))

@@ -122,6 +122,13 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
             return x
         return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
 
+    # Gradients placed like their parameters: left free, the partitioner may keep one whole
+    # (e.g. gather the LM head's gradient for the global norm's sum of squares).
+    grad_shardings = None if mesh is None else param_shardings(model_cfg, mesh)
+
+    def constrain_grads(g):
+        return g if mesh is None else jax.lax.with_sharding_constraint(g, grad_shardings)
+
     def step(state: TrainState, batch: dict, lr: jax.Array):
         with placed_on(mesh):
             return _step(state, batch, lr)
@@ -162,6 +169,7 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
 
         if n_micro == 1:
             (_, sums), grads = grads_of(*rows)
+            grads = constrain_grads(grads)
             ce, z = sums.ce, sums.z
         else:
             b, t = tokens.shape
@@ -170,10 +178,10 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
             def micro(carry, xs):
                 g_acc, ce_acc, z_acc = carry
                 (_, sums), g = grads_of(*map(constrain_rows, xs))
-                g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, g)
+                g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, constrain_grads(g))
                 return (g_acc, ce_acc + sums.ce, z_acc + sums.z), None
 
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+            zeros = constrain_grads(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params))
             zero = jnp.zeros((), jnp.float32)
             (grads, ce, z), _ = jax.lax.scan(micro, (zeros, zero, zero), tuple(map(split, rows)))
         ce_loss = ce / denom
