@@ -33,3 +33,11 @@ def test_split_splash_compiles_for_tpu_and_does_one_devices_share(tmp_path):
     f1, f2 = one["details"]["kernel_flops"], ctx["details"]["kernel_flops"]
     print("splash kernel FLOPs per device, context 1 vs 2:", f1, f2)
     assert 0.8 * f1 <= f2 <= 1.3 * f1
+    # The estimate's parts are what one device runs per micro-batch (one row): under context 2 a
+    # row's 128 positions, twice (the same FLOPs outside the kernels as one whole row), not two
+    # whole rows.
+    assert (one["details"]["n_micro"], ctx["details"]["n_micro"]) == (1, 2)
+    g1, g2 = (p["details"]["parts"]["one_layer_group"]["flops"] * p["details"]["n_micro"]
+              for p in (one, ctx))
+    print("one-layer-group part FLOPs, context 1 vs 2:", g1, g2)
+    assert g2 == pytest.approx(g1, rel=0.02)

@@ -101,14 +101,16 @@ def local_model(model, tensor: int):
 
 def part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_devices: int,
                 runtime, *, only: tuple[str, ...] = ("A", "H", "O"),
-                hlo_dir: str | None = None, groups: int = 1) -> dict:
+                hlo_dir: str | None = None, groups: int = 1, positions: int | None = None) -> dict:
     """Cost analyses of the step's parts as one device runs them, compiled unscanned for that
     device alone (no collectives: XLA's cost model gives collectives no usable time): (A) the loss
     with one layer group, forward + backward; (H) LM head + loss, forward + backward; (O) the
     optimizer update over this device's 1/n of the state, with the model run as ``runtime`` says
     (an :class:`olmax.model.runtime.Runtime`, its profile resolved). ``only``: the parts to compile;
     ``hlo_dir``: also write each part's optimized HLO text there as ``part_<name>.hlo.txt``;
-    ``groups``: layer groups in (A) (two give one group's cost as the difference from one)."""
+    ``groups``: layer groups in (A) (two give one group's cost as the difference from one);
+    ``positions``: each row's positions on the device (default: the whole sequence; under context
+    parallelism a device holds ``seq_len / context`` of each row's)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -122,7 +124,7 @@ def part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_dev
 
     model, train = local_model(cfg.model, tensor), cfg.train
     dtype = runtime.compute_dtype
-    t, b = train.seq_len, per_device_batch
+    t, b = positions or train.seq_len, per_device_batch
     mesh = Mesh(np.asarray([device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
     one = NamedSharding(mesh, P())
     spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=one)  # noqa: E731

@@ -216,9 +216,12 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     per_device = b // st.n_micro // data_parallel_size(mesh)
     # each device updates its 1/(fsdp x tensor) of the state: data replicas update the same part
     args = (cfg, dev, per_device, mesh.shape["tensor"], n // mesh.shape["data"], st.runtime)
-    pc = part_costs(*args, only=("A", "O"))
+    # under context parallelism a device holds 1/context of each of its rows' positions (the
+    # attention kernels' work, which depends on the keys it sees too, is the compiled program's)
+    ctx = mesh.shape["context"]
+    pc = part_costs(*args, only=("A", "O"), positions=t // ctx)
     a1, o = pc["A"], pc["O"]
-    a2 = part_costs(*args, only=("A",), groups=2)["A"]
+    a2 = part_costs(*args, only=("A",), groups=2, positions=t // ctx)["A"]
     m = st.n_micro
 
     def combine(key):
@@ -246,6 +249,8 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     method = (f"estimate: XLA {dev.platform.upper()} cost model (optimal_seconds) of unscanned "
               f"one-device parts, one layer group as (2 groups - 1 group): {m} micro-batch(es) x "
               f"({groups} layer groups + embedding/LM head/loss) + optimizer")
+    if ctx > 1:
+        method += f"; each row's {t // ctx} positions on a device of its context group of {ctx}"
     if kernel:
         method += "; Pallas kernels at their FLOPs / (peak x the MXU occupancy of their block shapes)"
     if coll is None:
