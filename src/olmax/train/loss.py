@@ -84,7 +84,7 @@ _ROWS = ("rows", "act_embed")
 _ROW_LOGITS = ("rows", "act_vocab")
 # The same rows in one part per device ([P, N / P, ...]) and the head gradient's per-device partial
 # sums [P, D, V]: each device adds its own rows' products to its own partial over the chunks, and
-# the parts are summed once after the last chunk (a reduce-scatter to the head's sharding). A
+# the parts are summed once after the last chunk, into the head's own sharding. A
 # [D, V] accumulator sharded like the head would instead make every chunk gather all devices'
 # logit gradients (or reduce a full-size product) to form each device's columns.
 _PART_ROWS = ("rows", None, "act_embed")
