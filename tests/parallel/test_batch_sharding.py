@@ -61,11 +61,12 @@ def test_tpu_topology():
     arrays to (8, 128) tiles and keeps fixed collective buffers, so activations must dominate:
     sequences of 2048 (at 1024, once RoPE stopped writing fp32 rotated copies, the 1-device
     splash program needs 151.1 MB and the 8-device one 167.5 MB -- its scheduler's fixed extra,
-    no array carrying the global batch; at 2048: 317.4 and 309.2 MB). The implementations are XLA's reference and splash, the one TPU runs
-    (``attn_impl=auto``). The chunked fallback is left to the CPU variants: on TPU its 8-device
-    program holds a constant ~22 MB more than the 1-device one (141.5 vs 119.4 MB at 1024
-    positions, 308.8 vs 286.3 MB at 2048), a choice of the TPU compiler's scheduler that the
-    unfused loss's larger peak used to hide; no array of it carries the global batch."""
+    no array carrying the global batch; at 2048: 317.4 and 309.2 MB). The implementations are
+    XLA's reference and splash, the one TPU runs (``attn_impl=auto``). The chunked fallback is
+    left to the CPU variants: on TPU its 8-device program holds a constant ~22 MB more than the
+    1-device one (141.5 vs 119.4 MB at 1024 positions, 308.8 vs 286.3 MB at 2048), a choice of the
+    TPU compiler's scheduler that the unfused loss's larger peak used to hide; no array of it
+    carries the global batch."""
     pytest.importorskip("libtpu")
     env = dict(os.environ, PROBE_SEQ="2048", ALLOW_MULTIPLE_LIBTPU_LOAD="1", TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, str(PROBE), "tpu7x:2x2x1", "none", "xla", "splash"],

@@ -46,8 +46,7 @@ def weight_collectives(tmp_path) -> tuple[dict, Counter, int]:
         kind = hlo.collective_kind(ins)
         if kind not in ("all-gather", "all-reduce", "reduce-scatter"):
             continue
-        for _, dims in hlo._SHAPE_RE.findall(ins.shape):
-            a = tuple(int(d) for d in dims.split(",") if d)
+        for _, a in hlo.array_shapes(ins.shape):
             if len(a) >= 2 and math.prod(a[:-2]) == 1 and tuple(sorted(a[-2:])) in matrices:
                 moved[kind, tuple(sorted(a[-2:]))] += times
     return p.details["mesh"], moved, len(layer) * cfg.model.n_layers + len(top)

@@ -69,13 +69,15 @@ class Instruction:
     computation: str
 
 
+def array_shapes(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(dtype, dimensions) of every array in a shape text (a tuple's members in order)."""
+    return [(dtype, tuple(int(d) for d in dims.split(",") if d))
+            for dtype, dims in _SHAPE_RE.findall(shape)]
+
+
 def shape_bytes(shape: str) -> int:
     """Bytes of every array in a shape text (tuples summed; layouts ignored)."""
-    total = 0.0
-    for dtype, dims in _SHAPE_RE.findall(shape):
-        n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
-        total += n * DTYPE_BYTES[dtype]
-    return int(total)
+    return int(sum(math.prod(dims) * DTYPE_BYTES[dtype] for dtype, dims in array_shapes(shape)))
 
 
 def parse(text: str) -> tuple[dict[str, list[Instruction]], str | None]:
@@ -210,7 +212,7 @@ def collective_bytes(ins: Instruction, kind: str) -> int:
     except for all-reduce, whose (possibly combined) operands are all reduced."""
     if not ins.opcode.endswith("-start") or kind == "all-reduce":
         return shape_bytes(ins.shape)
-    return max((shape_bytes(f"{d}[{dims}]") for d, dims in _SHAPE_RE.findall(ins.shape)), default=0)
+    return int(max((math.prod(dims) * DTYPE_BYTES[d] for d, dims in array_shapes(ins.shape)), default=0))
 
 
 def collectives(prog: Program) -> list[dict]:

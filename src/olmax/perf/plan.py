@@ -219,9 +219,10 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     # under context parallelism a device holds 1/context of each of its rows' positions (the
     # attention kernels' work, which depends on the keys it sees too, is the compiled program's)
     ctx = mesh.shape["context"]
-    pc = part_costs(*args, only=("A", "O"), positions=t // ctx)
+    positions = t // ctx
+    pc = part_costs(*args, only=("A", "O"), positions=positions)
     a1, o = pc["A"], pc["O"]
-    a2 = part_costs(*args, only=("A",), groups=2, positions=t // ctx)["A"]
+    a2 = part_costs(*args, only=("A",), groups=2, positions=positions)["A"]
     m = st.n_micro
 
     def combine(key):
@@ -250,7 +251,7 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
               f"one-device parts, one layer group as (2 groups - 1 group): {m} micro-batch(es) x "
               f"({groups} layer groups + embedding/LM head/loss) + optimizer")
     if ctx > 1:
-        method += f"; each row's {t // ctx} positions on a device of its context group of {ctx}"
+        method += f"; each row's {positions} positions on a device of its context group of {ctx}"
     if kernel:
         method += "; Pallas kernels at their FLOPs / (peak x the MXU occupancy of their block shapes)"
     if coll is None:
