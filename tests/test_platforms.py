@@ -53,6 +53,20 @@ def test_pinned_jaxlib_knows_the_cpu_options():
     assert platforms.compiler_options("tpu") is None and platforms.compiler_options("gpu") is None
 
 
+def test_tpu_options_follow_the_generation_and_yield_to_the_user(monkeypatch):
+    """Ironwood's step is compiled with 64 MiB of scoped VMEM (``olmax.perf.targets``; its effect on
+    the compiled program: tests/parallel/test_layout_tpu.py); other generations keep libtpu's
+    defaults; a value the user gives libtpu in ``LIBTPU_INIT_ARGS`` is left to libtpu."""
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    assert platforms.compiler_options("tpu", ["TPU7x"]) == {"xla_tpu_scoped_vmem_limit_kib": "65536"}
+    assert platforms.compiler_options("tpu", ["TPU v5"]) is None
+    assert platforms.compiler_options("tpu", ["TPU v6 lite"]) is None
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_dvfs_p_state=7 --xla_tpu_scoped_vmem_limit_kib=32768")
+    assert platforms.compiler_options("tpu", ["TPU7x"]) is None
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_dvfs_p_state=7")
+    assert platforms.compiler_options("tpu", ["TPU7x"]) == {"xla_tpu_scoped_vmem_limit_kib": "65536"}
+
+
 def test_unknown_option_falls_back_to_defaults(monkeypatch):
     monkeypatch.setattr(platforms, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option_in_any_xla": "1"})
     platforms._cpu_compiler_options.cache_clear()

@@ -29,7 +29,8 @@ an accelerator runs meets the same reference tests as the CPU's.
 
 Compiler options belong to the compiler, not to the profile: :func:`compiler_options` gives
 those of the backend that compiles the program (the CPU's YNNPACK setting only when XLA's CPU
-backend compiles), whatever profile the program was traced with.
+backend compiles; a TPU generation's scoped VMEM only when libtpu compiles for it), whatever
+profile the program was traced with.
 
 A new platform is one row in :data:`PROFILES` (and, where its JAX platform name differs, one
 entry in ``_BACKEND_NAMES``).
@@ -37,6 +38,7 @@ entry in ``_BACKEND_NAMES``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 from typing import Iterable
@@ -132,8 +134,18 @@ def _cpu_compiler_options() -> dict[str, str]:
     return dict(CPU_COMPILER_OPTIONS)
 
 
-def compiler_options(backend: str) -> dict[str, str] | None:
-    """Compiler options for a program compiled by ``backend``: on CPU
-    :data:`CPU_COMPILER_OPTIONS` where this jaxlib knows them (else XLA's defaults); elsewhere
-    none."""
-    return _cpu_compiler_options() if backend == "cpu" else None
+def compiler_options(backend: str, devices: Iterable | None = None) -> dict[str, str] | None:
+    """Compiler options for a program compiled by ``backend`` for ``devices``: on CPU
+    :data:`CPU_COMPILER_OPTIONS` where this jaxlib knows them (else XLA's defaults); on TPU those
+    of the devices' generation (:data:`olmax.perf.targets.ACCELERATORS`), less any the user sets
+    in ``LIBTPU_INIT_ARGS`` (theirs win); elsewhere none."""
+    if backend == "cpu":
+        return _cpu_compiler_options()
+    if backend != "tpu" or devices is None:
+        return None
+    from olmax.perf.targets import accelerator_of
+
+    accel = accelerator_of(next(iter(devices)))
+    user = os.environ.get("LIBTPU_INIT_ARGS", "")
+    options = {k: v for k, v in (accel.compiler_options if accel else ()) if f"--{k}=" not in user}
+    return options or None

@@ -30,26 +30,32 @@ OVERRIDES = ["model.d_model=256", "train.global_batch_size=128", "train.micro_ba
              "train.seq_len=128"]
 
 
+def compile_step(tmp_path, recipe: str = "olmo3_tiny", overrides=OVERRIDES):
+    """The plan (without parts) of ``recipe`` on :data:`TOPOLOGY`, its model, its analysed HLO."""
+    cfg = load_recipe(recipe, list(overrides), find_mix=False)
+    out = tmp_path / "step.hlo"
+    p = plan(cfg, TOPOLOGY, parts=False, hlo_out=str(out))
+    return p, cfg.model, hlo.analyse(out.read_text())
+
+
 def weight_collectives(tmp_path) -> tuple[dict, Counter, int]:
     """The step's mesh; per (all-gather | all-reduce | reduce-scatter, matrix shape), how many
     full weight matrices the compiled step moves (loop trip counts included); the number of weight
     matrices."""
-    cfg = load_recipe("olmo3_tiny", OVERRIDES)
-    out = tmp_path / "step.hlo"
-    p = plan(cfg, TOPOLOGY, parts=False, hlo_out=str(out))
-    shapes = param_shapes(cfg.model)
+    p, model, prog = compile_step(tmp_path)
+    shapes = param_shapes(model)
     layer = [s[1:] for s in shapes["layers"].values() if len(s) == 3]
     top = [s for k, s in shapes.items() if k != "layers" and len(s) == 2]
     matrices = {tuple(sorted(s)) for s in layer + top}
     moved: Counter = Counter()
-    for ins, times in hlo.analyse(out.read_text()).instructions():
+    for ins, times in prog.instructions():
         kind = hlo.collective_kind(ins)
         if kind not in ("all-gather", "all-reduce", "reduce-scatter"):
             continue
         for _, a in hlo.array_shapes(ins.shape):
             if len(a) >= 2 and math.prod(a[:-2]) == 1 and tuple(sorted(a[-2:])) in matrices:
                 moved[kind, tuple(sorted(a[-2:]))] += times
-    return p.details["mesh"], moved, len(layer) * cfg.model.n_layers + len(top)
+    return p.details["mesh"], moved, len(layer) * model.n_layers + len(top)
 
 
 def gathered_by_all_reduce(moved: Counter, n_matrices: int) -> bool:
@@ -90,3 +96,42 @@ def test_on_the_torus_fsdp_gathers_weights_with_all_gathers(tmp_path):
     gathered = {shape for kind, shape in moved if kind == "all-gather"}
     assert len(gathered) == 3          # (256, 64) q/o, (256, 32) k/v, (256, 256) MLP: every layer weight
     assert sum(v for (kind, _), v in moved.items() if kind == "all-reduce") == n   # the gradients
+
+
+# The 7B's layer shapes (d_model 4096, MLP 11008), 4 layers, short rows and a small vocabulary:
+# about 100 s to compile. The MLP weights' gradients are what libtpu's default scoped VMEM turns
+# into full-size all-reduces.
+SEVEN_B = ["model.n_layers=4", "train.micro_batch_size=1", "train.global_batch_size=128",
+           "train.seq_len=1024", "data.max_target_seq_len=1024", "model.vocab_size=1024",
+           "model.padded_vocab_size=1024"]
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_7b_layer_gradients_are_reduce_scattered_asynchronously(tmp_path):
+    """FSDP 128 on the torus, compiled with Ironwood's options (``olmax.perf.targets``: 64 MiB of
+    scoped VMEM): every layer weight's gradient is reduce-scattered, no full-size weight is
+    all-reduced, and no collective of more than 1 MiB blocks the step (one of 136 KiB does: the
+    optimizer's statistics, once per step). With libtpu's
+    default the same program (checked when the option was chosen) all-reduces the MLP gradients
+    at full size, 14 of them synchronous (1.0 GiB per step: the check below fails on it)."""
+    p, model, prog = compile_step(tmp_path, "olmo3_7b_stage1", SEVEN_B)
+    assert p.details["compiler_options"] == {"xla_tpu_scoped_vmem_limit_kib": "65536"}
+    assert p.details["mesh"]["fsdp"] == 128
+    layer = {tuple(sorted(s[1:])) for s in param_shapes(model)["layers"].values() if len(s) == 3}
+    assert (4096, 11008) in layer
+    shards = {tuple(sorted((a // 128 if i == j else a) for j, a in enumerate(s)))
+              for s in layer for i in range(2)}
+    full, scattered = Counter(), Counter()
+    for ins, times in prog.instructions():
+        kind = hlo.collective_kind(ins)
+        for _, a in hlo.array_shapes(ins.shape):
+            m = tuple(sorted(a[-2:])) if len(a) >= 2 and math.prod(a[:-2]) == 1 else None
+            if kind == "all-reduce" and m in layer:
+                full[m] += times
+            if kind == "reduce-scatter" and m in shards:
+                scattered[m] += times
+    assert not full, f"full-size all-reduces of weights: {dict(full)}"
+    assert sum(scattered.values()) >= 7 * model.n_layers     # q, k, v, o, gate, up, down per layer
+    blocking = [op for op in hlo.collective_ops(prog) if not op["async"] and op["bytes"] > 2**20]
+    assert not blocking, blocking

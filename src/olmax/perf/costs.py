@@ -118,6 +118,7 @@ def part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_dev
 
     from olmax.model.params import abstract_params
     from olmax.parallel.mesh import MESH_AXES
+    from olmax.platforms import backend_of, compiler_options
     from olmax.train.loss import lm_loss, loss_and_sums
     from olmax.train.optim import build_optimizer
     from olmax.train.step import traced_under_mesh
@@ -130,8 +131,11 @@ def part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_dev
     spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=one)  # noqa: E731
     tok = spec((b, t), jnp.int32)
 
+    options = compiler_options(backend_of([device]), [device])   # the step's own (jit_train_step)
+
     def part(name, fn, *args):
-        compiled = compile_or_explain(jax.jit(traced_under_mesh(fn, mesh)).lower(*args), "a part of the step")
+        compiled = compile_or_explain(jax.jit(traced_under_mesh(fn, mesh), compiler_options=options)
+                                      .lower(*args), "a part of the step")
         if hlo_dir:
             write_bytes_atomic(os.path.join(hlo_dir, f"part_{name}.hlo.txt"), compiled.as_text().encode())
         return cost(compiled)

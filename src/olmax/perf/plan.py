@@ -91,6 +91,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     from olmax.train.optim import build_optimizer
     from olmax.train.step import build_sharded_training
     from olmax.parallel.mesh import make_mesh
+    from olmax.platforms import backend_of, compiler_options
 
     tell_libtpu_no_tpu()
     devices = topology_devices(topology) if topology else jax.devices()
@@ -132,7 +133,8 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
                      "xla_whole_program_optimal_seconds": whole.get("optimal_seconds"),
                      "kernel_flops": kernel, "kernel_calls": kernel_calls,
                      "kernel_flops_at_mxu_occupancy": kernel_effective,
-                     "loops_with_unknown_trip_count": prog.unknown_loops}
+                     "loops_with_unknown_trip_count": prog.unknown_loops,
+                     "compiler_options": compiler_options(backend_of(devices), devices) or {}}
     flops = _flops(model, b, t, n)
     estimate = dict(_NO_ESTIMATE)
     coll = _time_collectives(prog, mesh, topology, details)

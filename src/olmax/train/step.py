@@ -220,7 +220,8 @@ def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings:
                    mesh: Mesh | None = None) -> Callable:
     """jit with the state donated and, on a mesh, explicit in/out shardings for state and batch;
     with the compiler options of the backend that compiles it (:func:`olmax.platforms.compiler_options`)."""
-    options = compiler_options(backend_of(step_devices(mesh)))
+    devices = step_devices(mesh)
+    options = compiler_options(backend_of(devices), devices)
     if state_shardings is None:
         return jax.jit(step, donate_argnums=(0,), compiler_options=options)
     rep = replicated(mesh)
