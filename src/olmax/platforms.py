@@ -13,6 +13,7 @@ layer scan             unrolled                    one compiled body (rolled)
 RoPE tables            constants at trace time     computed in the program
 ``attn_impl=auto``     ``chunked``                 ``splash`` / ``cudnn``
 loss chunk             256 rows of logits per host 1024 positions per sequence
+layer weights' cast    all parameters, up front    ``tpu``: in each layer, fp32 gradients
 =====================  ==========================  =======================================
 
 Why each CPU choice exists (XLA's CPU backend, measured in benchmarks/README.md, "CPU speed"): a
@@ -20,6 +21,14 @@ dense layer's weight gradient written by autodiff contracts over the operands' m
 which that backend runs as a slow dot; autodiff of RMSNorm keeps several fp32 copies of the input
 for the backward pass; a scanned loop's stacked residuals are copied in and out of their buffers;
 sin/cos of the RoPE tables would be evaluated inside every fused consumer.
+
+Why the TPU casts each layer's weights inside the layer (benchmarks/README.md, "The original
+run's scale"): the cast then runs on each device's FSDP shard before the weights are gathered
+(the gathers still move bf16), and the weight gradients leave the layer in fp32, the master
+weights' dtype. Cast up front, the gradients are bf16, and on 512 Ironwood devices (8 rows of a
+7B weight per device, half of a bf16 tile) libtpu reduces the MLP's with full-size all-reduces
+that block the layer loop; in fp32 they run asynchronously. The GPU keeps the up-front cast: its
+gradient reductions would move twice the bytes, unmeasured.
 
 A profile is resolved once, from ``train.profile`` (``auto``: the devices' platform) by
 :func:`profile_for`. Any profile can be forced on any device: on CPU, ``tpu`` runs the TPU's
@@ -62,6 +71,7 @@ class Profile:
     attn_auto: str                    # what train.attn_impl=auto means
     loss_chunk_rows: int | None       # rows of logits per host in one loss chunk, or
     loss_chunk_positions: int | None  # positions of every sequence in one loss chunk
+    cast_in_layer: bool = False       # layer weights cast to the compute dtype inside each layer
 
     def loss_chunk(self, rows_per_device: int, local_devices: int) -> int:
         """Positions per loss chunk for ``rows_per_device`` sequences on each of a host's
@@ -77,7 +87,8 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile("cpu", kernels="cpu", unroll_layers=True, rope_tables_at_trace=True,
                    attn_auto="chunked", loss_chunk_rows=256, loss_chunk_positions=None),
     "tpu": Profile("tpu", kernels="reference", unroll_layers=False, rope_tables_at_trace=False,
-                   attn_auto="splash", loss_chunk_rows=None, loss_chunk_positions=1024),
+                   attn_auto="splash", loss_chunk_rows=None, loss_chunk_positions=1024,
+                   cast_in_layer=True),
     "gpu": Profile("gpu", kernels="reference", unroll_layers=False, rope_tables_at_trace=False,
                    attn_auto="cudnn", loss_chunk_rows=None, loss_chunk_positions=1024),
 }

@@ -113,3 +113,31 @@ def test_policies_recompute_only_the_matmuls_they_do_not_keep():
                           "save_outputs": 7,   # q, k, v, gate, up + attention (o, down kept)
                           "save_attn": 6,      # o, gate, up, down + attention (q, k, v kept)
                           "save_proj": 2}      # the attention matmuls only
+
+
+@pytest.mark.parametrize("remat", ["none", "save_proj", "full"])
+def test_tpu_casts_layer_weights_in_the_layer_with_fp32_gradients(remat):
+    """The tpu profile casts each layer's weights inside the layer loop (``Profile.cast_in_layer``):
+    the same forward pass as the gpu profile's up-front cast, and weight gradients that leave the
+    dense layers in fp32 -- the gpu profile's are each one bf16 GEMM output (every element a bf16
+    number), the tpu profile's the same sums unrounded (within one bf16 rounding of them)."""
+    params, tokens = _params_and_tokens()
+
+    def loss(profile):
+        rt = Runtime(compute_dtype=jnp.bfloat16, attn_impl="xla", remat=remat,
+                     profile=PROFILES[profile])
+        return jax.jit(jax.value_and_grad(
+            lambda p: jnp.mean(olmo3.hidden_states(p, tokens, CFG, rt).astype(jnp.float32) ** 2)))
+    assert PROFILES["tpu"].cast_in_layer and not PROFILES["gpu"].cast_in_layer
+    (l_gpu, g_gpu), (l_tpu, g_tpu) = loss("gpu")(params), loss("tpu")(params)
+    assert float(l_tpu) == float(l_gpu)
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        a, b = np.asarray(g_gpu["layers"][name]), np.asarray(g_tpu["layers"][name])
+        assert a.dtype == b.dtype == np.float32
+        as_bf16 = lambda x: np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))  # noqa: E731
+        np.testing.assert_array_equal(a, as_bf16(a))               # gpu: rounded to bf16
+        assert np.mean(b != as_bf16(b)) > 0.9, name                 # tpu: not rounded
+        np.testing.assert_allclose(a, b, rtol=2.0 ** -8, atol=1e-30)
+    # the norm weights are still used in bf16 (as FSDP's bf16 parameters are) on both profiles
+    for name in ("attn_norm", "mlp_norm"):
+        np.testing.assert_array_equal(np.asarray(g_gpu["layers"][name]), np.asarray(g_tpu["layers"][name]))

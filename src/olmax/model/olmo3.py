@@ -127,7 +127,15 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
     ``segment_ids`` [B, T] (packed sequences, :mod:`olmax.model.documents`): attention stays
     inside each document and, unless ``positions`` are given, RoPE positions restart at 0 in
     every document -- as OLMo-core does with ``doc_lens``. None: one document per row."""
-    params = jax.tree.map(lambda x: x.astype(runtime.compute_dtype), params)
+    dtype = runtime.compute_dtype
+    cast = partial(jax.tree.map, lambda x: x.astype(dtype))
+    # The weights in the compute dtype: all cast up front, or (``runtime.cast_in_layer``) each
+    # layer's inside the layer loop -- its norm weights there, its matrices by the dense layer
+    # that multiplies them (which then gives their gradients in fp32).
+    params = ({k: v if k == "layers" else cast(v) for k, v in params.items()}
+              if runtime.cast_in_layer else cast(params))
+    layer_weights = ((lambda lp: {k: v if v.ndim >= 2 else v.astype(dtype) for k, v in lp.items()})
+                     if runtime.cast_in_layer else (lambda lp: lp))
     b, t = tokens.shape
     if segment_ids is not None:
         segment_ids = constrain(segment_ids.astype(jnp.int32), HIDDEN[:2])
@@ -161,7 +169,7 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
 
     def group(h, gp):
         for j, fn in enumerate(layer_fns):
-            h = fn(jax.tree.map(lambda x: x[j], gp), h)
+            h = fn(layer_weights(jax.tree.map(lambda x: x[j], gp)), h)
         return h, None
 
     # Unrolled where the profile asks (the CPU's: XLA's CPU backend copies a scanned loop's stacked

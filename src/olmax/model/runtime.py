@@ -140,6 +140,10 @@ class Runtime:
         return bool(self.profile and self.profile.unroll_layers)
 
     @property
+    def cast_in_layer(self) -> bool:
+        return bool(self.profile and self.profile.cast_in_layer)
+
+    @property
     def rope_tables_at_trace(self) -> bool:
         return bool(self.profile and self.profile.rope_tables_at_trace)
 

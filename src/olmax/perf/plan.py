@@ -293,7 +293,8 @@ def format_plan(p: Plan) -> str:
                    f"({d['chips']} chips), mesh {d['mesh']}"),
         ("step", f"batch {p.global_batch_size} x seq {p.seq_len}, {d['n_micro']} micro-batch(es), "
                  f"profile={p.profile}, attn={p.attn_impl}, remat={p.remat}"),
-        ("compile", f"{p.compile_s:.1f} s"),
+        ("compile", f"{p.compile_s:.1f} s" + "".join(
+            f", {k}={v}" for k, v in sorted((d.get("compiler_options") or {}).items()))),
         ("memory / device", f"arguments {_gib(m['argument_bytes'])}, outputs {_gib(m['output_bytes'])}, "
                             f"temporaries {_gib(m['temp_bytes'])}, aliased {_gib(m['alias_bytes'])}, "
                             f"code {_gib(m['code_bytes'])}"),

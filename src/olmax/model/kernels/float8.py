@@ -110,7 +110,9 @@ def _gemm_emulated(a, sa, b, sb, spec: str) -> jax.Array:
 def _make_dense(gemm: Callable) -> Callable:
     @jax.custom_vjp
     def dense8(x: jax.Array, w: jax.Array) -> jax.Array:
-        (qx, sx), (qw, sw) = quantize(x, E4M3), quantize(w, E4M3)
+        # the weight is quantized from its compute-dtype copy, as torchao quantizes FSDP's bf16
+        # parameter (``w`` may be an fp32 master weight, cast inside the layer)
+        (qx, sx), (qw, sw) = quantize(x, E4M3), quantize(w.astype(x.dtype), E4M3)
         return gemm(qx, sx, qw, sw, "...i,io->...o").astype(x.dtype)
 
     def fwd(x, w):
@@ -118,7 +120,7 @@ def _make_dense(gemm: Callable) -> Callable:
 
     def bwd(res, g):
         x, w = res      # high precision: both casts are recomputed
-        (qx, sx), (qw, sw) = quantize(x, E4M3), quantize(w, E4M3)
+        (qx, sx), (qw, sw) = quantize(x, E4M3), quantize(w.astype(x.dtype), E4M3)
         qg, sg = quantize(g, E5M2)
         dx = gemm(qg, sg, qw, sw, "...o,io->...i").astype(g.dtype)
         n = qx.reshape(-1, qx.shape[-1]), qg.reshape(-1, qg.shape[-1])

@@ -6,9 +6,30 @@ import jax
 import jax.numpy as jnp
 
 
+@jax.custom_vjp
 def dense(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x @ w`` accumulated in fp32, rounded to ``x``'s dtype (as a bf16 GEMM does)."""
-    return jnp.einsum("...i,io->...o", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    """``x @ w`` accumulated in fp32, rounded to ``x``'s dtype (as a bf16 GEMM does). ``w`` may be
+    held in a wider dtype (fp32 master weights): it is multiplied in ``x``'s.
+
+    The backward pass is autodiff's, written out for one difference: the weight gradient comes out
+    in ``w``'s own dtype straight from the fp32 accumulator, where autodiff would round it to the
+    compute dtype first (for bf16 weights the two are the same)."""
+    return jnp.einsum("...i,io->...o", x, w.astype(x.dtype),
+                      preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _dense_fwd(x, w):
+    return dense(x, w), (x, w)
+
+
+def _dense_bwd(res, g):
+    x, w = res
+    dx = jnp.einsum("...o,io->...i", g, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    dw = jnp.einsum("...i,...o->io", x, g, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
 
 
 def rms_norm_and_scale(x: jax.Array, weight: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
