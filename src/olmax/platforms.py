@@ -145,18 +145,30 @@ def _cpu_compiler_options() -> dict[str, str]:
     return dict(CPU_COMPILER_OPTIONS)
 
 
+# libtpu's scoped VMEM: the vector memory one HLO op may keep for itself (the rest is left for
+# prefetching the next ops' operands). At libtpu's default on Ironwood the 7B step's MLP weight
+# gradients do not fit as reduce-scatter fusions: the compiler reduces each at full size with an
+# all-reduce over all devices and slices out the device's shard, blocking the layer loop (128 and
+# 512 devices; benchmarks/README.md, "The original run's scale"). 64 MiB, the limit MaxText's
+# OLMo 3 launcher sets on Ironwood, gives reduce-scatters, all asynchronous. On v5p (checked on
+# v5p 4x4x8 with the stage-2 step) 96 MiB changes nothing, so v5p keeps libtpu's default.
+TPU_COMPILER_OPTIONS: dict[str, dict[str, str]] = {
+    "tpu7": {"xla_tpu_scoped_vmem_limit_kib": "65536"},     # Ironwood (device kind "TPU7x")
+}
+
+
 def compiler_options(backend: str, devices: Iterable | None = None) -> dict[str, str] | None:
     """Compiler options for a program compiled by ``backend`` for ``devices``: on CPU
     :data:`CPU_COMPILER_OPTIONS` where this jaxlib knows them (else XLA's defaults); on TPU those
-    of the devices' generation (:data:`olmax.perf.targets.ACCELERATORS`), less any the user sets
-    in ``LIBTPU_INIT_ARGS`` (theirs win); elsewhere none."""
+    of the devices' generation (:data:`TPU_COMPILER_OPTIONS`, by the start of the device kind),
+    less any the user sets in ``LIBTPU_INIT_ARGS`` (theirs win); elsewhere none."""
     if backend == "cpu":
         return _cpu_compiler_options()
     if backend != "tpu" or devices is None:
         return None
-    from olmax.perf.targets import accelerator_of
-
-    accel = accelerator_of(next(iter(devices)))
+    first = next(iter(devices))
+    kind = str(getattr(first, "device_kind", first)).lower()
+    table = next((o for prefix, o in TPU_COMPILER_OPTIONS.items() if kind.startswith(prefix)), {})
     user = os.environ.get("LIBTPU_INIT_ARGS", "")
-    options = {k: v for k, v in (accel.compiler_options if accel else ()) if f"--{k}=" not in user}
+    options = {k: v for k, v in table.items() if f"--{k}=" not in user}
     return options or None

@@ -109,12 +109,13 @@ SEVEN_B = ["model.n_layers=4", "train.micro_batch_size=1", "train.global_batch_s
 @pytest.mark.tpu
 @pytest.mark.slow
 def test_7b_layer_gradients_are_reduce_scattered_asynchronously(tmp_path):
-    """FSDP 128 on the torus, compiled with Ironwood's options (``olmax.perf.targets``: 64 MiB of
-    scoped VMEM): every layer weight's gradient is reduce-scattered, no full-size weight is
-    all-reduced, and no collective of more than 1 MiB blocks the step (one of 136 KiB does: the
-    optimizer's statistics, once per step). With libtpu's
-    default the same program (checked when the option was chosen) all-reduces the MLP gradients
-    at full size, 14 of them synchronous (1.0 GiB per step: the check below fails on it)."""
+    """FSDP 128 on the torus, compiled with Ironwood's options
+    (``olmax.platforms.TPU_COMPILER_OPTIONS``: 64 MiB of scoped VMEM): every layer weight's
+    gradient is reduce-scattered, no full-size weight is all-reduced, and no collective of more
+    than 1 MiB blocks the step (one of 136 KiB does: the optimizer's statistics, once per step).
+    With libtpu's default the same program (checked when the option was chosen) all-reduces the
+    MLP gradients at full size, 14 of them synchronous (1.0 GiB per step: the check below fails
+    on it)."""
     p, model, prog = compile_step(tmp_path, "olmo3_7b_stage1", SEVEN_B)
     assert p.details["compiler_options"] == {"xla_tpu_scoped_vmem_limit_kib": "65536"}
     assert p.details["mesh"]["fsdp"] == 128

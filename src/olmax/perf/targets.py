@@ -81,8 +81,6 @@ class Accelerator:
     GPU's NVLink bandwidth to the switch); ``dcn_bw``, bytes/s one direction per chip across slices
     (a GPU's network card, across nodes); ``devices_per_chip``, JAX devices sharing a chip's links;
     ``mxu``, the width of the TPU's systolic matrix unit (``mxu x mxu``).
-    ``compiler_options``: what the training step is compiled with on this generation
-    (:func:`olmax.platforms.compiler_options`).
     TPU figures: Cloud TPU's system-architecture pages (bidirectional ICI per chip: v5e 1,600 Gb/s
     over 4 links, v5p and TPU7x 1,200 GB/s over 6, v6e 800 GB/s over 4; DCN per chip: v5p 50 Gb/s,
     v6e and TPU7x 100 Gb/s); GPUs: NVLink 4 at 900 GB/s both ways, one 400 Gb/s NIC per GPU."""
@@ -95,18 +93,6 @@ class Accelerator:
     dcn_bw: float | None = None
     devices_per_chip: int = 1
     mxu: int | None = None
-    compiler_options: tuple[tuple[str, str], ...] = ()
-
-
-# libtpu's scoped VMEM: the vector memory one HLO op may keep for itself (the rest is left for
-# prefetching the next ops' operands). At libtpu's default on Ironwood the 7B step's MLP weight
-# gradients do not fit as reduce-scatter fusions: the compiler reduces each at full size with an
-# all-reduce over all devices and slices out the device's shard, blocking the layer loop (128 and
-# 512 devices; benchmarks/README.md, "The original run's scale"). 64 MiB, the limit MaxText's
-# OLMo 3 launcher sets on Ironwood, gives reduce-scatters, all asynchronous. On v5p (checked on
-# v5p 4x4x8 with the stage-2 step) 96 MiB changes nothing, so v5p keeps libtpu's default.
-def _scoped_vmem(kib: int) -> tuple[tuple[str, str], ...]:
-    return (("xla_tpu_scoped_vmem_limit_kib", str(kib)),)
 
 
 # Rows whose ``kinds`` overlap go most specific first ("tpu v5 lite" before "tpu v5").
@@ -121,7 +107,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("v6e", "tpu", ("tpu v6 lite", "tpu v6e"), 32 * GiB, link_bw=100e9, dcn_bw=100e9 / 8,
                 mxu=256),
     Accelerator("tpu7x", "tpu", ("tpu7x",), 96 * GiB, link_bw=100e9, dcn_bw=100e9 / 8,
-                devices_per_chip=2, mxu=256, compiler_options=_scoped_vmem(65536)),
+                devices_per_chip=2, mxu=256),
     Accelerator("h100", "gpu", ("h100",), 80 * GiB,
                 _COMMON.format(bandwidth=3352320000000, memory=84929347584, name="NVIDIA H100 80GB HBM3"),
                 link_bw=450e9, dcn_bw=400e9 / 8),
