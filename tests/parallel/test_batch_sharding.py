@@ -31,11 +31,11 @@ def _probe(micro: str, *impls: str, seq: int | None = None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _check(results: dict) -> None:
+def _check(results: dict, fsdp_equal: bool = True) -> None:
     for name, r in results.items():
         assert r["per_device_batch_seen"], name          # the check can see batch dimensions
         assert r["carrying_global_batch"] == [], (name, r["carrying_global_batch"])
-        if name.endswith("/fsdp"):
+        if name.endswith("/fsdp") and fsdp_equal:
             assert abs(r["temp_many"] / r["temp_one"] - 1) <= 0.04, (name, r)
         else:
             assert r["temp_many"] <= r["temp_one"] * 1.04, (name, r)
@@ -66,10 +66,13 @@ def test_tpu_topology():
     left to the CPU variants: on TPU its 8-device program holds a constant ~22 MB more than the
     1-device one (141.5 vs 119.4 MB at 1024 positions, 308.8 vs 286.3 MB at 2048), a choice of the
     TPU compiler's scheduler that the unfused loss's larger peak used to hide; no array of it
-    carries the global batch."""
+    carries the global batch. Since the TPU step is compiled with 64 MiB of scoped VMEM and casts
+    the layers' weights inside the layer, the splash program on 8 devices needs fewer
+    temporaries than on 1 (350.1 vs 383.9 MB at 2048 positions, 723.5 vs 763.0 MB at 4096): here
+    the 8-device program is held to at most the 1-device one's (+4 %), not to equality."""
     pytest.importorskip("libtpu")
     env = dict(os.environ, PROBE_SEQ="2048", ALLOW_MULTIPLE_LIBTPU_LOAD="1", TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, str(PROBE), "tpu7x:2x2x1", "none", "xla", "splash"],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    _check(json.loads(proc.stdout.strip().splitlines()[-1]))
+    _check(json.loads(proc.stdout.strip().splitlines()[-1]), fsdp_equal=False)
