@@ -132,6 +132,34 @@ def test_heartbeat_keeps_the_lock_fresh_and_notices_a_takeover(tmp_path):
     assert (run / LOCK_NAME).exists()    # not ours any more: left alone
 
 
+def test_takers_queue_on_a_guard_and_a_dead_takers_guard_is_broken(tmp_path, monkeypatch):
+    """A stale lock is taken over only under its takeover guard. A live taker's guard (another
+    host, fresh) is waited for and the stale lock left alone; the guard of a taker that died (on
+    this host: at once; elsewhere: once it is old) is broken, and nothing is left behind."""
+    import olmax.lockfile as lockfile
+    run = tmp_path / "run"
+    run.mkdir()
+    lock_file, guard = run / LOCK_NAME, run / (LOCK_NAME + ".takeover")
+    old = time.time() - 600
+    lock_file.write_text(_record())
+    os.utime(lock_file, (old, old))
+    guard.write_text(_record(token="g" * 32))               # a live taker elsewhere
+    monkeypatch.setattr(lockfile, "GUARD_WAIT_S", 0.05)
+    with pytest.raises(LockHeld, match="is contended: could not take its lock"):
+        RunDirLock(run, stale_after=60).acquire()
+    assert json.loads(lock_file.read_text())["token"] == "t" * 32 and guard.exists()
+    for dead, age in ((_record(**{**identity(), "pid": _dead_pid(), "proc_start": None}), 0),
+                      (_record(token="g" * 32), 600)):           # this host (fresh); elsewhere
+        guard.write_text(dead)
+        os.utime(guard, (time.time() - age,) * 2)
+        lock_file.write_text(_record())
+        os.utime(lock_file, (old, old))
+        with RunDirLock(run, stale_after=60) as lock:
+            assert "no heartbeat for" in lock.took_over
+            assert json.loads(lock_file.read_text())["token"] == lock.token
+        assert sorted(p.name for p in run.iterdir()) == []
+
+
 def test_an_unwritable_place_is_one_clear_error(tmp_path, monkeypatch):
     d = tmp_path / "ro"
     d.mkdir()

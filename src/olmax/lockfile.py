@@ -27,8 +27,12 @@ A lock is *stale*, and is taken over, when
   judged by the file system's own clock (the mtime of a probe file written beside the lock), so
   clock skew between hosts does not matter. This covers a holder on another host that died.
 
-Taking over renames the stale file aside and checks that what was moved is the stale lock that was
-judged (two processes taking over at once cannot both win). A holder whose heartbeat (or
+Taking over happens under a guard, ``<lock>.takeover`` (created with ``O_EXCL``; one taker at a
+time): the taker reads the lock again, judges it again, renames it aside and checks that what was
+moved is the stale lock it judged. Without the guard, takers that judged the same stale lock could
+each move aside a lock a racing creator had just written, and put it back only after the slot had
+changed hands, so that every racer saw another's record and none held the lock. A guard whose
+holder died is broken like a lock (at once on this host; by its age elsewhere). A holder whose heartbeat (or
 :meth:`LockFile.verify`) finds its token gone has lost the lock (:attr:`LockFile.lost`).
 ``acquire(wait_s=...)`` waits for a live holder to release the lock or go stale, up to that long.
 """
@@ -50,6 +54,8 @@ from olmax.errors import OlmaxError
 
 HEARTBEAT_S = 15.0
 STALE_S = 120.0
+GUARD_STALE_S = 30.0     # a takeover lasts milliseconds; a guard this old was left by a dead taker
+GUARD_WAIT_S = 90.0
 STALE_ENV = "OLMAX_RUN_LOCK_STALE_S"
 HEARTBEAT_ENV = "OLMAX_RUN_LOCK_HEARTBEAT_S"
 _ATTEMPT = re.compile(r"([A-Za-z0-9_-]{1,128})\.(\d{1,9})")
@@ -329,13 +335,28 @@ class LockFile:
         return None
 
     def _take_over(self, holder: dict) -> bool:
-        """Move the stale lock aside; True when what was moved is the lock judged stale (if not, a
-        new holder's lock was moved by mistake: it is put back)."""
+        """Remove the stale lock judged from ``holder``, under the takeover guard; True when it was
+        removed (False: the lock changed meanwhile, or the guard could not be had; the caller
+        looks again)."""
+        guard = self._take_guard()
+        if guard is None:
+            return False
+        try:
+            now = self.holder()
+            if now.get("token") != holder.get("token") or self._stale_reason(now) is None:
+                return False       # taken over by another taker, released, or alive after all
+            return self._move_aside(holder.get("token"))
+        finally:
+            self._drop_guard(guard)
+
+    def _move_aside(self, token: str | None) -> bool:
+        """Rename the lock aside and delete it; True when what was moved holds ``token`` (if not,
+        a new holder's lock was moved: it is put back)."""
         aside = self.path.with_name(f"{self.path.name}.stale-{secrets.token_hex(6)}")
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
-            return False           # somebody else moved it first
+            return False           # released meanwhile
         except OSError as e:
             raise OlmaxError(f"cannot take over the stale lock {self.path}: {e.strerror or e}") from None
         moved = _read_text(str(aside))
@@ -343,23 +364,59 @@ class LockFile:
             moved_token = json.loads(moved).get("token") if moved else None
         except (ValueError, AttributeError):
             moved_token = None
-        if moved_token != holder.get("token"):
+        if moved_token != token:
             try:           # a live holder's lock: give it back unless the slot was taken again
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 with os.fdopen(fd, "w") as f:
                     f.write(moved or "")
             except OSError:
                 pass
-            try:
-                os.unlink(aside)
-            except OSError:
-                pass
-            return False
         try:
             os.unlink(aside)
         except OSError:
             pass
-        return True
+        return moved_token == token
+
+    # -- the takeover guard --------------------------------------------------------------------
+
+    @property
+    def _guard_path(self) -> Path:
+        return self.path.with_name(f"{self.path.name}.takeover")
+
+    def _take_guard(self) -> str | None:
+        """Create the takeover guard (its token), waiting while another taker holds it; a guard
+        left by a dead taker is broken. None after :data:`GUARD_WAIT_S` seconds of a live one."""
+        path, deadline = self._guard_path, time.monotonic() + GUARD_WAIT_S
+        stale_after = min(GUARD_STALE_S, self.stale_after)
+        while True:
+            token = secrets.token_hex(16)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                fd = None
+            except OSError as e:
+                raise OlmaxError(f"{self.subject} is not writable: {e.strerror or e}") from None
+            if fd is not None:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps({**identity(), "token": token}) + "\n")
+                return token
+            theirs = LockFile(path, subject=self.subject, stale_after=stale_after,
+                              heartbeat=self.heartbeat)
+            held = theirs.holder()
+            if theirs._stale_reason(held) is not None:
+                theirs._move_aside(held.get("token"))     # a dead taker's guard (or gone already)
+                continue
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def _drop_guard(self, token: str) -> None:
+        guard = LockFile(self._guard_path, subject=self.subject)
+        if guard.holder().get("token") == token:     # not broken by another taker meanwhile
+            try:
+                os.unlink(guard.path)
+            except OSError:
+                pass
 
     # -- holding -------------------------------------------------------------------------------
 
