@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from olmax.io import write_json_atomic
+from olmax.platforms import TPU_COMPILER_OPTIONS
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "tpu_plan"
@@ -145,13 +146,19 @@ MAXTEXT_REPRO_LIBTPU = " ".join([
 def _maxtext_cases() -> dict[str, dict]:
     """MaxText's ahead-of-time compiles (``maxtext_compile.py`` modes) and the parts that put its
     step through olmax's estimation method. ``b1_full``: the plain invocation (flash attention,
-    full remat; z-loss on, as in olmax); ``b4_repro``: its OLMo 3 launcher's settings at 4 x 8192
+    full remat; z-loss on, as in olmax), ``b1_full_vmem`` the same with olmax's Ironwood compiler
+    option; ``b4_repro``: its OLMo 3 launcher's settings at 4 x 8192
     per device."""
     plain = ["per_device_batch_size=1", "max_target_length=8192", "attention=flash", "remat_policy=full",
              "z_loss_multiplier=1e-5"]
     repro = ["per_device_batch_size=4", "max_target_length=8192", *MAXTEXT_REPRO_ARGS]
+    # ``b1_full_vmem``: the plain invocation with the one libtpu option olmax's Ironwood step is
+    # compiled with (olmax.platforms.TPU_COMPILER_OPTIONS, also the first of its launcher's flags):
+    # equal settings down to the compiler's options.
+    vmem = " ".join(f"--{k}={v}" for k, v in TPU_COMPILER_OPTIONS["tpu7"].items())
     out = {}
-    for tag, args, env in (("b1_full", plain, {}), ("b4_repro", repro, {"LIBTPU_INIT_ARGS": MAXTEXT_REPRO_LIBTPU})):
+    for tag, args, env in (("b1_full", plain, {}), ("b1_full_vmem", plain, {"LIBTPU_INIT_ARGS": vmem}),
+                           ("b4_repro", repro, {"LIBTPU_INIT_ARGS": MAXTEXT_REPRO_LIBTPU})):
         out[f"maxtext_tpu7x16_{tag}"] = {
             "mode": "step", "topology": "tpu7x:2x2x2", "args": args, "env": env,
             "question": f"MaxText olmo3-7b-pt step, {tag}"}
