@@ -62,11 +62,14 @@ def apply_rope(x: jnp.ndarray, sin: jnp.ndarray, cos: jnp.ndarray) -> jnp.ndarra
     halves are equal) -- which is ``x * cos + rotate_half(x) * sin`` exactly (``a + (-b)`` is
     ``a - b`` in IEEE arithmetic; rounding to x.dtype commutes with the concatenation), without
     an fp32 rotated copy of x: each half is read, rotated and rounded in one pass, and the
-    gradient has no fp32 concatenation to split."""
+    gradient has no fp32 concatenation to split. The halves are taken as a reshape to
+    ``[..., 2, D/2]``, not as two slices: on TPUs the slices were materialized as 64-wide halves
+    and each then copied into the attention kernel's layout (8 copies per layer, ~0.6 ms of a
+    4-layer group of the 7B in XLA's cost model); the reshape fuses into one pass."""
     half = x.shape[-1] // 2
     if sin.ndim == 2:
         sin, cos = sin[None], cos[None]
     s, c = sin[:, :, None, :half], cos[:, :, None, :half]
-    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    return jnp.concatenate([(x1 * c - x2 * s).astype(x.dtype), (x2 * c + x1 * s).astype(x.dtype)],
-                           axis=-1)
+    xr = x.reshape(*x.shape[:-1], 2, half).astype(jnp.float32)
+    x1, x2 = xr[..., 0, :], xr[..., 1, :]
+    return jnp.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-2).astype(x.dtype).reshape(x.shape)
