@@ -141,6 +141,28 @@ def test_cpu_plan_beside_libtpu_prints_nothing_of_libtpus(tmp_path):
     assert proc.stderr.strip() == "" and "peak vs HBM" in proc.stdout, proc.stderr
 
 
+def test_libtpu_refusing_a_flag_is_one_line_and_its_noise_is_hidden():
+    """libtpu ends the process itself on a flag it does not know: the user gets one line naming
+    the flag (not an exit with nothing said), and a plan that compiles prints none of libtpu's
+    start-up warnings."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "JAX_PLATFORMS"))}
+    cmd = [sys.executable, "-m", "olmax.cli", "plan", "olmo3_tiny", "--topology", "v5e:2x2",
+           "--no-parts", "train.seq_len=32", "train.global_batch_size=4"]
+    bad = subprocess.run(cmd, env={**env, "LIBTPU_INIT_ARGS": "--xla_no_such_flag=1"},
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and bad.stdout == ""
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'--xla_no_such_flag'" in lines[0] and "LIBTPU_INIT_ARGS" in lines[0], \
+        bad.stderr
+    good = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert good.returncode == 0, good.stderr
+    assert good.stderr.strip() == "" and "peak vs HBM" in good.stdout, good.stderr
+
+
 def test_mistyped_topology_beside_libtpu(capsys):
     assert main(["plan", "olmo3_tiny", "--topology", "banana:2x2"]) == 2
     err = capsys.readouterr().err.strip()

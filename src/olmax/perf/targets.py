@@ -19,7 +19,6 @@ import dataclasses
 import os
 import re
 import sys
-import tempfile
 from typing import Any, Mapping
 
 from olmax.errors import ConfigError, OlmaxError
@@ -203,26 +202,60 @@ def _no_tpu_attached() -> bool:
     return not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+# The filter runs in a process of its own: libtpu ends the process itself on some bad input (an
+# unknown flag in LIBTPU_INIT_ARGS), and what it said last must still reach the user. Lines are
+# passed on as they come, but for libtpu's start-up noise; an unknown flag becomes one olmax line.
+_STDERR_FILTER = r"""
+import re, sys
+noise = sys.argv[1:]
+flag = re.compile(r"Unknown command line flag '([^']+)'")
+for raw in sys.stdin.buffer:
+    line = raw.decode(errors="replace").rstrip("\n")
+    m = flag.search(line)
+    if m:
+        line = ("olmax: libtpu does not know the flag '--%s' (from LIBTPU_INIT_ARGS or the step's "
+                "compiler options): remove it or check its spelling" % m.group(1))
+    elif not line.strip() or any(n in line for n in noise):
+        continue
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+"""
+
+
 @contextlib.contextmanager
 def filtered_stderr():
-    """Drop libtpu's start-up warnings (file-descriptor level: they come from C++)."""
+    """Drop libtpu's start-up warnings (file-descriptor level: they come from C++). The rest of
+    what is written to standard error meanwhile is passed on, also when libtpu exits the process
+    (:data:`_STDERR_FILTER`)."""
+    import subprocess
+
     try:
         sys.stderr.flush()
         saved = os.dup(2)
     except (OSError, ValueError):  # no real stderr (some test runners)
         yield
         return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
+    read, write = os.pipe()
+    try:
+        child = subprocess.Popen([sys.executable, "-S", "-c", _STDERR_FILTER, *_LIBTPU_NOISE],
+                                 stdin=read, stdout=saved, stderr=subprocess.DEVNULL, close_fds=True)
+    except OSError:  # cannot start a process: unfiltered
+        os.close(read), os.close(write), os.close(saved)
+        yield
+        return
+    os.close(read)
+    os.dup2(write, 2)
+    os.close(write)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last write end in this process: the filter sees its end
+        os.close(saved)
         try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            for line in tmp.read().decode(errors="replace").splitlines():
-                if line.strip() and not any(n in line for n in _LIBTPU_NOISE):
-                    print(line, file=sys.stderr)
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # a process started meanwhile still holds the pipe
+            child.kill()
 
 
 def cuda_plugin_installed() -> bool:
