@@ -25,6 +25,15 @@ the plan sums; needs the 3.12 environment with libtpu for a TPU topology)::
 loss alone; part_O: the optimizer update). ``--groups 2`` compiles part A with two layer groups:
 one group is then A at 2 minus A at 1, without the embedding and the LM head's weight casts that
 A - H holds. Keep the HLO files outside the repository.
+
+and gives the floor of one layer group's time by the same cost model: the group's dense matrix
+products alone (the projections and the MLP of each layer of ``model.window_pattern``, each run as
+the remat policy makes the step run it: forward, recomputed forward under ``train.remat=full``,
+then the input and the weight gradients), in bf16 (``--dtype``), at the plan's per-device batch,
+each product with inputs of its own and its output written to HBM, nothing else::
+
+    python benchmarks/tpu_hlo_bytes.py matmuls olmo3_7b_stage1 train.global_batch_size=16 \
+        train.micro_batch_size=1 train.remat=full --topology tpu7x:2x2x2 [--json OUT]
 """
 
 from __future__ import annotations
@@ -127,6 +136,78 @@ def olmax_parts(recipe: str, overrides: list[str], topology: str, out_dir: str, 
     return 0
 
 
+def group_matmuls(recipe: str, overrides: list[str], topology: str | None, json_out: str | None,
+                  dtype: str = "bfloat16") -> int:
+    """XLA's cost model for the dense matrix products of one layer group alone (module docstring)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from olmax.errors import OlmaxError
+    from olmax.parallel.mesh import data_parallel_size, make_mesh
+    from olmax.perf.costs import cost
+    from olmax.perf.targets import topology_devices
+    from olmax.platforms import backend_of, compiler_options
+    from olmax.train.recipes import load_recipe
+    from olmax.train.step import num_micro_batches
+
+    try:
+        cfg = load_recipe(recipe, overrides, find_mix=False)
+        devices = topology_devices(topology) if topology else jax.devices()
+    except OlmaxError as e:
+        print(f"tpu_hlo_bytes: {e}", file=sys.stderr)
+        return 2
+    m, train = cfg.model, cfg.train
+    if train.remat not in ("full", "none"):
+        print(f"tpu_hlo_bytes: matmuls counts the passes of train.remat=full or none, not "
+              f"{train.remat!r}", file=sys.stderr)
+        return 2
+    mesh = make_mesh(cfg.mesh, devices)
+    dp = data_parallel_size(mesh)
+    per_device = train.global_batch_size // num_micro_batches(train, dp) // dp
+    rows = per_device * train.seq_len
+    d, q, kv, f = m.d_model, m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim, m.mlp_hidden
+    weights = [(d, q), (d, kv), (d, kv), (q, d), (d, f), (d, f), (f, d)]   # q k v o, gate up down
+    layers, forwards = len(m.window_pattern), 2 if train.remat == "full" else 1
+    one = NamedSharding(Mesh(np.asarray(devices[:1]).reshape(1), ("x",)), P())
+
+    def arg(shape):
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=one)
+
+    # every product gets inputs of its own, so that XLA cannot share one between products
+    ws = [[arg(w) for w in weights] for _ in range(layers)]
+    xs = [[[arg((rows, w[0])) for w in weights] for _ in range(forwards)] for _ in range(layers)]
+    gs = [[arg((rows, w[1])) for w in weights] for _ in range(layers)]
+
+    def products(ws, xs, gs):
+        out = []
+        for layer in range(layers):
+            for rep in range(forwards):
+                out += [x @ w for x, w in zip(xs[layer][rep], ws[layer])]
+            for x, w, g in zip(xs[layer][0], ws[layer], gs[layer]):
+                out += [g @ w.T, x.T @ g]
+        return out
+
+    device = devices[0]
+    compiled = (jax.jit(products, compiler_options=compiler_options(backend_of([device]), [device]))
+                .lower(ws, xs, gs).compile())
+    c = cost(compiled)
+    flops = 2.0 * rows * sum(a * b for a, b in weights) * layers * (forwards + 2)
+    r = {"recipe": recipe, "overrides": overrides, "topology": topology or device.platform,
+         "dtype": dtype, "rows_per_device": rows,
+         "layers_per_group": layers, "remat": train.remat, "flops_counted": flops,
+         "flops_xla": c.get("flops"), "optimal_seconds": c.get("optimal_seconds"),
+         "bytes_accessed": c.get("bytes accessed"),
+         "tflops_per_s": flops / c["optimal_seconds"] / 1e12 if c.get("optimal_seconds") else None}
+    print(f"one group's matrix products alone ({layers} layers x {forwards + 2} passes, {rows} rows): "
+          f"{flops / 1e12:.2f} TFLOP (XLA {(c.get('flops') or 0) / 1e12:.2f}), cost model "
+          f"{1e3 * (c.get('optimal_seconds') or 0):.2f} ms, {(c.get('bytes accessed') or 0) / GB:.2f} GB")
+    if json_out:
+        Path(json_out).write_text(json.dumps(r, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -146,6 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--parts", default="A,H", help="comma-separated: A (layer group + head), H (head), O")
     o.add_argument("--groups", type=int, default=1,
                    help="layer groups in part A (2: one group's cost is part A at 2 minus at 1)")
+    mm = sub.add_parser("matmuls")
+    mm.add_argument("recipe")
+    mm.add_argument("overrides", nargs="*")
+    mm.add_argument("--topology", help="a TPU topology (default: this machine's devices, whose "
+                    "cost analysis may have FLOPs only)")
+    mm.add_argument("--json", dest="json_out")
+    mm.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="of the products' inputs and outputs (the step's: bfloat16)")
     a = p.parse_args(argv)
     for f in [getattr(a, k) for k in ("hlo", "a", "b") if getattr(a, k, None)]:
         if not Path(f).is_file():
@@ -155,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         return show(a.hlo, a.top, a.json_out)
     if a.cmd == "compare":
         return compare(a.a, a.b, a.top)
+    if a.cmd == "matmuls":
+        return group_matmuls(a.recipe, a.overrides, a.topology, a.json_out, a.dtype)
     return olmax_parts(a.recipe, a.overrides, a.topology, a.out_dir, a.parts, a.groups)
 
 

@@ -136,3 +136,26 @@ def test_plan_parts_written_as_hlo_and_stacked_groups(tmp_path):
     two = part_costs(cfg, jax.devices()[0], 1, 1, 1, runtime, only=("A",), groups=2)
     group = two["A"]["flops"] - one["A"]["flops"]
     assert group == pytest.approx(one["A"]["flops"] - one["H"]["flops"], rel=0.01)
+
+
+def test_group_matmuls_counts_every_product_once(tmp_path):
+    """The floor program holds each of a group's products, none shared: XLA's FLOPs equal
+    2 x rows x the weights' elements x layers x passes (fwd, recomputed fwd, dx, dW under full
+    remat; 3 without remat), counted by hand for olmo3-tiny. In fp32: the CPU computes bf16
+    products in fp32 and XLA counts the conversions as FLOPs."""
+    import json
+
+    out = tmp_path / "mm.json"
+    assert hb.main(["matmuls", "olmo3_tiny", "train.remat=full", "--dtype", "float32", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    cfg = load_recipe("olmo3_tiny", ["train.remat=full"])
+    m = cfg.model
+    d, q, kv, f = m.d_model, m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim, m.mlp_hidden
+    per_layer = d * q + 2 * d * kv + q * d + 3 * d * f
+    rows = r["rows_per_device"]
+    assert r["layers_per_group"] == len(m.window_pattern) == 4
+    assert r["flops_xla"] == r["flops_counted"] == 2 * rows * per_layer * 4 * 4
+    assert hb.main(["matmuls", "olmo3_tiny", "train.remat=none", "--dtype", "float32", "--json",
+                    str(out)]) == 0
+    assert json.loads(out.read_text())["flops_xla"] == 2 * rows * per_layer * 4 * 3
+    assert hb.main(["matmuls", "olmo3_tiny", "train.remat=dots"]) == 2
