@@ -1,4 +1,5 @@
-"""RoPE as applied by the model is the textbook rotate-half formula, bit for bit."""
+"""RoPE as the kernel sets apply it (``reference``: halves by a reshape; ``cpu``: by slices) is the
+textbook rotate-half formula, bit for bit."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.model.rope import apply_rope, rope_tables
+from olmax.model.kernels import KERNELS
+from olmax.model.rope import rope_tables
 
 
 def _textbook(x, sin, cos):
@@ -20,9 +22,11 @@ def _textbook(x, sin, cos):
     return (xf * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
 
 
+@pytest.mark.parametrize("kernels", sorted(KERNELS))
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("per_row", [False, True])
-def test_apply_rope_is_rotate_half_bit_for_bit(dtype, per_row):
+def test_rope_is_rotate_half_bit_for_bit(kernels, dtype, per_row):
+    apply_rope = KERNELS[kernels].rope
     b, t, h, d = 2, 24, 3, 16
     x = jax.random.normal(jax.random.PRNGKey(0), (b, t, h, d), jnp.float32).astype(dtype) * 3
     if per_row:   # documents: each row has its own positions
