@@ -1,5 +1,4 @@
-"""RoPE as the kernel sets apply it (``reference``: halves by a reshape; ``cpu``: by slices) is the
-textbook rotate-half formula, bit for bit."""
+"""RoPE as applied by the model is the textbook rotate-half formula, bit for bit."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.model.kernels import KERNELS
-from olmax.model.rope import rope_tables
+from olmax.model.rope import apply_rope, rope_tables
 
 
 def _textbook(x, sin, cos):
@@ -22,11 +20,9 @@ def _textbook(x, sin, cos):
     return (xf * cos[:, :, None, :] + rotated * sin[:, :, None, :]).astype(x.dtype)
 
 
-@pytest.mark.parametrize("kernels", sorted(KERNELS))
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("per_row", [False, True])
-def test_rope_is_rotate_half_bit_for_bit(kernels, dtype, per_row):
-    apply_rope = KERNELS[kernels].rope
+def test_apply_rope_is_rotate_half_bit_for_bit(dtype, per_row):
     b, t, h, d = 2, 24, 3, 16
     x = jax.random.normal(jax.random.PRNGKey(0), (b, t, h, d), jnp.float32).astype(dtype) * 3
     if per_row:   # documents: each row has its own positions

@@ -42,7 +42,7 @@ from olmax.model.attention import attention
 from olmax.model.documents import positions_in_documents
 from olmax.model.kernels import Kernels
 from olmax.model.logical import constrain
-from olmax.model.rope import rope_tables
+from olmax.model.rope import apply_rope, rope_tables
 from olmax.model.runtime import REMAT_POLICIES, Runtime
 
 Params = dict[str, Any]
@@ -82,8 +82,8 @@ def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | 
     if cfg.qk_norm == "head":
         q = rms_norm(q, p["q_norm"], cfg.norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
-    q = constrain(rt.kernels.rope(q, sin, cos), Q_HEADS)
-    k = constrain(rt.kernels.rope(k, sin, cos), KV_HEADS)
+    q = constrain(apply_rope(q, sin, cos), Q_HEADS)
+    k = constrain(apply_rope(k, sin, cos), KV_HEADS)
     o = constrain(attention(q, k, v, window, cfg.head_dim ** -0.5, impl=rt.attn_impl, backend=rt.backend,
                             segment_ids=segment_ids, context=rt.context,
                             head_stride=rt.context_head_stride), Q_HEADS)

@@ -62,33 +62,17 @@ def apply_rope(x: jnp.ndarray, sin: jnp.ndarray, cos: jnp.ndarray) -> jnp.ndarra
     halves are equal) -- which is ``x * cos + rotate_half(x) * sin`` exactly (``a + (-b)`` is
     ``a - b`` in IEEE arithmetic; rounding to x.dtype commutes with the concatenation), without
     an fp32 rotated copy of x: each half is read, rotated and rounded in one pass, and the
-    gradient has no fp32 concatenation to split. The halves are taken as a reshape to
-    ``[..., 2, D/2]``, not as two slices: on TPUs the slices were materialized as 64-wide halves
-    and each then copied into the attention kernel's layout (8 copies per layer, ~0.6 ms of a
-    4-layer group of the 7B in XLA's cost model); the reshape fuses into one pass. Each half is
-    converted to fp32 on its own: a conversion of the whole of x, read by both halves, was
-    written to HBM in fp32 (another ~1.5 ms per group). The ``reference`` kernel set's RoPE (TPU
-    and GPU profiles); :func:`apply_rope_sliced` is the CPU's."""
-    half = x.shape[-1] // 2
-    s, c = _half_tables(sin, cos, half)
-    xr = x.reshape(*x.shape[:-1], 2, half)
-    x1, x2 = xr[..., 0, :].astype(jnp.float32), xr[..., 1, :].astype(jnp.float32)
-    return jnp.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-2).astype(x.dtype).reshape(x.shape)
+    gradient has no fp32 concatenation to split.
 
-
-def apply_rope_sliced(x: jnp.ndarray, sin: jnp.ndarray, cos: jnp.ndarray) -> jnp.ndarray:
-    """:func:`apply_rope` with the halves taken as two slices and joined by a concatenation: the
-    same values bit for bit. The ``cpu`` kernel set's: XLA's CPU backend runs it faster than the
-    reshape (its forward and backward ~1.2x as fast on [4, 1024, 16, 64])."""
+    The halves are two slices on every platform. Taking them as a reshape to ``[..., 2, D/2]``
+    fuses better on TPUs (a 4-layer group of the 7B ~2 ms faster in XLA's cost model), but the
+    partitioned program then holds more per position than a single device does at the same
+    per-device batch (tpu7x, 8 devices vs 1, 3 rows per device: 721 vs 420 MB for 2048 more
+    positions at 128-wide heads), which the batch-sharding check of the TPU program refuses."""
     half = x.shape[-1] // 2
-    s, c = _half_tables(sin, cos, half)
+    if sin.ndim == 2:
+        sin, cos = sin[None], cos[None]
+    s, c = sin[:, :, None, :half], cos[:, :, None, :half]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([(x1 * c - x2 * s).astype(x.dtype), (x2 * c + x1 * s).astype(x.dtype)],
                            axis=-1)
-
-
-def _half_tables(sin: jnp.ndarray, cos: jnp.ndarray, half: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """The tables' first halves, broadcast over heads: [B or 1, T, 1, D/2]."""
-    if sin.ndim == 2:
-        sin, cos = sin[None], cos[None]
-    return sin[:, :, None, :half], cos[:, :, None, :half]

@@ -1,11 +1,10 @@
 """The model's kernel sets: the few functions whose computation differs by platform profile.
 
-Each set gives the same four functions with the same values (up to fp32 summation order):
+Each set gives the same three functions with the same values (up to fp32 summation order):
 
 - ``dense(x, w)``: ``x @ w`` accumulated in fp32, rounded to ``x``'s dtype;
 - ``rms_norm(x, weight, eps)``: OLMo's RMSNorm (fp32 normalisation and weight multiply);
-- ``contract_rows(x, g)``: a weight gradient ``sum_n x[n, :]^T g[n, :]`` in fp32;
-- ``rope(x, sin, cos)``: rotary embeddings (:mod:`olmax.model.rope`, the same values bit for bit).
+- ``contract_rows(x, g)``: a weight gradient ``sum_n x[n, :]^T g[n, :]`` in fp32.
 
 ``reference`` (:mod:`.reference`) is the plain JAX formulation, differentiated by autodiff: what the
 TPU and GPU profiles run. ``cpu`` (:mod:`.cpu`) writes out the backward passes in the shapes XLA's
@@ -21,7 +20,6 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from olmax.model.kernels import cpu, float8, reference
-from olmax.model.rope import apply_rope, apply_rope_sliced
 
 
 class Kernels(NamedTuple):
@@ -29,13 +27,11 @@ class Kernels(NamedTuple):
     dense: Callable
     rms_norm: Callable
     contract_rows: Callable
-    rope: Callable
 
 
 KERNELS: dict[str, Kernels] = {
-    "reference": Kernels("reference", reference.dense, reference.rms_norm, reference.contract_rows,
-                         apply_rope),
-    "cpu": Kernels("cpu", cpu.dense, cpu.rms_norm, cpu.contract_rows, apply_rope_sliced),
+    "reference": Kernels("reference", reference.dense, reference.rms_norm, reference.contract_rows),
+    "cpu": Kernels("cpu", cpu.dense, cpu.rms_norm, cpu.contract_rows),
 }
 
 
