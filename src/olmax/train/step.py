@@ -1,4 +1,9 @@
-"""One training step: forward/backward with micro-batch accumulation, then SkipStep AdamW.
+"""One training step, in three named stages that :func:`make_train_step` composes:
+
+1. :func:`batch_rows`: the batch's rows as the model reads them (labels, documents -> segment
+   ids, the context-parallel layout);
+2. :func:`accumulate_gradients`: forward/backward over the micro-batches, gradients summed;
+3. :func:`apply_update`: SkipStep AdamW and the step's metrics.
 
 The global batch ``tokens`` [B, T] (sharded by rows over ``data x fsdp``) is split into
 ``n_micro = B / (micro_batch_size * dp)`` micro-batches; micro-batch k holds rows
@@ -44,7 +49,7 @@ from olmax.parallel.mesh import context_size, data_parallel_size
 from olmax.parallel.sharding import (batch_sharding, like_params_shardings, param_shardings, placed_on,
                                      replicated)
 from olmax.platforms import backend_of, compiler_options
-from olmax.train.loss import loss_and_sums, loss_denominator, make_labels
+from olmax.train.loss import LossSums, loss_and_sums, loss_denominator, make_labels
 from olmax.train.optim import last_step_info
 from olmax.train.state import TrainState, init_train_state
 
@@ -116,83 +121,128 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
         return jax.value_and_grad(loss_fn, has_aux=True)
 
     grad_fn = grad_fn_of(runtime)
-
-    def constrain_rows(x):
-        if mesh is None:
-            return x
-        return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim))
-
-    # Gradients placed like their parameters: left free, the partitioner may keep one whole
-    # (e.g. gather the LM head's gradient for the global norm's sum of squares).
-    grad_shardings = None if mesh is None else param_shardings(model_cfg, mesh)
-
-    def constrain_grads(g):
-        return g if mesh is None else jax.lax.with_sharding_constraint(g, grad_shardings)
+    place = Placement.of(model_cfg, mesh)
 
     def step(state: TrainState, batch: dict, lr: jax.Array):
         with placed_on(mesh):
-            return _step(state, batch, lr)
-
-    def _step(state: TrainState, batch: dict, lr: jax.Array):
-        tokens = batch["tokens"].astype(jnp.int32)
-        instance_mask = batch.get("instance_mask")
-        if instance_mask is None:
-            instance_mask = jnp.ones(tokens.shape[:1], jnp.bool_)
-        labels = make_labels(tokens, instance_mask, batch.get("label_mask"))
-        denom = loss_denominator(labels, instance_mask)
-        doc_lens = batch.get("doc_lens")
-        seg = None if doc_lens is None else segment_ids_from_doc_lens(doc_lens, tokens.shape[1])
-        # a sequence that does not cut into 2 x context chunks keeps the natural order and
-        # whole-sequence attention
-        n = runtime.context if balanced(tokens.shape[1], runtime.context) else 1
-        fn = grad_fn if n == runtime.context else grad_fn_of(replace(runtime, context=1))
-        positions = None
-        if n > 1:
-            # the zig-zag layout (olmax.model.attention_cp): every per-position array, computed in
-            # natural order, permuted alike; RoPE reads the true positions
-            positions = (zigzag_order(tokens.shape[1], n) if seg is None else
-                         to_zigzag(positions_in_documents(seg), n))
-            tokens, labels = to_zigzag(tokens, n), to_zigzag(labels, n)
-            seg = None if seg is None else to_zigzag(seg, n)
-        rows = (tokens, labels)
-        if seg is not None:
-            rows += (constrain_rows(seg),)
-            if positions is not None:
-                rows += (constrain_rows(positions),)
-
-        def grads_of(tok, lab, seg=None, pos=None):
-            kw = {} if seg is None else {"segment_ids": seg}
-            pos = positions if pos is None else pos
-            if pos is not None:
-                kw["positions"] = pos
-            return fn(state.params, tok, lab, denom, **kw)
-
-        if n_micro == 1:
-            (_, sums), grads = grads_of(*rows)
-            grads = constrain_grads(grads)
-            ce, z = sums.ce, sums.z
-        else:
-            b, t = tokens.shape
-            split = lambda x: x.reshape(b // n_micro, n_micro, t).swapaxes(0, 1)  # noqa: E731
-
-            def micro(carry, xs):
-                g_acc, ce_acc, z_acc = carry
-                (_, sums), g = grads_of(*map(constrain_rows, xs))
-                g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, constrain_grads(g))
-                return (g_acc, ce_acc + sums.ce, z_acc + sums.z), None
-
-            zeros = constrain_grads(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params))
-            zero = jnp.zeros((), jnp.float32)
-            (grads, ce, z), _ = jax.lax.scan(micro, (zeros, zero, zero), tuple(map(split, rows)))
-        ce_loss = ce / denom
-        updates, opt_state = tx.update(grads, state.opt_state, state.params, lr=lr, loss=ce_loss)
-        params = optax.apply_updates(state.params, updates)
-        info = last_step_info(opt_state)
-        metrics = {"loss": ce_loss, "z_loss": z / denom, "grad_norm": info["grad_norm"],
-                   "skipped": info["skipped"], "num_tokens": denom}
-        return TrainState(params, opt_state, state.step + 1), metrics
+            rows = batch_rows(batch, runtime.context)
+            fn = grad_fn if rows.context == runtime.context else grad_fn_of(replace(runtime, context=1))
+            grads, sums = accumulate_gradients(fn, state.params, rows, n_micro, place)
+            return apply_update(tx, state, grads, sums, rows.denom, lr)
 
     return step
+
+
+class Rows(NamedTuple):
+    """A batch as the model reads it (:func:`batch_rows`), every per-position array in the layout
+    the step trains on."""
+
+    tokens: jax.Array                  # int32 [B, T]
+    labels: jax.Array                  # int32 [B, T] (:func:`olmax.train.loss.make_labels`)
+    segment_ids: jax.Array | None      # int32 [B, T]: documents (None: one document per row)
+    positions: jax.Array | None        # RoPE positions: [T] for every row, [B, T] with documents;
+                                       # None: natural order
+    denom: jax.Array                   # the whole batch's scored-token count
+    context: int                       # devices the layout is cut for (1: natural order)
+
+
+def batch_rows(batch: dict, context: int) -> Rows:
+    """The batch's rows: labels (the instance and label masks applied), documents -> segment ids,
+    and, on ``context`` > 1 devices, the zig-zag layout (:mod:`olmax.model.attention_cp`): every
+    per-position array computed in natural order, then permuted alike, RoPE reading the true
+    positions. A sequence that does not cut into 2 x ``context`` chunks keeps the natural order
+    (``Rows.context`` = 1) and whole-sequence attention."""
+    tokens = batch["tokens"].astype(jnp.int32)
+    instance_mask = batch.get("instance_mask")
+    if instance_mask is None:
+        instance_mask = jnp.ones(tokens.shape[:1], jnp.bool_)
+    labels = make_labels(tokens, instance_mask, batch.get("label_mask"))
+    denom = loss_denominator(labels, instance_mask)
+    doc_lens = batch.get("doc_lens")
+    seg = None if doc_lens is None else segment_ids_from_doc_lens(doc_lens, tokens.shape[1])
+    n = context if balanced(tokens.shape[1], context) else 1
+    positions = None
+    if n > 1:
+        positions = (zigzag_order(tokens.shape[1], n) if seg is None else
+                     to_zigzag(positions_in_documents(seg), n))
+        tokens, labels = to_zigzag(tokens, n), to_zigzag(labels, n)
+        seg = None if seg is None else to_zigzag(seg, n)
+    return Rows(tokens, labels, seg, positions, denom, n)
+
+
+class Placement(NamedTuple):
+    """Where the step's arrays live on a mesh (no mesh: nowhere in particular)."""
+
+    mesh: Mesh | None
+    grad_shardings: Any    # like the parameters
+
+    @classmethod
+    def of(cls, model_cfg: ModelConfig, mesh: Mesh | None) -> Placement:
+        # Gradients placed like their parameters: left free, the partitioner may keep one whole
+        # (e.g. gather the LM head's gradient for the global norm's sum of squares).
+        return cls(mesh, None if mesh is None else param_shardings(model_cfg, mesh))
+
+    def rows(self, x: jax.Array) -> jax.Array:
+        """``x`` [B, ...] split by rows over data x fsdp."""
+        return x if self.mesh is None else jax.lax.with_sharding_constraint(
+            x, batch_sharding(self.mesh, x.ndim))
+
+    def grads(self, g: Any) -> Any:
+        return g if self.mesh is None else jax.lax.with_sharding_constraint(g, self.grad_shardings)
+
+
+def accumulate_gradients(grad_fn: Callable, params: Any, rows: Rows, n_micro: int,
+                         place: Placement) -> tuple[Any, LossSums]:
+    """The whole batch's gradients (fp32) and loss sums, over ``n_micro`` micro-batches:
+    micro-batch k holds rows ``k, k + n_micro, ...`` (each device keeps its own rows).
+    ``grad_fn(params, tokens, labels, denom, **kw)`` -> ``((loss, sums), grads)``: every
+    micro-batch's loss is divided by the whole batch's ``denom``, so the summed gradients are the
+    full-batch gradient."""
+    per_row = (rows.tokens, rows.labels)
+    if rows.segment_ids is not None:
+        per_row += (place.rows(rows.segment_ids),)
+        if rows.positions is not None:
+            per_row += (place.rows(rows.positions),)
+    shared_positions = rows.positions if rows.segment_ids is None else None
+
+    def grads_of(tok, lab, seg=None, pos=None):
+        kw = {} if seg is None else {"segment_ids": seg}
+        pos = shared_positions if pos is None else pos
+        if pos is not None:
+            kw["positions"] = pos
+        return grad_fn(params, tok, lab, rows.denom, **kw)
+
+    if n_micro == 1:
+        (_, sums), grads = grads_of(*per_row)
+        return place.grads(grads), sums
+    b, t = rows.tokens.shape
+
+    def split(x):
+        return x.reshape(b // n_micro, n_micro, t).swapaxes(0, 1)
+
+    def micro(carry, xs):
+        g_acc, ce_acc, z_acc = carry
+        (_, sums), g = grads_of(*map(place.rows, xs))
+        g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, place.grads(g))
+        return (g_acc, ce_acc + sums.ce, z_acc + sums.z), None
+
+    zeros = place.grads(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+    zero = jnp.zeros((), jnp.float32)
+    (grads, ce, z), _ = jax.lax.scan(micro, (zeros, zero, zero), tuple(map(split, per_row)))
+    return grads, LossSums(ce, z)
+
+
+def apply_update(tx: optax.GradientTransformationExtraArgs, state: TrainState, grads: Any,
+                 sums: LossSums, denom: jax.Array, lr: jax.Array) -> tuple[TrainState, dict]:
+    """SkipStep AdamW on the batch's gradients at ``lr`` (it sees the loss, to judge a spike):
+    the next state and the step's metrics."""
+    ce_loss = sums.ce / denom
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, lr=lr, loss=ce_loss)
+    params = optax.apply_updates(state.params, updates)
+    info = last_step_info(opt_state)
+    metrics = {"loss": ce_loss, "z_loss": sums.z / denom, "grad_norm": info["grad_norm"],
+               "skipped": info["skipped"], "num_tokens": denom}
+    return TrainState(params, opt_state, state.step + 1), metrics
 
 
 def split_context(runtime: Runtime, mesh: Mesh | None, head_stride: int | None = None) -> Runtime:
