@@ -1,15 +1,53 @@
-import os
+"""The suite's shared settings: its tiers, how two workers share it, its time budgets.
 
-# Keep XLA from grabbing every core on small CI machines; tests that need several devices run in
-# a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8.
+``scripts/test`` runs each tier as a pytest process of its own and holds each to a time budget:
+
+- **default**: every test not marked ``slow``, ``mesh`` or ``tpu``, on 2 workers (pytest-xdist);
+- **slow** (``--all``): the tests marked ``slow``, on 2 workers;
+- **mesh**: the tests marked ``mesh``, in one process with :data:`MESH_DEVICES` CPU devices
+  (``XLA_FLAGS=--xla_force_host_platform_device_count=8``), in process as JAX's own tests do it:
+  a test starts a process of its own only where the process is the point (a kill, a restart,
+  several hosts);
+- **tpu**: the tests marked ``tpu``, in the Python 3.12 environment with libtpu.
+
+The ``reference`` marker (set below) cuts across them: see ``helpers/reference.py``.
+
+On 2 workers a test file is one unit of work (its module fixtures, e.g. a reference run, are
+computed once), ``tests/fault`` one unit as a whole (its runs share session fixtures), and the
+units start longest first (:data:`DURATIONS`, measured), so that the longest ones do not start
+last. The run's JAX compilation cache is shared by the workers and every process they start
+(``JAX_COMPILATION_CACHE_DIR``, set by ``scripts/test``).
+"""
+
+import json
+import os
+from pathlib import Path
+
+# Keep XLA from grabbing every core on small CI machines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-# The default tier's time budget: a test not marked slow takes at most this many seconds (its
+MESH_DEVICES = 8
+
+# The default tier's per-test budget: a test not marked slow takes at most this many seconds (its
 # setup, call and teardown, module fixtures included) on a 2-core CI machine. The run's summary
-# names every default-tier test over it: mark it slow, or make it cheaper.
+# names every default-tier test over it: mark it slow, or make it cheaper. (Each tier's total
+# budget is scripts/test's.)
 BUDGET_S = float(os.environ.get("OLMAX_TEST_BUDGET_S", "15"))
 _spent: dict[str, float] = {}
 _slow: set[str] = set()
+
+# Seconds per unit of work (a test file, or tests/fault), measured on 2 cores: refreshed when the
+# suite changes shape by `OLMAX_TEST_DURATIONS_OUT=tests/durations.json scripts/test --all` (each
+# tier writes the units it ran). It only orders the units, longest first: a unit missing here
+# starts after the listed ones.
+DURATIONS_FILE = Path(__file__).parent / "durations.json"
+DURATIONS: dict[str, float] = json.loads(DURATIONS_FILE.read_text())
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to on 2 workers: its file, or ``tests/fault``."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/fault" if path.startswith("tests/fault/") else path
 
 
 def _tpu_toolchain() -> str | None:
@@ -28,6 +66,19 @@ def _tpu_toolchain() -> str | None:
     return None
 
 
+def _mesh_devices() -> str | None:
+    """None when this process has :data:`MESH_DEVICES` CPU devices (set before JAX starts), else
+    why not."""
+    from olmax.host_memory import forced_cpu_devices
+
+    n = forced_cpu_devices(os.environ)
+    if n >= MESH_DEVICES:
+        return None
+    return (f"needs {MESH_DEVICES} CPU devices (this process has {n}); scripts/test runs it in "
+            f"its {MESH_DEVICES}-device process (XLA_FLAGS=--xla_force_host_platform_device_count="
+            f"{MESH_DEVICES} pytest -m mesh)")
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
 
@@ -40,15 +91,22 @@ def pytest_collection_modifyitems(config, items):
         if module is not None and module.__name__ in reference.MODULES:
             item.add_marker(pytest.mark.reference)
 
-    tpu_items = [item for item in items if item.get_closest_marker("tpu")]
-    if not tpu_items:
-        return
-    why = _tpu_toolchain()
-    if why is None:
-        return
-    skip = pytest.mark.skip(reason=f"TPU test: {why}; scripts/test runs it in its Python 3.12 environment")
-    for item in tpu_items:
-        item.add_marker(skip)
+    # Units of work for 2 workers, longest first (the module docstring). The order is the same
+    # in every worker, as pytest-xdist requires.
+    order = {unit: i for i, unit in enumerate(dict.fromkeys(unit_of(item.nodeid) for item in items))}
+    items.sort(key=lambda item: (-DURATIONS.get(unit_of(item.nodeid), 0.0), order[unit_of(item.nodeid)]))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(unit_of(item.nodeid)))
+
+    for marker, why in (("tpu", _tpu_toolchain), ("mesh", _mesh_devices)):
+        marked = [item for item in items if item.get_closest_marker(marker)]
+        reason = why() if marked else None
+        if reason is None:
+            continue
+        skip = pytest.mark.skip(reason=f"{marker} test: {reason}" if marker == "mesh" else
+                                f"TPU test: {reason}; scripts/test runs it in its Python 3.12 environment")
+        for item in marked:
+            item.add_marker(skip)
 
 
 def pytest_runtest_logreport(report):
@@ -63,3 +121,20 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section(f"default-tier tests over the {BUDGET_S:g} s budget (mark them slow)")
         for s, n in over:
             terminalreporter.write_line(f"{s:7.1f} s  {n}")
+
+
+def pytest_sessionfinish(session):
+    """With ``OLMAX_TEST_DURATIONS_OUT``: this run's seconds per unit of work merged into that file
+    (by the controlling process only, after its workers)."""
+    out = os.environ.get("OLMAX_TEST_DURATIONS_OUT")
+    if not out or hasattr(session.config, "workerinput"):
+        return
+    per_unit: dict[str, float] = {}
+    for nodeid, seconds in _spent.items():
+        per_unit[unit_of(nodeid)] = per_unit.get(unit_of(nodeid), 0.0) + seconds
+    path = Path(out)
+    merged = {**(json.loads(path.read_text()) if path.exists() else {}),
+              **{unit: round(s, 1) for unit, s in per_unit.items()}}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
+    tmp.replace(path)

@@ -1,10 +1,11 @@
 """Compile the real training step on 1 and on N devices at the same per-device batch and report,
 from the compiled programs, per-device temporaries and every array that carries the global batch.
 
-Run as a script (it prints one JSON object): ``python batch_sharding_probe.py PLATFORM MICRO IMPL...``
-where PLATFORM is ``cpu`` (8 host devices, ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)
-or a TPU topology name such as ``tpu7x:2x2x1`` (ahead-of-time compilation, needs libtpu); MICRO is
-the micro-batch size in sequences or ``none``.
+:func:`probe` runs in the process that asks (the 8 CPU devices of the mesh tier), or as a script
+that prints one JSON object: ``python batch_sharding_probe.py PLATFORM MICRO IMPL...`` where
+PLATFORM is ``cpu`` (8 host devices, ``XLA_FLAGS=--xla_force_host_platform_device_count=8``) or a
+TPU topology name such as ``tpu7x:2x2x1`` (ahead-of-time compilation, needs libtpu); MICRO is the
+micro-batch size in sequences or ``none``; ``PROBE_SEQ`` the positions per sequence.
 """
 
 from __future__ import annotations
@@ -45,43 +46,44 @@ def arrays(hlo: str) -> list[tuple[str, tuple[int, ...]]]:
     return sorted(out)
 
 
-def compile_step(devices, mesh_shape, per_device: int, impl: str, micro: int | None):
+def compile_step(devices, mesh_shape, per_device: int, impl: str, micro: int | None,
+                 seq: int = SEQ):
     mesh = Mesh(np.asarray(devices).reshape(mesh_shape), ("data", "fsdp", "tensor"),
                 axis_types=(AxisType.Auto,) * 3)
     dp = mesh_shape[0] * mesh_shape[1]
     b = per_device * dp
-    train = TrainConfig(seq_len=SEQ, global_batch_size=b, micro_batch_size=micro, max_steps=1,
+    train = TrainConfig(seq_len=seq, global_batch_size=b, micro_batch_size=micro, max_steps=1,
                         attn_impl=impl, remat="none")
     st = build_sharded_training(MODEL, train, build_optimizer(OptimConfig()), mesh, jax.random.key(0))
     n_micro = num_micro_batches(train, dp)
     rows = b // (n_micro * dp)
-    c = seq_chunks(jnp.zeros((1, SEQ)), loss_chunk(train, n_micro, mesh, st.runtime)).shape[2]
-    if dp > 1 and rows * c in (b, b * SEQ):
+    c = seq_chunks(jnp.zeros((1, seq)), loss_chunk(train, n_micro, mesh, st.runtime)).shape[2]
+    if dp > 1 and rows * c in (b, b * seq):
         sys.exit(f"probe: a loss chunk holds {rows} x {c} rows per device, equal to the global "
                  f"batch {b}: choose another PROBE_SEQ")
-    batch = {"tokens": jax.ShapeDtypeStruct((b, SEQ), jnp.int32, sharding=st.batch_shardings["tokens"]),
+    batch = {"tokens": jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=st.batch_shardings["tokens"]),
              "instance_mask": jax.ShapeDtypeStruct((b,), jnp.bool_,
                                                    sharding=st.batch_shardings["instance_mask"])}
     compiled = st.step_fn.lower(st.abstract_state, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile()
     return b, compiled
 
 
-def probe(devices, impls, meshes=("fsdp",), micro: int | None = None) -> dict:
+def probe(devices, impls, meshes=("fsdp",), micro: int | None = None, seq: int = SEQ) -> dict:
     """Per implementation and mesh: temporaries on all devices vs on one device at the same
     per-device batch, and the arrays of the partitioned program that carry the global batch."""
     out = {}
     for impl in impls:
-        _, single = compile_step(devices[:1], (1, 1, 1), PER_DEVICE, impl, micro)
+        _, single = compile_step(devices[:1], (1, 1, 1), PER_DEVICE, impl, micro, seq)
         for mesh_name in meshes:
             shape = MESHES[mesh_name](len(devices))
-            b, many = compile_step(devices, shape, PER_DEVICE, impl, micro)
+            b, many = compile_step(devices, shape, PER_DEVICE, impl, micro, seq)
             shapes = arrays(many.as_text())
             out[f"{impl}/{mesh_name}"] = {
                 "global_batch": b,
                 "temp_many": many.memory_analysis().temp_size_in_bytes,
                 "temp_one": single.memory_analysis().temp_size_in_bytes,
                 "carrying_global_batch": [[dt, list(d)] for dt, d in shapes
-                                          if b in d or b * SEQ in d],
+                                          if b in d or b * seq in d],
                 "per_device_batch_seen": any(PER_DEVICE in d for _, d in shapes),
             }
     return out

@@ -16,20 +16,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
+
+import batch_sharding_probe
 
 PROBE = Path(__file__).with_name("batch_sharding_probe.py")
 
 
-def _probe(micro: str, *impls: str, seq: int | None = None) -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    if seq is not None:
-        env["PROBE_SEQ"] = str(seq)
-    proc = subprocess.run([sys.executable, str(PROBE), "cpu", micro, *impls], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _probe(micro: int | None, *impls: str, seq: int = batch_sharding_probe.SEQ) -> dict:
+    """On the mesh tier's 8 CPU devices, in this process."""
+    assert jax.device_count() == 8
+    return batch_sharding_probe.probe(jax.devices(), impls, ("fsdp", "data_fsdp_tensor"), micro, seq)
 
 
 def _check(results: dict, fsdp_equal: bool = True) -> None:
@@ -42,17 +40,19 @@ def _check(results: dict, fsdp_equal: bool = True) -> None:
             assert r["temp_many"] <= r["temp_one"] * 1.04, (name, r)
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_whole_batch_per_micro_step():
-    _check(_probe("none", "xla", "chunked"))
+    _check(_probe(None, "xla", "chunked"))
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_micro_batches_and_dot_product():
     """One sequence per device and micro-step: at 640 positions, so that the activations dominate
     the fsdp program's fixed extra (its gathered weights, 0.54-0.59 MB whatever the sequence
     length: 13.01 vs 12.44 MB at 320 positions, 31.65 vs 31.10 MB at 640)."""
-    _check(_probe("1", "chunked", "dot_product", seq=640))
+    _check(_probe(1, "chunked", "dot_product", seq=640))
 
 
 def _tpu_probe(seq: int) -> dict:

@@ -1,7 +1,7 @@
 """Context parallelism: each sequence split over ``mesh.context`` devices gives the losses of one
 device, each device holds 1/context of the activations and computes attention for its own queries.
 
-Runs in a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``: 10 steps of a
+On the mesh tier's 8 CPU devices (tests/conftest.py): 10 steps of a
 tiny OLMo 3 (GQA, 128 positions, a full-attention layer and windows of 8 and 12: on context 8 a
 device holds two chunks of 8 positions, so the windows of 8 take the halo exchange and the window
 of 12 the all-gather; on context 4 both windows fit a chunk of 16) on 1 device, on context 8, and
@@ -15,32 +15,31 @@ query and key blocks per device) against the reference, and ``olmax plan``'s per
 the step on 8 devices for context 1, 2, 4 and 8 at the same rows per device.
 """
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
+import dataclasses
+import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxlib._hlo import HloPrintOptions
 
+from helpers.sharded import run_steps
+from olmax.config import MeshConfig, ModelConfig, OptimConfig, RunConfig, SchedulerConfig, TrainConfig
+from olmax.model.attention_cp import from_zigzag, to_zigzag
+from olmax.model.attention_ref import xla_attention
 from olmax.model.olmo3 import seq_chunks, seq_unchunks
-from olmax.model.splash import parse_scope
+from olmax.model.splash import parse_scope, splash_attention
+from olmax.parallel.mesh import make_mesh
+from olmax.parallel.sharding import placed_on
+from olmax.perf.plan import plan
+from olmax.train.optim import skip_step_adamw
+from olmax.train.schedules import build_schedule
+from olmax.train.step import build_sharded_training
 
-SCRIPT = textwrap.dedent(r"""
-    import dataclasses, json, os, re, sys
-    import numpy as np, jax, jax.numpy as jnp
-    from jaxlib._hlo import HloPrintOptions
-    from olmax.config import (MeshConfig, ModelConfig, OptimConfig, RunConfig, SchedulerConfig,
-                              TrainConfig)
-    from olmax.parallel.mesh import make_mesh
-    from olmax.perf.plan import plan
-    from olmax.train.optim import skip_step_adamw
-    from olmax.train.schedules import build_schedule
-    from olmax.train.step import build_sharded_training
-    from helpers.sharded import run_steps
 
+def _run() -> dict:
+    """Every measurement of the test, on the mesh tier's 8 CPU devices."""
     assert jax.device_count() == 8
     T = 128
     cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
@@ -92,10 +91,6 @@ SCRIPT = textwrap.dedent(r"""
                               "q_tables": [[[int(x) for x in row.strip(" {}").split(",")]
                                             for row in t.split("}, {")] for t in tables]}
     # the split splash kernel with several query and key blocks per device (context 2, blocks of 128)
-    from olmax.model.attention_cp import from_zigzag, to_zigzag
-    from olmax.model.attention_ref import xla_attention
-    from olmax.model.splash import splash_attention
-    from olmax.parallel.sharding import placed_on
     mesh2 = make_mesh(MeshConfig(fsdp=1, context=2), jax.devices()[:2])
     ks = jax.random.split(jax.random.key(1), 4)
     q, ct = (jax.random.normal(ks[i], (1, 512, 4, 16)) for i in (0, 3))
@@ -127,20 +122,12 @@ SCRIPT = textwrap.dedent(r"""
                                           attn_impl="chunked", profile="cpu", remat="full"))
         p = plan(run, None, parts=False)
         out["plan"][ctx] = {"temp_bytes": p.memory["temp_bytes"], "mesh": p.details["mesh"]}
-    json.dump(out, sys.stdout)
-""")
+    return out
 
 
-def _run() -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               PYTHONPATH=os.pathsep.join(sys.path),   # helpers.sharded
-               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
 def test_context_parallel_losses_equal_one_device_and_memory_scales():
     out = _run()

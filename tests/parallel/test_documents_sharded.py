@@ -2,36 +2,28 @@
 data 2 x fsdp 2 x tensor 2) gives the losses of the single-device step, with the segment ids
 placed by rows like the tokens. A batch without ``doc_lens`` still runs through the same jitted step.
 
-Runs in a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``.
+On the mesh tier's 8 CPU devices (tests/conftest.py).
 """
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow     # two 8-device runs in a subprocess: about 30 s
+from olmax.config import MeshConfig, ModelConfig, OptimConfig, TrainConfig
+from olmax.model.params import init_params
+from olmax.parallel.mesh import make_mesh
+from olmax.train.optim import skip_step_adamw
+from olmax.train.state import init_train_state
+from olmax.train.step import build_sharded_training, make_train_step
 
-SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    import numpy as np, jax, jax.numpy as jnp
-    from olmax.config import MeshConfig, ModelConfig, OptimConfig, TrainConfig
-    from olmax.parallel.mesh import make_mesh
-    from olmax.train.optim import skip_step_adamw
-    from olmax.train.state import init_train_state
-    from olmax.model.params import init_params
-    from olmax.train.step import build_sharded_training, make_train_step
+pytestmark = [pytest.mark.mesh, pytest.mark.slow]     # two 8-device runs: about 30 s
 
-    assert jax.device_count() == 8
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                      vocab_size=250, padded_vocab_size=256, window_pattern=(8, None), max_seq_len=32)
-    train = TrainConfig(seq_len=32, global_batch_size=16, micro_batch_size=2, max_steps=3,
-                        attn_impl=sys.argv[1])
-    tx = skip_step_adamw(OptimConfig(lr=5e-3))
+CFG = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
+                  vocab_size=250, padded_vocab_size=256, window_pattern=(8, None), max_seq_len=32)
+
+
+def _batches() -> list[dict]:
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(3):
@@ -41,35 +33,32 @@ SCRIPT = textwrap.dedent("""
             lens[r, :len(cuts) + 1] = np.diff(np.concatenate([[0], cuts, [32]]))
         toks = np.minimum(rng.geometric(0.05, size=(16, 32)), 249).astype(np.int32)
         batches.append({"tokens": toks, "instance_mask": np.ones(16, bool), "doc_lens": lens})
-    out = {}
-    params = init_params(cfg, jax.random.key(0))
-    step = jax.jit(make_train_step(cfg, train, tx, n_micro=8))
+    return batches
+
+
+def _run(attn: str) -> dict:
+    """The losses of one device (8 micro-batches) and of two 8-device meshes."""
+    assert jax.device_count() == 8
+    train = TrainConfig(seq_len=32, global_batch_size=16, micro_batch_size=2, max_steps=3, attn_impl=attn)
+    tx = skip_step_adamw(OptimConfig(lr=5e-3))
+    batches = _batches()
+    params = init_params(CFG, jax.random.key(0))
+    step = jax.jit(make_train_step(CFG, train, tx, n_micro=8))
     state = init_train_state(params, tx)
-    out["1"] = []
+    out = {"1": []}
     for b in batches:
         state, m = step(state, jax.tree.map(jnp.asarray, b), np.float32(5e-3))
         out["1"].append(float(m["loss"]))
-    plain = dict(batches[0]); del plain["doc_lens"]
+    plain = {k: v for k, v in batches[0].items() if k != "doc_lens"}
     for name, mcfg in (("fsdp8", MeshConfig()), ("2x2x2", MeshConfig(data=2, fsdp=2, tensor=2))):
-        mesh = make_mesh(mcfg, jax.devices())
-        st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
+        st = build_sharded_training(CFG, train, tx, make_mesh(mcfg, jax.devices()), jax.random.key(0))
         state = st.fresh_state(params)
         out[name] = []
-        for b in batches + [plain]:
+        for b in [*batches, plain]:
             placed = {k: jax.device_put(v, st.batch_shardings[k]) for k, v in b.items()}
             state, m = st.step_fn(state, placed, np.float32(5e-3))
             out[name].append(float(m["loss"]))
-    json.dump(out, sys.stdout)
-""")
-
-
-def _run(attn: str):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, attn], env=env, capture_output=True,
-                          text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return out
 
 
 @pytest.mark.parametrize("attn", ["chunked", "splash"])

@@ -1,65 +1,51 @@
 """1 device vs 8 devices (FSDP 8, and data 2 x fsdp 2 x tensor 2): the same losses and parameters.
 
-Runs in a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``; meshes are built
-over 1 and 8 of those devices, with different micro-batch counts (8, 1 and 2 micro-batches).
+Meshes are built over 1 and 8 of the process's 8 CPU devices (the mesh tier: tests/conftest.py),
+with different micro-batch counts (8, 1 and 2 micro-batches).
 """
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
+from functools import cache
 
+import jax
 import numpy as np
 import pytest
 
-SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    import numpy as np, jax, jax.numpy as jnp
-    from olmax.config import MeshConfig, ModelConfig, OptimConfig, SchedulerConfig, TrainConfig
-    from olmax.parallel.mesh import make_mesh
-    from olmax.train.optim import skip_step_adamw
-    from olmax.train.schedules import build_schedule
-    from olmax.train.step import build_sharded_training
-    from helpers.sharded import run_steps
+from helpers.sharded import run_steps
+from olmax.config import MeshConfig, ModelConfig, OptimConfig, SchedulerConfig, TrainConfig
+from olmax.parallel.mesh import make_mesh
+from olmax.train.optim import skip_step_adamw
+from olmax.train.schedules import build_schedule
+from olmax.train.step import build_sharded_training
 
-    assert jax.device_count() == 8
-    cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                      vocab_size=250, padded_vocab_size=256, window_pattern=(8, 8, 8, None),
-                      max_seq_len=32)
-    steps = int(os.environ.get("TEST_STEPS", "5"))
-    train = TrainConfig(seq_len=32, global_batch_size=16, micro_batch_size=2, max_steps=5,
-                        attn_impl=os.environ.get("TEST_ATTN", "xla"))
+pytestmark = pytest.mark.mesh
+
+CFG = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
+                  vocab_size=250, padded_vocab_size=256, window_pattern=(8, 8, 8, None), max_seq_len=32)
+MESHES = {"1": (MeshConfig(fsdp=1), 1), "fsdp8": (MeshConfig(), 8),
+          "2x2x2": (MeshConfig(data=2, fsdp=2, tensor=2), 8)}
+
+
+@cache
+def _run_mesh(name: str, attn: str = "xla", steps: int = 5) -> dict:
+    train = TrainConfig(seq_len=32, global_batch_size=16, micro_batch_size=2, max_steps=5, attn_impl=attn)
     tx = skip_step_adamw(OptimConfig(lr=5e-3))
     sched = build_schedule(SchedulerConfig(warmup_steps=2), 5e-3, 5)
     rng = np.random.default_rng(0)
     batches = [np.minimum(rng.geometric(0.05, size=(16, 32)), 249).astype(np.int32) for _ in range(steps)]
-    out = {}
-    meshes = {"1": (MeshConfig(fsdp=1), 1), "fsdp8": (MeshConfig(), 8),
-              "2x2x2": (MeshConfig(data=2, fsdp=2, tensor=2), 8)}
-    for name in sys.argv[1:]:
-        mcfg, n = meshes[name]
-        mesh = make_mesh(mcfg, jax.devices()[:n])
-        st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
-        state, m = run_steps(st, [{"tokens": toks, "instance_mask": np.ones(16, bool)}
-                                  for toks in batches], sched)
-        emb = state.params["embed"]
-        out[name] = {"losses": m["loss"], "n_micro": st.n_micro,
-                     "n_shards": len({d.id for d in emb.sharding.device_set}),
-                     "embed_spec": str(emb.sharding.spec),
-                     "params": [np.asarray(x).ravel()[:4096].tolist() for x in jax.tree.leaves(state.params)]}
-    json.dump(out, sys.stdout)
-""")
+    mcfg, n = MESHES[name]
+    st = build_sharded_training(CFG, train, tx, make_mesh(mcfg, jax.devices()[:n]), jax.random.key(0))
+    state, m = run_steps(st, [{"tokens": toks, "instance_mask": np.ones(16, bool)} for toks in batches],
+                         sched)
+    emb = state.params["embed"]
+    return {"losses": m["loss"], "n_micro": st.n_micro,
+            "n_shards": len({d.id for d in emb.sharding.device_set}),
+            "embed_spec": str(emb.sharding.spec),
+            "params": [np.asarray(x).ravel()[:4096] for x in jax.tree.leaves(state.params)]}
 
 
-def _run(*meshes, **extra_env):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               PYTHONPATH=os.pathsep.join(sys.path),   # helpers.sharded
-               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", **extra_env)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, *meshes], env=env, capture_output=True,
-                          text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+def _run(*meshes, attn: str = "xla", steps: int = 5) -> dict:
+    assert jax.device_count() == 8
+    return {name: _run_mesh(name, attn, steps) for name in meshes}
 
 
 def _compare(out, names):
@@ -93,6 +79,6 @@ def test_splash_per_device_on_data_fsdp_tensor_mesh():
     """The splash kernel (Pallas interpret mode on CPU) runs once per device in a shard_map: batch
     over data x fsdp, query and key heads over tensor (4q/2kv: each device keeps matching GQA
     groups). Same losses and parameters as one device."""
-    out = _run("1", "2x2x2", TEST_ATTN="splash", TEST_STEPS="3")
+    out = _run("1", "2x2x2", attn="splash", steps=3)
     assert out["2x2x2"]["n_micro"] == 2
     _compare(out, ["2x2x2"])

@@ -10,9 +10,10 @@ semantics (step counted from 1), ``SkipStepAdamW.step()`` with the embedding in 
 
 The same OLMo-core trajectory is the reference for every platform profile's code path, run here on
 CPU (:mod:`olmax.platforms`): ``cpu`` with the remat of its recipes (none), ``gpu`` with the 7B
-recipes' (``save_proj``), ``tpu`` with every remat policy -- each with its own attention for
-``attn_impl=auto`` (chunked; chunked as cuDNN's fallback; splash in Pallas interpret mode) and its
-own loss-chunk rule.
+recipes' (``save_proj``), ``tpu`` with its 7B recipes' (``save_proj``) -- each with its own
+attention for ``attn_impl=auto`` (chunked; chunked as cuDNN's fallback; splash in Pallas interpret
+mode) and its own loss-chunk rule. The other remat policies compute the same gradients on every
+profile (``test_profile_gradients.py``), so one cell per profile is the whole proof.
 """
 
 import numpy as np
@@ -21,13 +22,14 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from olmax.config import ModelConfig, OptimConfig, SchedulerConfig, TrainConfig, YarnConfig
+from helpers.sharded import run_steps
+from olmax.config import MeshConfig, ModelConfig, OptimConfig, SchedulerConfig, TrainConfig, YarnConfig
 from olmax.model.params import init_params
-from olmax.model.runtime import REMAT_POLICIES
+from olmax.parallel.mesh import make_mesh
 from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.state import init_train_state
-from olmax.train.step import make_train_step
+from olmax.train.step import build_sharded_training, make_train_step
 from helpers.reference import require
 
 torch = require("torch")
@@ -222,8 +224,9 @@ def reference():
     return params, batches, _run_olmo_core(params, batches)
 
 
-# (profile, remat): each platform's recipes' remat; on the tpu profile every policy.
-CELLS = [("cpu", "none"), ("gpu", "save_proj")] + [("tpu", r) for r in REMAT_POLICIES]
+# (profile, remat): one cell per profile, at its 7B recipes' remat. Remat changes no math:
+# test_profile_gradients.py proves every (profile, remat) gradient equal to the cpu/none one.
+CELLS = [("cpu", "none"), ("gpu", "save_proj"), ("tpu", "save_proj")]
 
 
 @pytest.mark.parametrize("profile,remat", CELLS)
@@ -292,67 +295,36 @@ def test_training_steps_with_documents_match_olmo_core(reference, reference_docu
 STAGE3_STEPS = 12
 CFG_STAGE3 = CFG.replace(rope_scaling=YarnConfig(factor=4.0, beta_fast=32.0, beta_slow=1.0,
                                                  original_max_position_embeddings=8))
-STAGE3_SCRIPT = """
-import json, sys
-import numpy as np, jax
-from olmax.config import MeshConfig, ModelConfig, OptimConfig, SchedulerConfig, TrainConfig, YarnConfig
-from olmax.model.params import init_params
-from olmax.parallel.mesh import make_mesh
-from olmax.train.optim import skip_step_adamw
-from olmax.train.schedules import build_schedule
-from olmax.train.step import build_sharded_training
-from helpers.sharded import run_steps
-
-spec = json.loads(sys.argv[1])
-cfg = ModelConfig(**{**spec["cfg"], "window_pattern": tuple(spec["cfg"]["window_pattern"]),
-                     "rope_scaling": YarnConfig(**spec["cfg"]["rope_scaling"])})
-data = np.load(spec["data"])
-tx = skip_step_adamw(OptimConfig(**spec["opt"]))
-schedule = build_schedule(SchedulerConfig(**spec["sched"]), spec["peak_lr"], spec["steps"])
-mesh = make_mesh(MeshConfig(fsdp=2, context=4), jax.devices())
-out = {}
-for profile in ("cpu", "tpu"):
-    train = TrainConfig(seq_len=spec["T"], global_batch_size=spec["B"], micro_batch_size=1,
-                        max_steps=spec["steps"], profile=profile, attn_impl="auto")
-    st = build_sharded_training(cfg, train, tx, mesh, jax.random.key(0))
-    hosts = [{k: data[f"{k}{s}"] for k in ("tokens", "instance_mask", "doc_lens")}
-             for s in range(1, spec["steps"] + 1)]
-    _, m = run_steps(st, hosts, schedule, st.fresh_state(init_params(cfg, jax.random.key(3))))
-    out[profile] = {"losses": m["loss"], "skipped": m["skipped"], "norms": m["grad_norm"],
-                    "attn": st.runtime.attn_impl}
-json.dump(out, sys.stdout)
-"""
+def _run_stage3_olmax(params, batches, docs) -> dict:
+    """The stage-3 steps on context 4 x fsdp 2 (the mesh tier's 8 CPU devices), per profile."""
+    assert jax.device_count() == 8
+    tx = skip_step_adamw(OPT)
+    schedule = build_schedule(SCHED, PEAK_LR, STAGE3_STEPS)
+    mesh = make_mesh(MeshConfig(fsdp=2, context=4), jax.devices())
+    hosts = [{"tokens": tok, "instance_mask": mask, "doc_lens": d} for (tok, mask), d in zip(batches, docs)]
+    out = {}
+    for profile in ("cpu", "tpu"):
+        train = TrainConfig(seq_len=T, global_batch_size=B, micro_batch_size=1, max_steps=STAGE3_STEPS,
+                            profile=profile, attn_impl="auto")
+        st = build_sharded_training(CFG_STAGE3, train, tx, mesh, jax.random.key(0))
+        _, m = run_steps(st, hosts, schedule, st.fresh_state(params))
+        out[profile] = {"losses": m["loss"], "skipped": m["skipped"], "norms": m["grad_norm"],
+                        "attn": st.runtime.attn_impl}
+    return out
 
 
+@pytest.mark.mesh
 @pytest.mark.slow
-def test_stage3_steps_with_context_parallelism_match_olmo_core(tmp_path):
+def test_stage3_steps_with_context_parallelism_match_olmo_core():
     """12 steps of packed, document-masked, YaRN-scaled training with context parallelism 4 x
     fsdp 2 (8 CPU devices) against OLMo-core's own steps on one device (one forward per document:
     its CPU attention cannot mask documents, nor does it parallelise over context). The cpu profile
     (chunked attention) and the tpu profile (splash, Pallas interpreted) both."""
-    import dataclasses
-    import json
-    import os
-    import subprocess
-    import sys
-
     params = init_params(CFG_STAGE3, jax.random.key(3))
     batches, docs = _batches()[:STAGE3_STEPS], _doc_lens()[:STAGE3_STEPS]
     ref_l, ref_s, ref_n, _ = _run_olmo_core(params, batches, model=_oc_model(params, CFG_STAGE3),
                                             docs=docs)
-    data = tmp_path / "batches.npz"
-    np.savez(data, **{f"{k}{s}": v for s, ((tok, mask), d) in enumerate(zip(batches, docs), start=1)
-                      for k, v in (("tokens", tok), ("instance_mask", mask), ("doc_lens", d))})
-    spec = {"cfg": dataclasses.asdict(CFG_STAGE3), "data": str(data), "T": T, "B": B,
-            "steps": STAGE3_STEPS, "peak_lr": PEAK_LR, "opt": dataclasses.asdict(OPT),
-            "sched": dataclasses.asdict(SCHED)}
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               PYTHONPATH=os.pathsep.join(sys.path),   # helpers.sharded
-               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", STAGE3_SCRIPT, json.dumps(spec)], env=env,
-                          capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout)
+    got = _run_stage3_olmax(params, batches, docs)
     assert got["cpu"]["attn"] == "chunked" and got["tpu"]["attn"] == "splash"
     for profile, ours in got.items():
         rel = np.abs(np.array(ours["losses"]) - np.array(ref_l)) / np.abs(np.array(ref_l))
