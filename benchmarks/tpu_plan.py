@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from olmax.io import write_json_atomic
-from olmax.platforms import TPU_COMPILER_OPTIONS
+from olmax.hardware import BY_NAME
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "tpu_plan"
@@ -153,9 +153,9 @@ def _maxtext_cases() -> dict[str, dict]:
              "z_loss_multiplier=1e-5"]
     repro = ["per_device_batch_size=4", "max_target_length=8192", *MAXTEXT_REPRO_ARGS]
     # ``b1_full_vmem``: the plain invocation with the one libtpu option olmax's Ironwood step is
-    # compiled with (olmax.platforms.TPU_COMPILER_OPTIONS, also the first of its launcher's flags):
+    # compiled with (the tpu7x row of olmax.hardware, also the first of its launcher's flags):
     # equal settings down to the compiler's options.
-    vmem = " ".join(f"--{k}={v}" for k, v in TPU_COMPILER_OPTIONS["tpu7"].items())
+    vmem = " ".join(f"--{k}={v}" for k, v in BY_NAME["tpu7x"].compiler_options)
     out = {}
     for tag, args, env in (("b1_full", plain, {}), ("b1_full_vmem", plain, {"LIBTPU_INIT_ARGS": vmem}),
                            ("b4_repro", repro, {"LIBTPU_INIT_ARGS": MAXTEXT_REPRO_LIBTPU})):
@@ -218,7 +218,7 @@ def maxtext_estimate(tag: str, step_case: str, olmax_case: str) -> dict:
     from olmax.model.presets import PRESETS
     from olmax.model.splash import MATMULS, visited_blocks
     from olmax.perf.costs import mxu_occupancy
-    from olmax.perf.targets import accelerator_of
+    from olmax.hardware import accelerator_of
 
     load = lambda n: json.loads((RESULTS / f"{n}.json").read_text())  # noqa: E731
     l4, l8 = (load(f"maxtext_parts_l{n}_{tag}")["maxtext"]["cost"] for n in (4, 8))

@@ -73,6 +73,16 @@ def test_runtime_choices_are_the_models():
     assert set(typing.get_args(Remat)) == set(REMAT_POLICIES)
 
 
+def test_platform_profiles_are_the_platforms():
+    from olmax.config import PlatformProfile
+    from olmax.hardware import VENDORS
+    from olmax.platforms import PROFILE_NAMES, PROFILES
+
+    assert typing.get_args(PlatformProfile) == PROFILE_NAMES
+    assert set(PROFILE_NAMES) == set(PROFILES) | {"auto"}
+    assert {v.profile for v in VENDORS.values()} <= set(PROFILES)     # every vendor's default
+
+
 # ----------------------------------------------------------------------------------------------
 # Strict YAML
 

@@ -41,8 +41,9 @@ those of the backend that compiles the program (the CPU's YNNPACK setting only w
 backend compiles; a TPU generation's scoped VMEM only when libtpu compiles for it), whatever
 profile the program was traced with.
 
-A new platform is one row in :data:`PROFILES` (and, where its JAX platform name differs, one
-entry in ``_BACKEND_NAMES``).
+A new platform is one row in :data:`PROFILES`; its devices' vendor and facts are rows of
+:mod:`olmax.hardware`, whose vendors' JAX platform names map to their profile (``cuda`` and
+``rocm`` -> ``gpu``).
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ import jax
 import jax.numpy as jnp
 
 from olmax.errors import ConfigError
+from olmax.hardware import VENDORS, accelerator_of, vendor_of_platform
 
-PROFILE_NAMES = ("auto", "cpu", "tpu", "gpu")
+PROFILE_NAMES = ("auto", "cpu", "tpu", "gpu", "rocm")
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,14 @@ PROFILES: dict[str, Profile] = {
                    cast_in_layer=True),
     "gpu": Profile("gpu", kernels="reference", unroll_layers=False, rope_tables_at_trace=False,
                    attn_auto="cudnn", loss_chunk_rows=None, loss_chunk_positions=1024),
+    # AMD GPUs: the NVIDIA profile but for attention, which has no cuDNN: XLA's chunked attention.
+    "rocm": Profile("rocm", kernels="reference", unroll_layers=False, rope_tables_at_trace=False,
+                    attn_auto="chunked", loss_chunk_rows=None, loss_chunk_positions=1024),
 }
 
-# JAX platform names that share a profile.
-_BACKEND_NAMES = {"cuda": "gpu", "rocm": "gpu"}
+# JAX platform names and the backend that compiles for them (the hardware table's vendors: cuda
+# and rocm -> gpu).
+_BACKEND_NAMES = {v.jax_platform: v.backend for v in VENDORS.values() if v.jax_platform != v.backend}
 
 
 def backend_of(devices: Iterable | None = None) -> str:
@@ -106,19 +112,34 @@ def backend_of(devices: Iterable | None = None) -> str:
 
 
 def float8_matmuls(devices: Iterable | None = None) -> bool:
-    """Whether ``devices`` (default: JAX's) multiply float8 operands in hardware: NVIDIA GPUs of
-    compute capability 8.9 and newer (Ada, Hopper, Blackwell: XLA runs a dot of float8 operands
-    as a cuBLASLt float8 GEMM) and TPU7x (Ironwood). Earlier TPUs' MXUs take bf16 and int8 only."""
+    """Whether ``devices`` (default: JAX's) multiply float8 operands in hardware: the hardware
+    table's ``float8`` (:mod:`olmax.hardware`: Ada, Hopper and Blackwell GPUs, where XLA runs a dot
+    of float8 operands as a cuBLASLt float8 GEMM; TPU7x; earlier TPUs' MXUs take bf16 and int8
+    only). An NVIDIA GPU the table does not list: by its compute capability (8.9 and newer)."""
     devices = list(jax.devices() if devices is None else devices)
-    platform = backend_of(devices)
-    if platform == "gpu":
-        return all(d.platform == "cuda" and float(getattr(d, "compute_capability", 0) or 0) >= 8.9
-                   for d in devices)
-    return platform == "tpu" and all(d.device_kind.startswith("TPU7") for d in devices)
+    if backend_of(devices) not in ("gpu", "tpu"):
+        return False
+    return all(_float8(d) for d in devices)
+
+
+def _float8(device) -> bool:
+    acc = accelerator_of(device)
+    if acc is not None:
+        return acc.float8
+    return device.platform == "cuda" and float(getattr(device, "compute_capability", 0) or 0) >= 8.9
+
+
+def auto_profile(devices: Iterable | None = None) -> str:
+    """What ``train.profile=auto`` means for ``devices`` (default: JAX's): their vendor's profile
+    (:mod:`olmax.hardware`: NVIDIA ``gpu``, AMD ``rocm``, TPUs ``tpu``), else their backend's."""
+    device = next(iter(jax.devices() if devices is None else devices))
+    vendor = vendor_of_platform(device.platform)
+    return vendor.profile if vendor else backend_of([device])
 
 
 def profile_for(name: str, backend: str) -> Profile:
-    """The profile ``name`` (``auto``: that of ``backend``)."""
+    """The profile ``name`` (``auto``: that of ``backend``, or of the name
+    :func:`auto_profile` gives)."""
     if name not in PROFILE_NAMES:
         raise ConfigError(f"unknown platform profile '{name}' (known: {', '.join(PROFILE_NAMES)})")
     key = backend if name == "auto" else name
@@ -145,30 +166,17 @@ def _cpu_compiler_options() -> dict[str, str]:
     return dict(CPU_COMPILER_OPTIONS)
 
 
-# libtpu's scoped VMEM: the vector memory one HLO op may keep for itself (the rest is left for
-# prefetching the next ops' operands). At libtpu's default on Ironwood the 7B step's MLP weight
-# gradients do not fit as reduce-scatter fusions: the compiler reduces each at full size with an
-# all-reduce over all devices and slices out the device's shard, blocking the layer loop (128 and
-# 512 devices; benchmarks/README.md, "The original run's scale"). 64 MiB, the limit MaxText's
-# OLMo 3 launcher sets on Ironwood, gives reduce-scatters, all asynchronous. On v5p (checked on
-# v5p 4x4x8 with the stage-2 step) 96 MiB changes nothing, so v5p keeps libtpu's default.
-TPU_COMPILER_OPTIONS: dict[str, dict[str, str]] = {
-    "tpu7": {"xla_tpu_scoped_vmem_limit_kib": "65536"},     # Ironwood (device kind "TPU7x")
-}
-
-
 def compiler_options(backend: str, devices: Iterable | None = None) -> dict[str, str] | None:
     """Compiler options for a program compiled by ``backend`` for ``devices``: on CPU
     :data:`CPU_COMPILER_OPTIONS` where this jaxlib knows them (else XLA's defaults); on TPU those
-    of the devices' generation (:data:`TPU_COMPILER_OPTIONS`, by the start of the device kind),
+    of the devices' generation (the hardware table's ``compiler_options``, :mod:`olmax.hardware`),
     less any the user sets in ``LIBTPU_INIT_ARGS`` (theirs win); elsewhere none."""
     if backend == "cpu":
         return _cpu_compiler_options()
     if backend != "tpu" or devices is None:
         return None
-    first = next(iter(devices))
-    kind = str(getattr(first, "device_kind", first)).lower()
-    table = next((o for prefix, o in TPU_COMPILER_OPTIONS.items() if kind.startswith(prefix)), {})
+    acc = accelerator_of(next(iter(devices)))
+    table = dict(acc.compiler_options) if acc else {}
     user = os.environ.get("LIBTPU_INIT_ARGS", "")
     options = {k: v for k, v in table.items() if f"--{k}=" not in user}
     return options or None

@@ -19,25 +19,30 @@ import math
 import re
 from dataclasses import dataclass
 
+from olmax import hardware
 from olmax.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class Generation:
-    libtpu: str            # libtpu's name, as in v5p:4x4x4
+    libtpu: str            # libtpu's name, as in v5p:4x4x4 (the hardware table's row)
     accelerator: str       # the accelerator type's prefix, as in v5p-128
     counts: str            # what the accelerator type's number counts: "cores" or "chips"
     dims: int              # 3 (a torus in 3 dimensions) or 2
     gke_label: str         # GKE node label cloud.google.com/gke-tpu-accelerator
-    devices_per_chip: int  # JAX devices per chip
+
+    @property
+    def devices_per_chip(self) -> int:
+        """JAX devices per chip (:mod:`olmax.hardware`)."""
+        return hardware.BY_NAME[self.libtpu].devices_per_chip
 
 
 GENERATIONS = (
-    Generation("v4", "v4", "cores", 3, "tpu-v4-podslice", 1),
-    Generation("v5p", "v5p", "cores", 3, "tpu-v5p-slice", 1),
-    Generation("v5e", "v5litepod", "chips", 2, "tpu-v5-lite-podslice", 1),
-    Generation("v6e", "v6e", "chips", 2, "tpu-v6e-slice", 1),
-    Generation("tpu7x", "tpu7x", "cores", 3, "tpu7x", 2),
+    Generation("v4", "v4", "cores", 3, "tpu-v4-podslice"),
+    Generation("v5p", "v5p", "cores", 3, "tpu-v5p-slice"),
+    Generation("v5e", "v5litepod", "chips", 2, "tpu-v5-lite-podslice"),
+    Generation("v6e", "v6e", "chips", 2, "tpu-v6e-slice"),
+    Generation("tpu7x", "tpu7x", "cores", 3, "tpu7x"),
 )
 _BY_NAME = {**{g.libtpu: g for g in GENERATIONS}, **{g.accelerator: g for g in GENERATIONS}}
 _ACCELERATOR = re.compile(r"([a-z0-9]+)-(\d+)")

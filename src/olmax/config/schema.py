@@ -239,7 +239,7 @@ class DataConfig:
 
 ComputeDtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["auto", "xla", "chunked", "dot_product", "cudnn", "splash"]   # olmax.model.attention
-PlatformProfile = Literal["auto", "cpu", "tpu", "gpu"]   # olmax.platforms
+PlatformProfile = Literal["auto", "cpu", "tpu", "gpu", "rocm"]   # olmax.platforms.PROFILE_NAMES
 Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs", "save_attn",
                 "save_proj"]   # olmax.model.runtime.REMAT_POLICIES
 

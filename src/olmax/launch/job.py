@@ -37,6 +37,7 @@ import olmax
 from olmax.config import MeshConfig, RunConfig
 from olmax.errors import ConfigError
 from olmax.io import as_inputs, refuse_existing, write_bytes_atomic
+from olmax.hardware import VENDORS, Vendor
 from olmax.parallel.mesh import resolve_mesh_shape
 from olmax.data.sources import resolve_mix
 from olmax.perf.targets import MEM_FRACTION, MEM_FRACTION_ENV
@@ -50,7 +51,6 @@ CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 SET_ME = "SET-ME"
 INIT_TIMEOUT_S = 1800
 WATCHDOG_S = 1800
-JAX_PLATFORM_NAMES = {"gpu": "cuda", "tpu": "tpu", "cpu": "cpu"}
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -68,6 +68,7 @@ class Job:
     devices_per_node: int
     name: str
     platform: str = "gpu"
+    gpu_vendor: str = "nvidia"  # GPUs: a vendor of olmax.hardware (its JAX platform, its resource)
     processes_per_node: int = 1
     num_slices: int = 1
     env: tuple[tuple[str, str], ...] = ()
@@ -84,8 +85,15 @@ class Job:
         return self.nodes * self.devices_per_node
 
     @property
+    def vendor(self) -> Vendor | None:
+        """Whose devices the job runs on (:mod:`olmax.hardware`); None on CPUs."""
+        if self.platform == "gpu":
+            return VENDORS[self.gpu_vendor]
+        return VENDORS["google"] if self.platform == "tpu" else None
+
+    @property
     def jax_platforms(self) -> str:
-        return JAX_PLATFORM_NAMES[self.platform]
+        return self.vendor.jax_platform if self.vendor else "cpu"
 
     def environment(self) -> dict[str, str]:
         """What every process of the job gets, the user's ``--env`` last (it wins); XLA_FLAGS is

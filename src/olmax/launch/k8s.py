@@ -209,11 +209,10 @@ def render(job: Job, fit: Fit, *, tpu: TpuSlice | None = None, controller: str =
     if tpu:
         selectors = {"cloud.google.com/gke-tpu-accelerator": tpu.gke_accelerator,
                      "cloud.google.com/gke-tpu-topology": tpu.topology, **selectors}
-        limits = {"google.com/tpu": tpu.chips_per_host}
-        tolerations = [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
-    elif gpus:
-        limits = {"nvidia.com/gpu": gpus}
-        tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if (tpu or gpus) and job.vendor is not None:
+        resource = job.vendor.k8s_resource      # a TPU's counts chips, a GPU's devices
+        limits = {resource: tpu.chips_per_host if tpu else gpus}
+        tolerations = [{"key": resource, "operator": "Exists", "effect": "NoSchedule"}]
     limits.update({k: (int(v) if v.isdigit() else v) for k, v in extra_limits.items()})
     resources_spec = {**({"requests": requests} if requests else {}),
                       **({"limits": limits} if limits else {})}

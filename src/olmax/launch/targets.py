@@ -17,6 +17,7 @@ from olmax.errors import ConfigError
 from olmax.launch import k8s, slurm, tpu
 from olmax.launch.job import Fit, Job, check_name, default_name, parse_env
 from olmax.topology import TpuSlice, parse_tpu
+from olmax.hardware import GPU_VENDORS
 from olmax.train.recipes import default_run_dir
 
 
@@ -43,7 +44,7 @@ class Target:
         return Job(recipe=args.recipe, overrides=tuple(args.overrides), name=self.job_name(args),
                    env=parse_env(args.env), grace_s=getattr(args, "grace", 300),
                    max_restarts=args.max_restarts, command_line=getattr(args, "command_line", ""),
-                   **shape)
+                   gpu_vendor=getattr(args, "gpu_vendor", "nvidia"), **shape)
 
     @staticmethod
     def job_name(args: argparse.Namespace) -> str:
@@ -85,6 +86,9 @@ class _Nodes(Target):
         p.add_argument("--nodes", type=int, metavar="N", help=self.nodes_help)
         p.add_argument("--gpus-per-node", type=int, default=None, metavar="G",
                        help="GPUs per node (default 8; 0: CPU nodes)")
+        p.add_argument("--gpu-vendor", choices=GPU_VENDORS, default="nvidia",
+                       help="whose GPUs: the JAX platform the job pins and the resource it asks "
+                            "for (default nvidia)")
         p.add_argument("--cpu-devices-per-node", type=int, default=None, metavar="N",
                        help="CPU nodes with N JAX devices each (a rehearsal on CPUs)")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from olmax import hardware
 from olmax.config import ModelConfig
 from olmax.errors import ConfigError
 from olmax.model.params import matmul_params
@@ -75,43 +76,11 @@ def _check(seq_len: int, convention: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # Peak FLOP/s
 
-# Dense bf16 peak per device (FLOP/s), matched as case-insensitive substrings of
-# ``jax.Device.device_kind``, most specific first. Sources: vendor datasheets (NVIDIA H100/H200/
-# A100/B200/L4; Google Cloud TPU system architecture pages). Sparse figures are halved.
-PEAK_BF16: tuple[tuple[str, float], ...] = (
-    ("h100 pcie", 756e12),
-    ("h100 nvl", 835e12),
-    ("h200", 989e12),
-    ("h100", 989e12),     # SXM
-    ("gh200", 989e12),
-    ("b200", 2250e12),
-    ("b300", 2250e12),
-    ("a100", 312e12),
-    ("l40s", 362e12),
-    ("l4", 121e12),
-    ("tpu v6 lite", 918e12),  # v6e (Trillium)
-    ("tpu v6e", 918e12),
-    ("tpu v5 lite", 197e12),  # v5e
-    ("tpu v5e", 197e12),
-    ("tpu v5p", 459e12),
-    ("tpu v5", 459e12),       # v5p reports itself as "TPU v5"
-    ("tpu v4", 275e12),
-    ("tpu7x", 2307e12 / 2),   # Ironwood: 2307 per chip, whose 2 TensorCores are 2 JAX devices
-)
-
-
 def peak_flops(device: Any) -> float | None:
-    """Dense bf16 peak FLOP/s of one device (a ``jax.Device`` or its ``device_kind`` string);
-    None when unknown (CPUs, unlisted accelerators)."""
-    kind = device if isinstance(device, str) else getattr(device, "device_kind", "")
-    platform = "" if isinstance(device, str) else getattr(device, "platform", "")
-    if platform == "cpu":
-        return None
-    kind = kind.lower()
-    for key, value in PEAK_BF16:
-        if key in kind:
-            return value
-    return None
+    """Dense bf16 peak FLOP/s of one device (a ``jax.Device`` or its ``device_kind`` string): the
+    hardware table's (:mod:`olmax.hardware`); None when unknown (CPUs, unlisted accelerators)."""
+    acc = hardware.accelerator_of(device)
+    return acc.peak_bf16 if acc else None
 
 
 def mfu(tokens_per_second: float, cfg: ModelConfig, seq_len: int, peak: float | None,

@@ -28,7 +28,7 @@ from olmax.config import TrainConfig
 from olmax.errors import ConfigError
 from olmax.model.attention import IMPLEMENTATIONS
 from olmax.model.kernels import FLOAT8_KERNELS, KERNELS, Kernels
-from olmax.platforms import Profile, backend_of, float8_matmuls, profile_for
+from olmax.platforms import Profile, auto_profile, backend_of, float8_matmuls, profile_for
 
 COMPUTE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -128,7 +128,8 @@ class Runtime:
             raise ConfigError(f"train.float8: the {backend} devices ({kind}) have no float8 "
                               "matmuls (GPUs of compute capability 8.9+, TPU7x); "
                               "set train.float8: false")
-        return cls(compute_dtype, attn_impl, remat, profile_for(profile, backend), backend, float8)
+        return cls(compute_dtype, attn_impl, remat, profile_for(profile, auto_profile(devices)), backend,
+                   float8)
 
     @property
     def kernels(self) -> Kernels:

@@ -33,6 +33,7 @@ import jax
 
 from olmax.config import DistributedConfig
 from olmax.errors import ConfigError
+from olmax.hardware import GPU_VENDORS, VENDORS
 from olmax.platforms import backend_of
 
 DEFAULT_INIT_TIMEOUT_S = 300     # JAX's own
@@ -76,7 +77,8 @@ def resolve_settings(cfg: DistributedConfig, environ: Mapping[str, str] = os.env
 
 def slurm_local_device_ids(environ: Mapping[str, str] = os.environ) -> list[int] | None:
     """Every GPU this process sees when ``srun`` started one process per node; else None (JAX's
-    default). Counted from ``CUDA_VISIBLE_DEVICES`` (which Slurm sets for the step), else
+    default). Counted from the GPU vendors' visible-devices variable (Slurm sets
+    ``CUDA_VISIBLE_DEVICES`` or ``ROCR_VISIBLE_DEVICES`` for the step: :mod:`olmax.hardware`), else
     ``SLURM_GPUS_ON_NODE``; ``JAX_LOCAL_DEVICE_IDS``, when set, wins (JAX reads it itself)."""
     if "SLURM_STEP_NODELIST" not in environ or environ.get("JAX_LOCAL_DEVICE_IDS"):
         return None
@@ -84,8 +86,12 @@ def slurm_local_device_ids(environ: Mapping[str, str] = os.environ) -> list[int]
     nodes = environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES")
     if not tasks or tasks != nodes:
         return None
-    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-               if d.strip() and d.strip() != "NoDevFiles"]
+    visible: list[str] = []
+    for vendor in GPU_VENDORS:
+        ids = environ.get(VENDORS[vendor].visible_devices_env or "", "")
+        visible = [d for d in ids.split(",") if d.strip() and d.strip() != "NoDevFiles"]
+        if visible:
+            break
     n = len(visible) or int(environ.get("SLURM_GPUS_ON_NODE", "0") or 0)
     return list(range(n)) if n else None
 

@@ -6,7 +6,7 @@ prices each execution here. The model, per device:
 
 - **Which links a group uses.** A TPU group's devices are placed on the slice by their chip
   coordinates (``device.coords``). Each torus axis along which the group varies contributes its
-  links: two directions of :attr:`~olmax.perf.targets.Accelerator.link_bw` where the group covers
+  links: two directions of :attr:`~olmax.hardware.Accelerator.link_bw` where the group covers
   the whole axis and the slice wraps around it (a ring), one where it does not (a line: the end
   link carries all but one share, as in a ring without its closing link). The group's bandwidth is
   the sum over its axes (a multi-dimensional algorithm uses the axes at once), shared by the
@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from olmax.perf.targets import GPUS_PER_NODE, accelerator_of
+from olmax.hardware import accelerator_of
+from olmax.perf.targets import GPUS_PER_NODE
 
 # Seconds per algorithm step of a collective (a hop and its synchronisation): assumed.
 STEP_LATENCY_S = {"tpu": 1e-6, "gpu": 5e-6}

@@ -49,9 +49,9 @@ from olmax.config import RunConfig
 from olmax.io import write_bytes_atomic
 from olmax.perf import hlo, network
 from olmax.perf.costs import DoesNotFit, compile_or_explain, cost, kernel_flops, part_costs
-from olmax.perf.targets import (GiB, accelerator_of, chips, filtered_stderr, hbm_bytes,
-                                libtpu_topology, parse_gpu, tell_libtpu_no_tpu, topology_devices,
-                                torus_links, usable_hbm)
+from olmax.hardware import GiB, accelerator_of
+from olmax.perf.targets import (chips, filtered_stderr, hbm_bytes, libtpu_topology, parse_gpu,
+                                tell_libtpu_no_tpu, topology_devices, torus_links, usable_hbm)
 
 
 # The documents a packed row may hold, for the step's doc_lens input: the real width is the data's

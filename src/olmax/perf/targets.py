@@ -1,29 +1,26 @@
-"""The targets ``olmax plan`` compiles for: one row of :data:`ACCELERATORS` per accelerator
-generation (its ``device_kind`` names, memory per device, and how to compile for it without one:
-libtpu's topology name for a TPU, a ``GpuTargetConfig`` for a GPU), the devices of a ``--topology``
-and libtpu's start-up noise filtered from stderr.
+"""The targets ``olmax plan`` compiles for: the rows of the hardware table
+(:mod:`olmax.hardware`) that can be compiled for without the device (:data:`ACCELERATORS`: libtpu's
+topology name for a TPU, a ``GpuTargetConfig`` for a GPU), the devices of a ``--topology`` and
+libtpu's start-up noise filtered from stderr.
 
 GPUs: XLA's GPU compiler can compile for a device it is only told about (a ``GpuTargetConfig``: the
 device description a real GPU would report) through the CUDA PJRT plugin's topology
 (``get_topology_desc(platform="cuda", target_config=..., topology="1x1xN")``). That needs the
-plugin (``pip install "jax[cuda12]"`` at the jax pin) but no GPU and no driver. The figures below
-are the SXM parts' published properties (132 SMs, 1.98 GHz boost, 50 MB L2; H100 80 GB HBM3 at
-3.35 TB/s, H200 141 GB HBM3e at 4.8 TB/s) with the memory sizes the CUDA runtime reports; the
-cuDNN and CUDA versions are those the jax 0.12.0.1 CUDA 12 wheels install.
+plugin (``pip install "jax[cuda12]"`` at the jax pin) but no GPU and no driver.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import sys
 from typing import Any, Mapping
 
+from olmax import hardware
 from olmax.errors import ConfigError, OlmaxError
+from olmax.hardware import GiB, Accelerator
 
-GiB = 2 ** 30
 GPUS_PER_NODE = 8     # an HGX node: 8 GPUs behind NVSwitch
 
 # The share of a GPU's memory JAX's allocator takes (``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's own
@@ -33,96 +30,11 @@ GPUS_PER_NODE = 8     # an HGX node: 8 GPUs behind NVSwitch
 MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 MEM_FRACTION = 0.90
 
-_COMMON = """gpu_device_info {{
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: {bandwidth}
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: {memory}
-  shared_memory_per_block_optin: 232448
-  cuda_compute_capability {{
-    major: 9
-  }}
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}}
-platform_name: "CUDA"
-dnn_version_info {{
-  major: 9
-  minor: 28
-}}
-runtime_version {{
-  major: 12
-  minor: 9
-}}
-device_description_str: "{name}"
-"""
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Accelerator:
-    """One accelerator generation. ``kinds``: lower-case substrings of ``device_kind`` that name
-    it; ``hbm``: memory per device in bytes (None: unknown); ``gpu_target``: a GPU's
-    ``GpuTargetConfig`` text, for compiling without one (a TPU's ``name`` is libtpu's).
-
-    The network and matrix units, for ``olmax plan``'s estimate (:mod:`olmax.perf.network`; None:
-    unknown, not timed): ``link_bw``, bytes/s one direction of one inter-chip link (TPU ICI; a
-    GPU's NVLink bandwidth to the switch); ``dcn_bw``, bytes/s one direction per chip across slices
-    (a GPU's network card, across nodes); ``devices_per_chip``, JAX devices sharing a chip's links;
-    ``mxu``, the width of the TPU's systolic matrix unit (``mxu x mxu``).
-    TPU figures: Cloud TPU's system-architecture pages (bidirectional ICI per chip: v5e 1,600 Gb/s
-    over 4 links, v5p and TPU7x 1,200 GB/s over 6, v6e 800 GB/s over 4; DCN per chip: v5p 50 Gb/s,
-    v6e and TPU7x 100 Gb/s); GPUs: NVLink 4 at 900 GB/s both ways, one 400 Gb/s NIC per GPU."""
-    name: str
-    platform: str
-    kinds: tuple[str, ...] = ()
-    hbm: int | None = None
-    gpu_target: str | None = None
-    link_bw: float | None = None
-    dcn_bw: float | None = None
-    devices_per_chip: int = 1
-    mxu: int | None = None
-
-
-# Rows whose ``kinds`` overlap go most specific first ("tpu v5 lite" before "tpu v5").
-# tpu7x (Ironwood): 192 GiB per chip shared by its 2 devices (TensorCores).
-ACCELERATORS: tuple[Accelerator, ...] = (
-    Accelerator("v2", "tpu"),
-    Accelerator("v3", "tpu"),
-    Accelerator("v4", "tpu", ("tpu v4",), 32 * GiB, mxu=128),
-    Accelerator("v5e", "tpu", ("tpu v5 lite", "tpu v5e"), 16 * GiB, link_bw=25e9, mxu=128),
-    Accelerator("v5p", "tpu", ("tpu v5p", "tpu v5"), 95 * GiB,   # v5p reports itself as "TPU v5"
-                link_bw=100e9, dcn_bw=50e9 / 8, mxu=128),
-    Accelerator("v6e", "tpu", ("tpu v6 lite", "tpu v6e"), 32 * GiB, link_bw=100e9, dcn_bw=100e9 / 8,
-                mxu=256),
-    Accelerator("tpu7x", "tpu", ("tpu7x",), 96 * GiB, link_bw=100e9, dcn_bw=100e9 / 8,
-                devices_per_chip=2, mxu=256),
-    Accelerator("h100", "gpu", ("h100",), 80 * GiB,
-                _COMMON.format(bandwidth=3352320000000, memory=84929347584, name="NVIDIA H100 80GB HBM3"),
-                link_bw=450e9, dcn_bw=400e9 / 8),
-    Accelerator("h200", "gpu", ("h200",), 141 * GiB,
-                _COMMON.format(bandwidth=4800000000000, memory=150754820096, name="NVIDIA H200"),
-                link_bw=450e9, dcn_bw=400e9 / 8),
-)
-
-
-def accelerator_of(device: Any) -> Accelerator | None:
-    """The :data:`ACCELERATORS` row of a device (by its ``device_kind``), else None."""
-    kind = str(getattr(device, "device_kind", device)).lower()
-    return next((a for a in ACCELERATORS if any(k in kind for k in a.kinds)), None)
-
+# What ``olmax plan --topology`` compiles for.
+ACCELERATORS: tuple[Accelerator, ...] = tuple(a for a in hardware.ACCELERATORS if a.plan_target)
 # HBM per device (bytes), matched as lower-case substrings of ``device_kind``, in table order.
-HBM_BYTES: tuple[tuple[str, int], ...] = tuple((k, a.hbm) for a in ACCELERATORS if a.hbm for k in a.kinds)
+HBM_BYTES: tuple[tuple[str, int], ...] = tuple(
+    (k, a.hbm) for a in hardware.ACCELERATORS if a.hbm for k in a.kinds)
 TPU_GENERATIONS = tuple(a.name for a in ACCELERATORS if a.platform == "tpu")   # libtpu's topology names
 GPU_TARGETS = {a.name: a.gpu_target for a in ACCELERATORS if a.gpu_target}
 
