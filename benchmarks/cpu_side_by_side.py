@@ -44,8 +44,7 @@ from pathlib import Path
 
 from olmax.io import write_json_atomic
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shapes import SHAPES, model_overrides  # noqa: E402
+from shapes import SHAPES, model_overrides
 
 
 def _shape_args(a) -> dict:

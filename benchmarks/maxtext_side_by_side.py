@@ -26,11 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_side_by_side import OlmaxStep, _shape_args, apply_host_malloc, write_json  # noqa: E402
-from shapes import SHAPES  # noqa: E402
+from cpu_side_by_side import OlmaxStep, _shape_args, apply_host_malloc, write_json
+from shapes import SHAPES
 
 STEP_RE = re.compile(r"completed step: (\d+), seconds: ([0-9.]+).*?loss: ([0-9.]+)")
 

@@ -41,30 +41,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from olmax.perf import hlo  # noqa: E402
+from olmax.perf import hlo
+from olmax.perf.hlo import GROUPS, summary
 
 GB = 1e9
-
-GROUPS = ("kind", "prim", "scope", "line", "stack", "pass", "dtype")
-
-
-def summary(rows: list[dict]) -> dict:
-    out: dict = {"total_bytes": sum(r["bytes"] for r in rows), "ops": int(sum(r["mult"] for r in rows))}
-    for g in GROUPS:
-        acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for r in rows:
-            acc[r[g]][0] += r["bytes"]
-            acc[r[g]][1] += r["mult"]
-        out[g] = {k: {"bytes": v[0], "ops": int(v[1])}
-                  for k, v in sorted(acc.items(), key=lambda kv: -kv[1][0])}
-    return out
-
 
 def _print_groups(title: str, groups: dict, total: float, top: int) -> None:
     print(f"\n== by {title} ==")

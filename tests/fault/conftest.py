@@ -1,12 +1,9 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from trainrun import STEPS, train  # noqa: E402
+from helpers.trainrun import STEPS, train
 
 
 @pytest.fixture(scope="session", autouse=True)

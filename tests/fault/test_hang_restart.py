@@ -1,5 +1,5 @@
 """A hung peer, end to end: the generated ``sbatch`` script (stand-in ``srun``/``scancel``/
-``scontrol``, tests/launch/fakes.py) runs 2 real ``olmax train`` processes x 4 CPU devices (gloo,
+``scontrol``, tests/helpers/cluster_fakes.py) runs 2 real ``olmax train`` processes x 4 CPU devices (gloo,
 127.0.0.1). One process is stopped (SIGSTOP) mid-run, as a wedged driver or a stuck collective
 would leave it: alive, silent. The other's watchdog finds no step completed in
 ``train.watchdog_s``, writes every thread's stack to ``RUN_DIR/hangs/`` and exits 75; ``srun
@@ -14,18 +14,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from olmax.cli import main
-from trainrun import RECIPE, SMALL, env_for, metrics, train_multiprocess
+from helpers.trainrun import RECIPE, SMALL, env_for, metrics, train_multiprocess
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "launch"))
 
-from fakes import batch_env, install, recorded, slurm_port_and_job_id  # noqa: E402
+from helpers.cluster_fakes import batch_env, install, recorded, slurm_port_and_job_id
 
 pytestmark = pytest.mark.slow
 

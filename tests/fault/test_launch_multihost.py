@@ -4,7 +4,7 @@ makes both save a checkpoint at the same step (resuming 2-process checkpoints is
 test_train_multihost.py's subject).
 
 - SLURM: the generated ``sbatch`` script itself runs, with the ``SLURM_*`` variables sbatch and
-  ``srun`` set (stand-in ``srun``/``scancel``/``scontrol``, tests/launch/fakes.py); JAX's SLURM
+  ``srun`` set (stand-in ``srun``/``scancel``/``scontrol``, tests/helpers/cluster_fakes.py); JAX's SLURM
   detection connects the processes (coordinator on the first node, 127.0.0.1, port from the job
   id). USR1 (the time-limit warning) makes both save and stop, and the script requeues the job.
 - Kubernetes: the JobSet is parsed and each pod's command runs with the pod's environment
@@ -21,20 +21,18 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from trainrun import STEPS
+from helpers.trainrun import STEPS
 from olmax.cli import main
-from trainrun import RECIPE, SMALL, check_against, checkpoint_steps, env_for, free_port, metrics
+from helpers.trainrun import RECIPE, SMALL, check_against, checkpoint_steps, env_for, free_port, metrics
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "launch"))
 
-from fakes import batch_env, expand_k8s, install, recorded, slurm_port_and_job_id  # noqa: E402
+from helpers.cluster_fakes import batch_env, expand_k8s, install, recorded, slurm_port_and_job_id
 
 pytestmark = pytest.mark.slow
 

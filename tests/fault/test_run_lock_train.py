@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from trainrun import checkpoint_steps, command, env_for, metrics, start, train, wait_for_step
+from helpers.trainrun import checkpoint_steps, command, env_for, metrics, start, train, wait_for_step
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_a_later_attempt_takes_over_and_the_earlier_one_stops_without_writing(re
     """Attempt 9.1 of a job starts while attempt 9.0 still lives (paused): it takes the run over at
     once and trains; 9.0, resumed while 9.1 trains, stops at its next step (exit 75) without a
     line or a checkpoint; the run reads like an uninterrupted one, bit for bit."""
-    from trainrun import STEPS
+    from helpers.trainrun import STEPS
 
     d = tmp_path / "run"
     args = [f"train.max_steps={STEPS}", "checkpoint.interval=3"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from trainrun import command, env_for, free_port
+from helpers.trainrun import command, env_for, free_port
 
 
 def test_a_process_whose_peer_never_comes_exits_75_with_one_line(tmp_path):

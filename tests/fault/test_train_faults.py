@@ -20,8 +20,8 @@ import time
 import numpy as np
 import pytest
 
-from trainrun import STEPS
-from trainrun import checkpoint_steps, log_path, metrics, series, start, train, wait_for_step
+from helpers.trainrun import STEPS
+from helpers.trainrun import checkpoint_steps, log_path, metrics, series, start, train, wait_for_step
 
 pytestmark = pytest.mark.slow
 

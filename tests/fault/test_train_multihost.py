@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainrun import STEPS
-from trainrun import check_against, checkpoint_steps, eval_metrics, train, train_multiprocess
+from helpers.trainrun import STEPS
+from helpers.trainrun import check_against, checkpoint_steps, eval_metrics, train, train_multiprocess
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 
 from olmax.config import SchedulerConfig
 from olmax.train.schedules import build_schedule
-from trainrun import metrics, train
+from helpers.trainrun import metrics, train
 
 pytestmark = pytest.mark.slow
 

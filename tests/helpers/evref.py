@@ -12,8 +12,6 @@ import importlib
 import sys
 import types
 
-import pytest
-
 from helpers.reference import require, unavailable
 
 

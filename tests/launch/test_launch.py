@@ -12,7 +12,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,9 +23,8 @@ from olmax.launch.k8s import strategic_merge
 from olmax.perf.targets import check_topology_name, libtpu_topology
 from olmax.topology import parse_tpu
 
-sys.path.insert(0, str(Path(__file__).parent))
 
-from fakes import batch_env, expand_k8s, install, recorded  # noqa: E402
+from helpers.cluster_fakes import batch_env, expand_k8s, install, recorded
 
 # Overrides that a careless launcher would mangle: spaces, quotes, $, backticks, YAML lists.
 TRICKY = ["train.max_steps=3", "optim.lr=1e-3", "data.paths=[a b.npy, \"c'd.npy\"]",

@@ -1,10 +1,12 @@
 """The per-op bytes of an optimized HLO text (``olmax.perf.hlo.device_ops``, and the summary of
-``benchmarks/tpu_hlo_bytes.py``), checked on a
+``olmax.perf.hlo.summary``, and ``benchmarks/tpu_hlo_bytes.py`` run as a script), checked on a
 hand-written program whose bytes are counted by hand, and the plan's parts written as HLO."""
 
 from __future__ import annotations
 
-import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -15,10 +17,13 @@ from olmax.perf import hlo
 from olmax.perf.costs import part_costs
 from olmax.train.recipes import load_recipe
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("tpu_hlo_bytes", ROOT / "benchmarks" / "tpu_hlo_bytes.py")
-hb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hb)
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tpu_hlo_bytes.py"
+
+
+def tpu_hlo_bytes(*args: str) -> int:
+    """The script's exit status, run as a user runs it."""
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
+                          text=True, timeout=600).returncode
 
 # A loop of 3 trips copying 8-row slices of x into a buffer (slice and in-place update fusions),
 # a bf16 -> f32 square, a copy into another memory space (S(1)) and a transpose. Operands are
@@ -107,7 +112,7 @@ def test_bytes_per_op_counted_by_hand(tmp_path):
     assert rows["tr"]["bytes"] == 2 * 32 * 128 * 4
     assert rows["lt"]["mult"] == 4 and rows["i2"]["mult"] == 3     # loop condition runs n + 1 times
     assert {"x", "init", "w", "r", "out", "z"}.isdisjoint(rows)     # parameters, tuples, loops move nothing
-    s = hb.summary(list(rows.values()))
+    s = hlo.summary(list(rows.values()))
     sq, vm, tr = 32 * 128 * (2 + 4), 32 * 128 * 4, 2 * 32 * 128 * 4
     assert s["total_bytes"] == 6 * (2 * slab + 4) + sq + vm + tr + 3 * 12 + 4 * 9
     assert s["kind"]["fusion kLoop"]["ops"] == 7 and s["kind"]["transpose"]["ops"] == 1
@@ -115,8 +120,8 @@ def test_bytes_per_op_counted_by_hand(tmp_path):
     assert s["pass"]["bwd"]["ops"] == 1 and s["prim"]["dynamic_slice"]["ops"] == 3
     f = tmp_path / "hand.hlo.txt"
     f.write_text(HAND)
-    assert hb.main(["compare", str(f), str(f), "--top", "3"]) == 0
-    assert hb.main(["show", str(tmp_path / "missing")]) == 2
+    assert tpu_hlo_bytes("compare", f, f, "--top", "3") == 0
+    assert tpu_hlo_bytes("show", tmp_path / "missing") == 2
 
 
 
@@ -143,10 +148,8 @@ def test_group_matmuls_counts_every_product_once(tmp_path):
     2 x rows x the weights' elements x layers x passes (fwd, recomputed fwd, dx, dW under full
     remat; 3 without remat), counted by hand for olmo3-tiny. In fp32: the CPU computes bf16
     products in fp32 and XLA counts the conversions as FLOPs."""
-    import json
-
     out = tmp_path / "mm.json"
-    assert hb.main(["matmuls", "olmo3_tiny", "train.remat=full", "--dtype", "float32", "--json", str(out)]) == 0
+    assert tpu_hlo_bytes("matmuls", "olmo3_tiny", "train.remat=full", "--dtype", "float32", "--json", out) == 0
     r = json.loads(out.read_text())
     cfg = load_recipe("olmo3_tiny", ["train.remat=full"])
     m = cfg.model
@@ -155,7 +158,6 @@ def test_group_matmuls_counts_every_product_once(tmp_path):
     rows = r["rows_per_device"]
     assert r["layers_per_group"] == len(m.window_pattern) == 4
     assert r["flops_xla"] == r["flops_counted"] == 2 * rows * per_layer * 4 * 4
-    assert hb.main(["matmuls", "olmo3_tiny", "train.remat=none", "--dtype", "float32", "--json",
-                    str(out)]) == 0
+    assert tpu_hlo_bytes("matmuls", "olmo3_tiny", "train.remat=none", "--dtype", "float32", "--json", out) == 0
     assert json.loads(out.read_text())["flops_xla"] == 2 * rows * per_layer * 4 * 3
-    assert hb.main(["matmuls", "olmo3_tiny", "train.remat=dots"]) == 2
+    assert tpu_hlo_bytes("matmuls", "olmo3_tiny", "train.remat=dots") == 2

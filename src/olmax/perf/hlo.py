@@ -617,3 +617,21 @@ def dot_flops(text: str) -> dict[str, float]:
                 if called:
                     calls[ins.name] = called[0]
     return {**own, **{n: comp_dots[c] for n, c in calls.items() if comp_dots.get(c)}}
+
+
+# What :func:`summary` groups a program's device ops by (the keys of :func:`device_ops`' rows).
+GROUPS = ("kind", "prim", "scope", "line", "stack", "pass", "dtype")
+
+
+def summary(rows: list[dict]) -> dict:
+    """The bytes and op counts of :func:`device_ops`' rows, in all and per value of each of
+    :data:`GROUPS`, largest first."""
+    out: dict = {"total_bytes": sum(r["bytes"] for r in rows), "ops": int(sum(r["mult"] for r in rows))}
+    for g in GROUPS:
+        acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        for r in rows:
+            acc[r[g]][0] += r["bytes"]
+            acc[r[g]][1] += r["mult"]
+        out[g] = {k: {"bytes": v[0], "ops": int(v[1])}
+                  for k, v in sorted(acc.items(), key=lambda kv: -kv[1][0])}
+    return out
