@@ -259,18 +259,102 @@ _BUILDING: dict[str, threading.Lock] = {}
 _BUILDING_GUARD = threading.Lock()
 
 
+# A cache file :func:`build_once` checksums ends in this trailer: a magic and the SHA-256 of all
+# the bytes before it. A file without it (torn, zero-filled, from another program) is no cache.
+CHECKSUM_MAGIC = b"OLMAXSUM"
+CHECKSUM_TRAILER = len(CHECKSUM_MAGIC) + 32
+_VERIFIED: dict[str, tuple[int, int, int, int]] = {}
+
+
+class _HashingWriter:
+    """A write-only file that feeds what it writes to a SHA-256."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.hash = f, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.hash.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def checksum_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a cache file whose trailer (see ``CHECKSUM_MAGIC``) matches its bytes,
+    or None when it is. Hashed once per process while the file stays the same (inode, size,
+    modification time)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if _VERIFIED.get(str(path.absolute())) == stamp:
+                return None
+            if st.st_size < CHECKSUM_TRAILER:
+                return f"{st.st_size} bytes, too short to hold its checksum"
+            f.seek(st.st_size - CHECKSUM_TRAILER)
+            trailer = f.read(CHECKSUM_TRAILER)
+            if trailer[:len(CHECKSUM_MAGIC)] != CHECKSUM_MAGIC:
+                return "no checksum at its end (torn or zero-filled)"
+            f.seek(0)
+            h, left = hashlib.sha256(), st.st_size - CHECKSUM_TRAILER
+            while left:
+                chunk = f.read(min(left, 1 << 22))
+                if not chunk:
+                    return "shorter than it was"
+                h.update(chunk)
+                left -= len(chunk)
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if h.digest() != trailer[len(CHECKSUM_MAGIC):]:
+        return "its bytes do not match its checksum"
+    _VERIFIED[str(path.absolute())] = stamp
+    return None
+
+
 def build_once(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, what: str,
-               poll_s: float = 2.0) -> Path:
+               poll_s: float = 2.0, checksum: bool = False) -> Path:
     """``path``, written by ``write`` (into :func:`atomic_output`) unless it exists: by one thread
     of one process at a time, whichever takes ``<path>.lock`` first; every other caller, in this
     process or any other that sees the same storage, waits for the file and builds nothing. A
     builder that dies leaves a lock that goes stale (:mod:`olmax.lockfile`), and a waiter takes
-    over the build."""
+    over the build.
+
+    With ``checksum``, the file ends in a trailer holding the SHA-256 of its bytes (the reader
+    skips the last ``CHECKSUM_TRAILER`` bytes), and an existing file is used only when the trailer
+    matches; one that does not is logged as such and rebuilt, never read."""
     path = Path(path)
     with _BUILDING_GUARD:
         local = _BUILDING.setdefault(str(path.resolve()), threading.Lock())
+
+    def usable() -> bool:
+        if not path.is_file():
+            return False
+        if not checksum:
+            return True
+        problem = checksum_problem(path)
+        if problem is None:
+            return True
+        log.warning(f"olmax: {what} {path} is damaged ({problem}); rebuilding it")
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise write_error(path, e) from None
+        return False
+
+    def build(f: BinaryIO) -> None:
+        if not checksum:
+            write(f)
+            return
+        out = _HashingWriter(f)
+        write(out)
+        f.write(CHECKSUM_MAGIC + out.hash.digest())
+
     with local:
-        if path.is_file():
+        if path.is_file() and (not checksum or checksum_problem(path) is None):
             return path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -278,7 +362,9 @@ def build_once(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, wh
             raise write_error(path, e) from None
         lock = LockFile(path.with_name(f"{path.name}.lock"), subject=f"{what} {path}")
         told = False
-        while not path.is_file():
+        while True:
+            if path.is_file() and (not checksum or checksum_problem(path) is None):
+                break
             try:
                 lock.acquire()
             except LockHeld as e:
@@ -288,9 +374,9 @@ def build_once(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, wh
                 time.sleep(poll_s)
                 continue
             try:
-                if not path.is_file():
+                if not usable():
                     with atomic_output(path) as f:
-                        write(f)
+                        build(f)
             finally:
                 lock.release()
     return path
