@@ -34,6 +34,7 @@ import argparse
 import sys
 
 from olmax.commands import HELP
+from olmax.config import check_start
 from olmax.errors import ConfigError, OlmaxError
 from olmax.lockfile import parse_attempt
 from olmax.parallel.distributed import parse_expected_devices
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.exit_code_on_stop <= 255:
         raise ConfigError(f"--exit-code-on-stop must be 0..255 (got {args.exit_code_on_stop})")
     cfg = load_recipe(args.recipe, args.overrides)
+    check_start(cfg)
     run_dir = args.run_dir or default_run_dir(args.recipe)
     trainer = training.Trainer(cfg, run_dir, quiet=args.quiet, attempt=args.attempt,
                                expect_devices=args.expect_devices)

@@ -223,7 +223,8 @@ class DataConfig:
                 raise ConfigError(f"data.remap: expected OLD=NEW, got {item!r}")
         check_positive(self, "data", "max_target_seq_len", optional=True)
         if self.epoch < 1:
-            raise ConfigError(f"data.epoch must be >= 1 (OLMo-core starts at epoch 1), got {self.epoch}")
+            raise ConfigError(f"data.epoch must be >= 1 (OLMo-core starts at epoch 1), "
+                              f"got {self.epoch}")
         check_positive(self, "data", "repetition_max_period", "repetition_min_period",
                        "repetition_max_count")
         if self.repetition_min_period > self.repetition_max_period:
@@ -371,6 +372,7 @@ class CheckpointConfig:
         check_positive(self, "checkpoint", "permanent_interval", optional=True)
 
 
+StartKind = Literal["none", "weights", "checkpoint", "optimizer"]
 SEED_LIMIT = 2**63     # seeds are int64 for jax.random.key and non-negative for numpy's PCG64
 
 
@@ -388,9 +390,38 @@ class InitConfig:
     # The model comes from the checkpoint's config (olmax.interop.architecture): true lets the
     # recipe's model fields win where they differ (shapes must still agree).
     allow_architecture_override: bool = False
+    # What the recipe must start from (checked by ``olmax train`` and ``olmax launch``,
+    # :func:`check_start`): "weights" (init.checkpoint or init.hf_dir), "checkpoint"
+    # (init.checkpoint), "optimizer" (init.checkpoint with init.load_optimizer); "none" overrides.
+    required: StartKind = "none"
 
     def __post_init__(self) -> None:
         check_seed(self.seed, "init.seed")
+        check_choices(self, "init")
+
+    def missing(self) -> str | None:
+        """What the start this section requires lacks, as one line, or None."""
+        if self.required == "none":
+            return None
+        if self.required == "weights" and not (self.checkpoint or self.hf_dir):
+            key, what = "init.checkpoint or init.hf_dir must be set", "trained weights"
+        elif self.required != "weights" and not self.checkpoint:
+            key, what = "init.checkpoint must be set", {
+                "checkpoint": "a checkpoint",
+                "optimizer": "a checkpoint with its optimizer state"}[self.required]
+        elif self.required == "optimizer" and not self.load_optimizer:
+            key, what = "init.load_optimizer must be true", "a checkpoint with its optimizer state"
+        else:
+            return None
+        return (f"{key}: this recipe (init.required={self.required}) starts from {what}; "
+                f"init.required=none trains it from fresh weights instead")
+
+
+def check_start(cfg: "RunConfig") -> None:
+    """Refuse a run that lacks the start its recipe declares (``init.required``): ConfigError."""
+    problem = cfg.init.missing()
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 @dataclass(frozen=True)
@@ -582,6 +613,7 @@ __all__ = [
     "RunConfig", "DataConfig", "SourceMixtureConfig", "MixtureSourceConfig", "TokenDtype",
     "DataSource", "DATA_SOURCES", "TrainConfig", "ComputeDtype", "AttnImpl", "PlatformProfile",
     "Remat", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig", "SEED_LIMIT",
-    "check_seed", "check_coordinator", "DistributedConfig", "MeshConfig", "EvalConfig", "LoggingConfig", "ONE_OF",
+    "check_seed", "check_coordinator", "check_start", "StartKind", "DistributedConfig",
+    "MeshConfig", "EvalConfig", "LoggingConfig", "ONE_OF",
     "ModelSpec", "RunSpec",
 ]

@@ -16,9 +16,10 @@ uint32, 4 bytes per instance). A permutation of at least ``DISK_CACHE_MIN`` inst
 (peak 4 bytes per instance), written to ``<cache>/indices/*.npy`` atomically, named by everything
 that determines it (N, seed, epoch, format version) and ending in a checksum of its bytes, and then
 read a row at a time, so a training process holds only the rows it reads. A file whose checksum
-does not match (torn or zero-filled by a crash) is logged and rebuilt, never read. Once means once per cache: one thread of
-one process builds it (:func:`olmax.io.build_once`), every other process that sees the same cache
-(a launched job keeps it on the run directory's storage) waits for the file and reads it.
+does not match (torn or zero-filled by a crash) is logged and rebuilt, never read. Once means once
+per cache: one thread of one process builds it (:func:`olmax.io.build_once`), every other process
+that sees the same cache (a launched job keeps it on the run directory's storage) waits for the
+file and reads it.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def shuffled_indices(num_instances: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def _index_cache_path(cache_dir: str | os.PathLike | None, seed: int, epoch: int, n: int) -> Path:
-    return cache_root(cache_dir) / "indices" / f"global_indices_seed{seed}_epoch{epoch}_size{n}_v2.npy"
+    name = f"global_indices_seed{seed}_epoch{epoch}_size{n}_v2.npy"
+    return cache_root(cache_dir) / "indices" / name
 
 
 class IndexFile:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 import olmax
-from olmax.config import MeshConfig, RunConfig
+from olmax.config import MeshConfig, RunConfig, check_start
 from olmax.errors import ConfigError
 from olmax.io import as_inputs, refuse_existing, write_bytes_atomic
 from olmax.parallel.mesh import resolve_mesh_shape
@@ -188,6 +188,7 @@ def check_job(job: Job, *, recipe_travels: bool = True) -> Fit:
     defaults = launch_defaults(cfg, job)
     if defaults:
         cfg = load_recipe(job.recipe, [*defaults, *job.overrides], find_mix=False, read_init=False)
+    check_start(cfg)
     notes = []
     if cfg.data.mix is not None:
         try:
