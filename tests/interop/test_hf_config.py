@@ -116,3 +116,29 @@ def test_parity_without_torch_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
     with pytest.raises(OlmaxError, match="needs torch and transformers"):
         run_parity("/nonexistent")
+
+
+@pytest.mark.parametrize("entry,expect", [
+    ({"factor": 0}, r"rope_scaling\.factor must be >= 1 \(got 0\.0\)"),
+    ({"beta_fast": 0}, r"rope_scaling\.beta_fast must be positive \(got 0\.0\)"),
+    ({"beta_slow": 0}, r"rope_scaling\.beta_slow must be positive"),
+    ({"original_max_position_embeddings": 0}, r"rope_scaling\.original_max_position_embeddings must be >= 1"),
+    ({"factor": float("nan")}, r"rope_scaling\.factor must be >= 1 \(got nan\)"),
+    ({"attention_factor": -1}, r"rope_scaling\.attention_factor must be positive or null"),
+    ({"beta_fast": 0.5}, r"rope_scaling\.beta_fast \(0\.5\) must be >= beta_slow \(1\.0\)"),
+])
+def test_yarn_values_are_checked_not_replaced_by_defaults(entry, expect):
+    """0 used to become the default (``value or default``) or end in ``math domain error``."""
+    rope = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, **entry}
+    with pytest.raises(OlmaxError, match=r"^config\.json: model\." + expect):
+        model_config_from_hf(hf(rope_scaling=rope))
+
+
+@pytest.mark.parametrize("fields,expect", [
+    ({"rope_theta": 0}, r"model\.rope_theta must be > 1 \(got 0\.0\)"),
+    ({"rms_norm_eps": float("nan")}, r"model\.norm_eps must be positive \(got nan\)"),
+    ({"rope_theta": 1e39}, r"model\.rope_theta must be within float32's range"),
+])
+def test_model_values_are_checked_on_import(fields, expect):
+    with pytest.raises(OlmaxError, match=r"^config\.json: " + expect):
+        model_config_from_hf(hf(**fields))
