@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -54,9 +55,35 @@ def publish_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
 
 
 # What an OSError means about its input rather than the storage: a path that is not there, not
-# permitted, of the wrong kind, or on a read-only file system. The rest (EIO, ENOSPC, ESTALE, a
-# timeout, a dropped connection) is the storage's trouble, which may pass.
-_INPUT_ERRNOS = {errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL}
+# permitted, of the wrong kind or not a valid name. The rest (a full disk or quota, a read-only
+# file system, EIO, ESTALE, a timeout, a dropped connection) is the storage's trouble, which may
+# pass: a restart can help (exit 75).
+_INPUT_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL}
+# The storage failures a library may report only in words (TensorStore under Orbax: "No space
+# left on device [os_error_code='28']"), found by :func:`storage_errno`.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.ESTALE,
+                  errno.ENOTCONN, errno.ETIMEDOUT, errno.ECONNRESET)
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def storage_errno(e: BaseException | None) -> int | None:
+    """The errno of a storage failure (``STORAGE_ERRNOS``) behind ``e``: an OSError in its chain
+    of causes, or one a library wrapped into its message (TensorStore's ``os_error_code``, or the
+    error's words); None when there is none."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            return e.errno
+        text = str(e)
+        m = _OS_ERROR_CODE.search(text)
+        if m and int(m.group(1)) in STORAGE_ERRNOS:
+            return int(m.group(1))
+        for code in STORAGE_ERRNOS:
+            if os.strerror(code) in text:
+                return code
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def input_error(e: OSError) -> bool:
