@@ -48,6 +48,11 @@ def _umask() -> int:
     return mask
 
 
+def dir_mode() -> int:
+    """The mode a new folder gets under the process's umask (``mkdtemp`` makes 0700 ones)."""
+    return 0o777 & ~_umask()
+
+
 def publish_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     """Give the temporary file normal permissions and rename it into place."""
     os.chmod(tmp, 0o666 & ~_umask())
@@ -236,7 +241,8 @@ def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
 
     On any error the temp directory (and any parent directories this call created) is removed,
     so nothing half-written is left behind. An existing empty directory at ``path`` is replaced;
-    a non-empty one is refused before anything is written.
+    a non-empty one is refused before anything is written. The directory gets the mode the umask
+    gives a new one (not the temporary's 0700).
     """
     out = check_output_dir(path).absolute()
     created = []
@@ -251,6 +257,7 @@ def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
         check_output_dir(out)  # still free (nobody wrote it meanwhile)
         if out.exists():
             out.rmdir()
+        os.chmod(tmp, dir_mode())   # mkdtemp's 0700 is for the temporary only
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

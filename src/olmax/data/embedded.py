@@ -38,7 +38,7 @@ import numpy as np
 from olmax.errors import ConfigError
 from olmax.data.token_files import DocumentWriter
 from olmax.data.tokenizer import get_tokenizer
-from olmax.io import cache_root, sha256_file, write_bytes_atomic
+from olmax.io import cache_root, dir_mode, sha256_file, write_bytes_atomic
 
 try:
     from pydoc_data.topics import topics as PYDOC_TOPICS
@@ -195,6 +195,7 @@ def embedded_token_files(split: str = "train", cache_dir: str | os.PathLike | No
         write_bytes_atomic(tmp / "manifest.json", json.dumps(
             {"split": split, "tokenizer": tok.identity, "files": files}, indent=1).encode())
         try:
+            os.chmod(tmp, dir_mode())    # mkdtemp's 0700 is for the temporary only
             os.rename(tmp, final)
         except OSError:
             if not manifest.is_file():  # lost a race only if the winner finished
