@@ -331,6 +331,10 @@ def _newer_surfaces(root: Path, cfg, params, tokens, recipe: dict) -> None:
         "command": ["olmax", "train"], "attempt": "7.3"}) + "\n")
     # A --patch that is not a pod template.
     (root / "notpod.yaml").write_text("kind: Pod\nspec: {}\n")
+    # Patches the API server would refuse or the job would misread; one nested 300 levels deep.
+    (root / "drop-container.yaml").write_text("spec:\n  containers:\n  - name: olmax\n    $patch: delete\n")
+    (root / "on-failure.yaml").write_text("spec:\n  restartPolicy: OnFailure\n")
+    (root / "deep-patch.yaml").write_text("spec:\n  x: " + "[" * 300 + "]" * 300 + "\n")
     # Outputs that must survive: a user's notes, a FIFO.
     (root / "notes.txt").write_text("my notes\n")
     os.mkfifo(root / "pipe")
@@ -809,6 +813,26 @@ def cases() -> list[Case]:
           r"^short-row.csv: line 3 has 1 fields, the header 2$"),
         C("bench", "profile with --steps 0", ["bench", "profile", "tiny.yaml", "--steps", "0"],
           r"^--steps must be >= 1 \(got 0\)$"),
+        # -- what launch writes, checked like what it reads
+        C("launch", "--patch that deletes the training container",
+          [*LAUNCH("k8s"), "--patch", "drop-container.yaml", "--out", "OUT.yaml"],
+          r"^--patch removes the training container 'olmax' from the pod template$"),
+        C("launch", "--patch with a restart policy beside the pod failure policy",
+          [*LAUNCH("k8s"), "--patch", "on-failure.yaml", "--out", "OUT.yaml"],
+          r"^--patch sets restartPolicy 'OnFailure'; the job's pod failure policy"),
+        C("launch", "--patch nested 300 levels deep",
+          [*LAUNCH("k8s"), "--patch", "deep-patch.yaml", "--out", "OUT.yaml"],
+          r"^--patch deep-patch.yaml: more than 100 levels of nesting"),
+        C("launch", "--resource that replaces the GPU count",
+          ["launch", "k8s", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "2", "--run-dir",
+           "/mnt/runs/r", "--resource", "nvidia.com/gpu=1", "--out", "OUT.yaml"],
+          r"^--resource nvidia.com/gpu=1 would replace the 2 the job was written for"),
+        C("launch", "--max-restarts beyond the API's int32",
+          [*LAUNCH("slurm"), "--max-restarts", "3000000000", "--out", "OUT.sh"],
+          r"^--max-restarts 3000000000 times 1 node\(s\) exceeds 2,147,483,647"),
+        C("launch", "--topology of a shape that is no slice",
+          ["launch", "k8s", "tiny.yaml", "--topology", "v5p:3x3x3", "--out", "OUT.yaml"],
+          r"^--topology 'v5p:3x3x3': 3x3x3 is no v5p slice"),
     ]
     return out
 

@@ -7,8 +7,9 @@ are ``Literal`` types, checked by :func:`check_choices`).
 
 YAML (a recipe file, the value of an override) is read strictly: ``safe_load``'s types only, a key
 given twice in one mapping is an error naming both lines, and a document larger than
-:data:`MAX_YAML_BYTES` or expanding, through its aliases, to more than :data:`MAX_YAML_VALUES`
-values is refused before any value is looked at. Values quoted in error messages are shortened
+:data:`MAX_YAML_BYTES`, expanding, through its aliases, to more than :data:`MAX_YAML_VALUES`
+values or nested more than :data:`MAX_YAML_DEPTH` levels is refused before any value is looked
+at. Values quoted in error messages are shortened
 (:func:`shown`), whatever their size. This module knows no schema.
 """
 
@@ -327,6 +328,7 @@ def apply_overrides(data: dict, overrides: Sequence[str], *,
 
 MAX_YAML_BYTES = 4 << 20        # a recipe file, or the value of one override
 MAX_YAML_VALUES = 1_000_000     # values of a document once its aliases are expanded
+MAX_YAML_DEPTH = 100            # levels of nesting (a recipe or a pod template needs about 10)
 
 
 class _DuplicateKey(yaml.constructor.ConstructorError):
@@ -353,25 +355,41 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+class _TooDeep(yaml.YAMLError):
+    problem = "nested deeper than olmax reads"
+
+    def __str__(self) -> str:
+        return self.problem
+
+
 def safe_load_strict(text: str) -> Any:
-    """``yaml.safe_load`` with duplicate keys refused (a ``yaml.YAMLError``)."""
-    return yaml.load(text, Loader=_StrictLoader)   # noqa: S506 - a SafeLoader subclass
+    """``yaml.safe_load`` with duplicate keys refused (a ``yaml.YAMLError``), as is a document
+    nested deeper than the parser's recursion can follow (it used to end in a RecursionError)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)   # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise _TooDeep() from None
 
 
 def check_yaml_size(value: Any, where: str) -> None:
     """Refuse a parsed YAML value holding more than :data:`MAX_YAML_VALUES` values once its aliases
-    are expanded (an alias "bomb", or one that refers to itself), counting no further than that."""
-    count, todo = 0, [value]
+    are expanded (an alias "bomb", or one that refers to itself), counting no further than that,
+    or nested more than :data:`MAX_YAML_DEPTH` levels (which the recursive code after it, merging
+    and writing, could not follow)."""
+    count, todo = 0, [(value, 0)]
     while todo:
-        v = todo.pop()
+        v, depth = todo.pop()
         count += 1
         if count > MAX_YAML_VALUES:
             raise ConfigError(f"{where}: more than {MAX_YAML_VALUES:,} values once its YAML aliases "
                               f"are expanded (aliases nested too deep, or referring to themselves)")
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"{where}: more than {MAX_YAML_DEPTH} levels of nesting (or YAML "
+                              f"aliases referring to themselves)")
         if isinstance(v, dict):
-            todo.extend(v.values())
+            todo.extend((c, depth + 1) for c in v.values())
         elif isinstance(v, list):
-            todo.extend(v)
+            todo.extend((c, depth + 1) for c in v)
 
 
 def load_yaml(path: str | Path) -> dict:
