@@ -19,7 +19,6 @@ import argparse
 
 from olmax.commands import HELP
 from olmax.errors import ConfigError
-from olmax.errors import ConfigError
 from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.perf.bench import bench_train, format_train, matmul_ceiling
 from olmax.perf.profile import format_profile, profile_step
