@@ -1,9 +1,12 @@
 """A recipe states what it starts from (``init.required``): ``olmo3_7b_stage3`` warm-starts from
 stage 2's checkpoint with its optimizer, ``olmo3_7b_stage2`` from stage 1's weights. Without them
 ``olmax train`` and ``olmax launch`` refuse in one line naming the key (exit 2) before anything is
-written; ``init.required=none`` is the override for experiments."""
+written; ``init.required=none`` is the override for experiments. A run directory whose path is
+not UTF-8 is refused at the same point, before any work."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -71,3 +74,12 @@ def test_required_takes_only_its_values(capsys, started):
     err = capsys.readouterr().err
     assert "init.required: expected one of none, weights, checkpoint, optimizer" in err
     assert "did you mean 'weights'?" in err
+
+
+def test_a_run_directory_that_is_not_utf8_is_refused_before_any_work(capsys, started, tmp_path):
+    """TensorStore refused it only at the first checkpoint save, with 55 tracebacks."""
+    name = os.fsdecode(b"run-\xff")
+    assert main(["train", "olmo3_tiny", "--run-dir", name]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not UTF-8 text" in err and "--run-dir" in err, err
+    assert not started and not list(tmp_path.iterdir())
