@@ -96,3 +96,14 @@ def test_a_patch_alias_bomb_is_refused_at_once(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
     assert "--patch bomb.yaml: more than 1,000,000 values once its YAML aliases" in out.stderr
     assert not (tmp_path / "job.yaml").exists()
+
+
+def test_tpu_vm_overrides_beyond_one_argument_are_refused(tmp_path, capsys):
+    """The start command reaches every worker as one argument (gcloud --command): two overrides
+    that each fit but together do not used to make a script that failed on every worker."""
+    half = ",".join(f"/data/shard-{i:06d}.npy" for i in range(3000))
+    argv = ["launch", "tpu-vm", "olmo3_tiny", "--topology", "v5p:2x2x1", "--run-dir", "/mnt/r",
+            f"data.paths=[{half}]", f"eval.heldout=[{half}]", "--out", str(tmp_path / "o.sh")]
+    _refused(capsys, argv, "more than one argument of gcloud --command may hold (131,072); put long "
+                           "values in a recipe file", tmp_path / "o.sh")
+    assert main([*argv[:7], f"data.paths=[{half}]", "--out", str(tmp_path / "o.sh")]) == 0

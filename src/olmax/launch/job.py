@@ -49,6 +49,8 @@ GPU_XLA_FLAGS = "--xla_gpu_enable_latency_hiding_scheduler=true"
 CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 SET_ME = "SET-ME"
 INT32_MAX = 2**31 - 1        # Kubernetes' counts (maxRestarts, backoffLimit) are int32
+MAX_ARG_BYTES = 131072       # Linux's limit on one argument of a command (MAX_ARG_STRLEN)
+LONG_ARGS = "put long values in a recipe file (a YAML that sets them) and launch that instead"
 INIT_TIMEOUT_S = 1800
 WATCHDOG_S = 1800
 JAX_PLATFORM_NAMES = {"gpu": "cuda", "tpu": "tpu", "cpu": "cpu"}
