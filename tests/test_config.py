@@ -56,7 +56,7 @@ def test_model_validation():
     ({"mesh": {"data": -1, "fsdp": -1}}, r"at most one of data/fsdp/tensor"),
     ({"data": {"paths": ["a.npy"], "embedded": True}}, r"exactly one of .*\(got data\.paths, data\.embedded\)"),
     ({"data": {"mixture": {"sources": [{"name": "a", "target_ratio": 0.5, "paths": ["a"]}],
-                           "requested_tokens": 10}}}, r"target ratios must sum to 1\.0"),
+                           "requested_tokens": 10}}}, r"target_ratio values must sum to 1\.0"),
 ])
 def test_bad_values_fail_at_load_time(section, message):
     with pytest.raises(ConfigError, match=message) as e:

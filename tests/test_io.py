@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 
 import pytest
 
 from olmax.errors import OlmaxError
-from olmax.io import (as_inputs, contained, env_int, read_text, refuse_existing,
+from olmax.io import (as_inputs, atomic_output_dir, contained, env_int, read_text, refuse_existing,
                       write_text_atomic)
 
 
@@ -94,3 +95,16 @@ def test_a_write_that_fails_names_the_file_and_leaves_nothing(tmp_path):
     # in this process (no limit) the same write succeeds
     write_text_atomic(tmp_path / "job.sh", "#!/bin/bash\n" * 1000)
     assert (tmp_path / "job.sh").stat().st_size == 12000
+
+
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o755), (0o027, 0o750), (0o077, 0o700)])
+def test_an_output_folder_gets_the_umask_mode_not_the_temporarys(tmp_path, mask, mode):
+    """``olmax convert`` writes its folders through atomic_output_dir: a converted HF folder was
+    left 0700 (mkdtemp's mode), unreadable to the group that shares the models."""
+    old = os.umask(mask)
+    try:
+        with atomic_output_dir(tmp_path / "hf") as tmp:
+            (tmp / "config.json").write_text("{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "hf").stat().st_mode) == mode

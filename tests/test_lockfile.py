@@ -70,6 +70,20 @@ def test_a_dead_holder_on_this_host_is_taken_over_at_once(tmp_path):
         lock.release()
 
 
+@pytest.mark.parametrize("pid", [0, -1, 2**40, 2**63, True, "12"])
+def test_a_lock_naming_a_pid_no_process_can_have_is_taken_over(tmp_path, pid):
+    """pid 0 or -1 would ask kill() about a process group (always "alive"); one beyond the
+    platform's range overflowed it (an internal error)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_NAME).write_text(_record(**{**identity(), "pid": pid, "proc_start": None}))
+    lock = RunDirLock(run, stale_after=3600).acquire(wait_s=5)
+    try:
+        assert "which no process can have" in lock.took_over
+    finally:
+        lock.release()
+
+
 def test_a_reused_pid_is_not_mistaken_for_the_holder(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -47,6 +48,11 @@ def _umask() -> int:
     return mask
 
 
+def dir_mode() -> int:
+    """The mode a new folder gets under the process's umask (``mkdtemp`` makes 0700 ones)."""
+    return 0o777 & ~_umask()
+
+
 def publish_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     """Give the temporary file normal permissions and rename it into place."""
     os.chmod(tmp, 0o666 & ~_umask())
@@ -54,9 +60,35 @@ def publish_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
 
 
 # What an OSError means about its input rather than the storage: a path that is not there, not
-# permitted, of the wrong kind, or on a read-only file system. The rest (EIO, ENOSPC, ESTALE, a
-# timeout, a dropped connection) is the storage's trouble, which may pass.
-_INPUT_ERRNOS = {errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL}
+# permitted, of the wrong kind or not a valid name. The rest (a full disk or quota, a read-only
+# file system, EIO, ESTALE, a timeout, a dropped connection) is the storage's trouble, which may
+# pass: a restart can help (exit 75).
+_INPUT_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL}
+# The storage failures a library may report only in words (TensorStore under Orbax: "No space
+# left on device [os_error_code='28']"), found by :func:`storage_errno`.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.ESTALE,
+                  errno.ENOTCONN, errno.ETIMEDOUT, errno.ECONNRESET)
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def storage_errno(e: BaseException | None) -> int | None:
+    """The errno of a storage failure (``STORAGE_ERRNOS``) behind ``e``: an OSError in its chain
+    of causes, or one a library wrapped into its message (TensorStore's ``os_error_code``, or the
+    error's words); None when there is none."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            return e.errno
+        text = str(e)
+        m = _OS_ERROR_CODE.search(text)
+        if m and int(m.group(1)) in STORAGE_ERRNOS:
+            return int(m.group(1))
+        for code in STORAGE_ERRNOS:
+            if os.strerror(code) in text:
+                return code
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def input_error(e: OSError) -> bool:
@@ -209,7 +241,8 @@ def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
 
     On any error the temp directory (and any parent directories this call created) is removed,
     so nothing half-written is left behind. An existing empty directory at ``path`` is replaced;
-    a non-empty one is refused before anything is written.
+    a non-empty one is refused before anything is written. The directory gets the mode the umask
+    gives a new one (not the temporary's 0700).
     """
     out = check_output_dir(path).absolute()
     created = []
@@ -224,6 +257,7 @@ def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
         check_output_dir(out)  # still free (nobody wrote it meanwhile)
         if out.exists():
             out.rmdir()
+        os.chmod(tmp, dir_mode())   # mkdtemp's 0700 is for the temporary only
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -259,18 +293,102 @@ _BUILDING: dict[str, threading.Lock] = {}
 _BUILDING_GUARD = threading.Lock()
 
 
+# A cache file :func:`build_once` checksums ends in this trailer: a magic and the SHA-256 of all
+# the bytes before it. A file without it (torn, zero-filled, from another program) is no cache.
+CHECKSUM_MAGIC = b"OLMAXSUM"
+CHECKSUM_TRAILER = len(CHECKSUM_MAGIC) + 32
+_VERIFIED: dict[str, tuple[int, int, int, int]] = {}
+
+
+class _HashingWriter:
+    """A write-only file that feeds what it writes to a SHA-256."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.hash = f, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.hash.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def checksum_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a cache file whose trailer (see ``CHECKSUM_MAGIC``) matches its bytes,
+    or None when it is. Hashed once per process while the file stays the same (inode, size,
+    modification time)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if _VERIFIED.get(str(path.absolute())) == stamp:
+                return None
+            if st.st_size < CHECKSUM_TRAILER:
+                return f"{st.st_size} bytes, too short to hold its checksum"
+            f.seek(st.st_size - CHECKSUM_TRAILER)
+            trailer = f.read(CHECKSUM_TRAILER)
+            if trailer[:len(CHECKSUM_MAGIC)] != CHECKSUM_MAGIC:
+                return "no checksum at its end (torn or zero-filled)"
+            f.seek(0)
+            h, left = hashlib.sha256(), st.st_size - CHECKSUM_TRAILER
+            while left:
+                chunk = f.read(min(left, 1 << 22))
+                if not chunk:
+                    return "shorter than it was"
+                h.update(chunk)
+                left -= len(chunk)
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if h.digest() != trailer[len(CHECKSUM_MAGIC):]:
+        return "its bytes do not match its checksum"
+    _VERIFIED[str(path.absolute())] = stamp
+    return None
+
+
 def build_once(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, what: str,
-               poll_s: float = 2.0) -> Path:
+               poll_s: float = 2.0, checksum: bool = False) -> Path:
     """``path``, written by ``write`` (into :func:`atomic_output`) unless it exists: by one thread
     of one process at a time, whichever takes ``<path>.lock`` first; every other caller, in this
     process or any other that sees the same storage, waits for the file and builds nothing. A
     builder that dies leaves a lock that goes stale (:mod:`olmax.lockfile`), and a waiter takes
-    over the build."""
+    over the build.
+
+    With ``checksum``, the file ends in a trailer holding the SHA-256 of its bytes (the reader
+    skips the last ``CHECKSUM_TRAILER`` bytes), and an existing file is used only when the trailer
+    matches; one that does not is logged as such and rebuilt, never read."""
     path = Path(path)
     with _BUILDING_GUARD:
         local = _BUILDING.setdefault(str(path.resolve()), threading.Lock())
+
+    def usable() -> bool:
+        if not path.is_file():
+            return False
+        if not checksum:
+            return True
+        problem = checksum_problem(path)
+        if problem is None:
+            return True
+        log.warning(f"olmax: {what} {path} is damaged ({problem}); rebuilding it")
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise write_error(path, e) from None
+        return False
+
+    def build(f: BinaryIO) -> None:
+        if not checksum:
+            write(f)
+            return
+        out = _HashingWriter(f)
+        write(out)
+        f.write(CHECKSUM_MAGIC + out.hash.digest())
+
     with local:
-        if path.is_file():
+        if path.is_file() and (not checksum or checksum_problem(path) is None):
             return path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -278,7 +396,9 @@ def build_once(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, wh
             raise write_error(path, e) from None
         lock = LockFile(path.with_name(f"{path.name}.lock"), subject=f"{what} {path}")
         told = False
-        while not path.is_file():
+        while True:
+            if path.is_file() and (not checksum or checksum_problem(path) is None):
+                break
             try:
                 lock.acquire()
             except LockHeld as e:
@@ -288,9 +408,9 @@ def build_once(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, wh
                 time.sleep(poll_s)
                 continue
             try:
-                if not path.is_file():
+                if not usable():
                     with atomic_output(path) as f:
-                        write(f)
+                        build(f)
             finally:
                 lock.release()
     return path

@@ -119,6 +119,21 @@ def identity() -> dict[str, Any]:
             "proc_start": _proc_start(os.getpid())}
 
 
+def _pid_max() -> int:
+    """The largest pid this kernel hands out (Linux ``pid_max``; 2^22, its ceiling, elsewhere)."""
+    text = _read_text("/proc/sys/kernel/pid_max")
+    try:
+        return int(text) if text else 1 << 22
+    except ValueError:
+        return 1 << 22
+
+
+def _impossible_pid(pid: Any) -> bool:
+    """A pid no process can have: not a positive int, or beyond the kernel's range (0 and -1 would
+    ask ``kill`` about a process group, a huge one overflows it)."""
+    return isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= _pid_max()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -316,10 +331,12 @@ class LockFile:
             return f"attempt {self.attempt} replaces attempt {holder['attempt']}"
         me = identity()
         pid = holder.get("pid")
-        same_process_space = (holder.get("host") == me["host"] and isinstance(pid, int)
+        same_process_space = (holder.get("host") == me["host"]
                               and holder.get("boot_id") == me["boot_id"] is not None
                               and holder.get("pid_ns") == me["pid_ns"] is not None)
         if same_process_space:       # decided at once: is that process still there?
+            if _impossible_pid(pid):
+                return f"it names pid {pid!r}, which no process can have"
             if not _pid_alive(pid):
                 return f"process {pid} is gone"
             start = holder.get("proc_start")

@@ -34,8 +34,9 @@ Library noise that used to bury these lines is filtered (:func:`quiet_libraries`
 has already closed (after a failed read of a corrupt checkpoint; harmless, and the fallback to the
 previous checkpoint goes on); Orbax's warnings that a checkpoint item (the optimizer state, when
 only parameters are read) "could not be restored" and that a directory opened for reading is read
-only; and the traceback Orbax logs from its writer thread for an olmax error raised there (a
-tensor found NaN while converting), which the command reports itself.
+only; and the tracebacks Orbax logs from its writer threads for an olmax error raised there (a
+tensor found NaN while converting) or for a storage failure (a full disk: one traceback per
+thread and item), which the command reports itself.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import traceback
 from typing import Callable, Sequence
 
 from olmax.errors import ConfigError, OlmaxError
-from olmax.io import input_error
+from olmax.io import input_error, storage_errno
 
 DEBUG_ENV = "OLMAX_DEBUG"
 DEBUG_FLAG = "--debug"
@@ -138,6 +139,8 @@ class _DropOrbaxNoise(logging.Filter):
         if any(text in msg for text in _ORBAX_NOISE):
             return False
         exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and storage_errno(exc) is not None:
+            return False      # a full disk in the writer thread: the save reports it in one line
         return not isinstance(exc, (ConfigError, OlmaxError))
 
 

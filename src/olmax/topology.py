@@ -6,7 +6,8 @@ A slice can be named two ways, and both commands take both:
   ``v6e-16``, ``tpu7x-128``. The number counts TensorCores for v4, v5p and tpu7x (two per chip)
   and chips for v5e (``v5litepod``) and v6e; the slice has the standard shape of that size;
 - a generation and a shape, as libtpu names a topology: ``v5p:4x4x4``, ``v5e:4x4``, ``v6e:4x4``,
-  ``tpu7x:4x4x4`` (any shape the generation allows, not only the standard one).
+  ``tpu7x:4x4x4`` (any shape the generation offers, not only the standard one; a shape that is
+  no slice, such as ``v5p:3x3x3`` or ``v6e:3x3``, is refused).
 
 ``v5p-128`` and ``v5p:4x4x4`` are the same slice: 64 chips on 16 hosts of 4 chips. JAX shows one
 device per chip, except on tpu7x (Ironwood), whose two TensorCores per chip are two devices.
@@ -114,6 +115,24 @@ def standard_shape(chips: int, dims: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
+_SMALL_3D = {(1, 2, 2), (2, 2, 2), (2, 2, 4), (2, 4, 4)}
+
+
+def _not_a_slice(shape: tuple[int, ...]) -> str | None:
+    """Why a shape is no slice Cloud TPU offers, or None. In 3 dimensions (v4, v5p, tpu7x):
+    2x2x1, 2x2x2, 2x2x4, 2x4x4, or sides that are all multiples of 4 (4x4x4, 4x4x12, ...). In 2
+    (v5e, v6e): sides that are powers of two up to 16, one at most twice the other, not 1x2."""
+    if len(shape) == 3:
+        if tuple(sorted(shape)) in _SMALL_3D or all(s % 4 == 0 for s in shape):
+            return None
+        return "3-dimensional slices are 2x2x1, 2x2x2, 2x2x4, 2x4x4 or have sides that are all " \
+               "multiples of 4"
+    a, b = sorted(shape)
+    if (a & (a - 1) == 0 and b & (b - 1) == 0 and b <= 16 and b <= 2 * a and (a, b) != (1, 2)):
+        return None
+    return "2-dimensional slices are 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16 or 16x16"
+
+
 def is_tpu_name(name: str) -> bool:
     """Whether ``name`` is spelt as a TPU slice of a known generation (valid or not)."""
     head = name.partition(":")[0] if ":" in name else name.rpartition("-")[0]
@@ -137,6 +156,9 @@ def parse_tpu(name: str, flag: str = "--topology") -> TpuSlice:
         shape = tuple(int(x) for x in shape_text.split("x"))
         if len(shape) != gen.dims:
             raise bad(f"a {gen.libtpu} shape has {gen.dims} dimensions")
+        why = _not_a_slice(shape)
+        if why:
+            raise bad(f"{shape_text} is no {gen.libtpu} slice ({why})")
         return TpuSlice(name, gen, shape)
     m = _ACCELERATOR.fullmatch(text)
     gen = _BY_NAME.get(m.group(1)) if m else None

@@ -331,12 +331,28 @@ def _newer_surfaces(root: Path, cfg, params, tokens, recipe: dict) -> None:
         "command": ["olmax", "train"], "attempt": "7.3"}) + "\n")
     # A --patch that is not a pod template.
     (root / "notpod.yaml").write_text("kind: Pod\nspec: {}\n")
+    # Patches the API server would refuse or the job would misread; one nested 300 levels deep.
+    (root / "drop-container.yaml").write_text("spec:\n  containers:\n  - name: olmax\n    $patch: delete\n")
+    (root / "on-failure.yaml").write_text("spec:\n  restartPolicy: OnFailure\n")
+    (root / "deep-patch.yaml").write_text("spec:\n  x: " + "[" * 300 + "]" * 300 + "\n")
     # Outputs that must survive: a user's notes, a FIFO.
     (root / "notes.txt").write_text("my notes\n")
     os.mkfifo(root / "pipe")
     # Metrics that are not UTF-8.
     (root / "run-latin").mkdir()
     (root / "run-latin" / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.0, "note": "caf\xe9"}\n')
+    # Metrics with a line that is JSON but no object, a step beyond float range, a short CSV row.
+    (root / "run-list-line").mkdir()
+    (root / "run-list-line" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n[2, 1.5]\n')
+    (root / "run-huge-step").mkdir()
+    (root / "run-huge-step" / "metrics.jsonl").write_text(
+        '{"step": 1, "loss": 2.0}\n{"step": 1' + "0" * 400 + ', "loss": 1.5}\n')
+    (root / "short-row.csv").write_text("step,loss\n1,2.0\n2\n3,1.0\n")
+    # An HF config.json whose YaRN factor is 0 (used to become a math domain error, or the default).
+    _hf_dir(root / "hf-yarn0", cfg, params)
+    hf_cfg = json.loads((root / "hf-yarn0" / "config.json").read_text())
+    hf_cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 0, "original_max_position_embeddings": 64}
+    (root / "hf-yarn0" / "config.json").write_text(json.dumps(hf_cfg))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -747,6 +763,76 @@ def cases() -> list[Case]:
           r"^--topology 'v5p-12': 12 is not a slice size of v5p"),
         C("train", "float8 dense layers on devices without float8 matmuls",
           [*TRAIN, "train.float8=true"], r"^train.float8: the cpu devices \(cpu\) have no float8 matmuls"),
+        # -- every key checked where it is declared; recipes that state their start
+        C("train", "YaRN factor 0", [*TRAIN, "model.rope_scaling={factor: 0}"],
+          r"^model.rope_scaling.factor must be >= 1 \(got 0.0\)$"),
+        C("train", "YaRN beta_fast 0", [*TRAIN, "model.rope_scaling={beta_fast: 0}"],
+          r"^model.rope_scaling.beta_fast must be positive \(got 0.0\)$"),
+        C("train", "YaRN original context 0",
+          [*TRAIN, "model.rope_scaling={original_max_position_embeddings: 0}"],
+          r"^model.rope_scaling.original_max_position_embeddings must be >= 1 \(got 0\)$"),
+        C("train", "learning rate beyond float32", [*TRAIN, "optim.lr=1e39"],
+          r"^optim.lr must be within float32's range"),
+        C("train", "Adam beta of 1", [*TRAIN, "optim.betas=[0.9, 1.0]"],
+          r"^optim.betas\[1\] must be in \[0, 1\) \(got 1.0\)$"),
+        C("train", "a choice in the wrong case", [*TRAIN, "train.micro_batch_size=Auto"],
+          r"^train.micro_batch_size: expected int or auto or null, got str 'Auto' "
+          r"\(did you mean 'auto'\?\)$"),
+        C("train", "an empty tokenizer name", [*TRAIN, "data.tokenizer=''"],
+          r"^data.tokenizer: expected a non-empty string, got ''$"),
+        C("train", "a step count beyond int64", [*TRAIN, "train.max_steps=1.0e+30"],
+          r"^train.max_steps: 1000000000000000019884624838656 does not fit in 64 bits"),
+        C("train", "coordinator address without a port", [*TRAIN, "distributed.coordinator=node0"],
+          r"^distributed.coordinator: expected HOST:PORT, got 'node0' \(no port\)$"),
+        C("train", "coordinator address with a port out of range",
+          [*TRAIN, "distributed.coordinator=node0:70000"],
+          r"^distributed.coordinator: the port must be a number in 1..65535"),
+        C("train", "coordinator address given as a URL",
+          [*TRAIN, "distributed.coordinator=http://node0:8476"],
+          r"^distributed.coordinator: expected HOST:PORT, not a URL"),
+        C("train", "OLMAX_COORDINATOR without a port", TRAIN,
+          r"^OLMAX_COORDINATOR: expected HOST:PORT, got 'node0' \(no port\)$",
+          env={"OLMAX_COORDINATOR": "node0"}),
+        C("init", "stage 3 without the checkpoint it starts from",
+          ["train", "olmo3_7b_stage3", "--run-dir", "RUN", "data.embedded=true"],
+          r"^init.checkpoint must be set: this recipe \(init.required=optimizer\) starts from a "
+          r"checkpoint with its optimizer state; init.required=none trains it from fresh weights"),
+        C("init", "stage 2 without the weights it starts from",
+          ["launch", "slurm", "olmo3_7b_stage2", "data.embedded=true", "--nodes", "1",
+           "--gpus-per-node", "8", "--out", "OUT.sh"],
+          r"^init.checkpoint or init.hf_dir must be set: this recipe \(init.required=weights\)"),
+        C("convert", "HF config.json with YaRN factor 0", ["convert", "hf-to-olmax", "hf-yarn0", "OUT"],
+          r"^hf-yarn0/config.json: model.rope_scaling.factor must be >= 1 \(got 0.0\)$"),
+        C("curves", "--threshold nan", ["curves", "run-good", "run-good", "--threshold", "nan"],
+          r"^--threshold must be a finite number >= 0 \(got nan\)$"),
+        C("curves", "metrics line that is JSON but not an object", ["curves", "run-list-line"],
+          r"^run-list-line/metrics.jsonl: line 2 is not a JSON object \(a list\)$"),
+        C("curves", "step beyond the range of a float", ["curves", "run-huge-step"],
+          r"^run-huge-step/metrics.jsonl: line 2: step 1000.* is beyond the range of a float$"),
+        C("curves", "CSV row with fewer fields than the header", ["curves", "short-row.csv"],
+          r"^short-row.csv: line 3 has 1 fields, the header 2$"),
+        C("bench", "profile with --steps 0", ["bench", "profile", "tiny.yaml", "--steps", "0"],
+          r"^--steps must be >= 1 \(got 0\)$"),
+        # -- what launch writes, checked like what it reads
+        C("launch", "--patch that deletes the training container",
+          [*LAUNCH("k8s"), "--patch", "drop-container.yaml", "--out", "OUT.yaml"],
+          r"^--patch removes the training container 'olmax' from the pod template$"),
+        C("launch", "--patch with a restart policy beside the pod failure policy",
+          [*LAUNCH("k8s"), "--patch", "on-failure.yaml", "--out", "OUT.yaml"],
+          r"^--patch sets restartPolicy 'OnFailure'; the job's pod failure policy"),
+        C("launch", "--patch nested 300 levels deep",
+          [*LAUNCH("k8s"), "--patch", "deep-patch.yaml", "--out", "OUT.yaml"],
+          r"^--patch deep-patch.yaml: more than 100 levels of nesting"),
+        C("launch", "--resource that replaces the GPU count",
+          ["launch", "k8s", "tiny.yaml", "--nodes", "1", "--gpus-per-node", "2", "--run-dir",
+           "/mnt/runs/r", "--resource", "nvidia.com/gpu=1", "--out", "OUT.yaml"],
+          r"^--resource nvidia.com/gpu=1 would replace the 2 the job was written for"),
+        C("launch", "--max-restarts beyond the API's int32",
+          [*LAUNCH("slurm"), "--max-restarts", "3000000000", "--out", "OUT.sh"],
+          r"^--max-restarts 3000000000 times 1 node\(s\) exceeds 2,147,483,647"),
+        C("launch", "--topology of a shape that is no slice",
+          ["launch", "k8s", "tiny.yaml", "--topology", "v5p:3x3x3", "--out", "OUT.yaml"],
+          r"^--topology 'v5p:3x3x3': 3x3x3 is no v5p slice"),
     ]
     return out
 

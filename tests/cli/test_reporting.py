@@ -25,7 +25,7 @@ def _lines(text: str) -> list[str]:
     (PermissionError(13, "Permission denied", "/data/run/x"), "Permission denied: /data/run/x", 2),
     (IsADirectoryError(21, "Is a directory", "tokens"), "Is a directory: tokens", 2),
     (FileNotFoundError(2, "No such file or directory", "a.yaml"), "file not found: a.yaml", 2),
-    (OSError(30, "Read-only file system", "/ro/x"), "Read-only file system: /ro/x", 2),
+    (OSError(30, "Read-only file system", "/ro/x"), "Read-only file system: /ro/x", 75),  # storage
     (OSError(28, "No space left on device"), "No space left on device", 75),   # the storage's
     (OSError(5, "Input/output error", "/nfs/run/x"), "Input/output error: /nfs/run/x", 75),
     (ConnectionResetError(104, "Connection reset by peer"), "Connection reset by peer", 75),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -54,3 +55,14 @@ def test_heldout_split_is_not_a_copy_of_training():
         if grams:
             frac = len(grams & seen) / len(grams)
             assert frac < DEFAULT_THRESHOLD / 2, (name_text[0], frac)
+
+
+def test_a_damaged_cached_split_is_rebuilt_not_read(tmp_path, caplog):
+    paths = embedded_token_files("heldout", cache_dir=tmp_path)
+    want = [Path(p).read_bytes() for p in paths]
+    Path(paths[0]).write_bytes(bytes(len(want[0])))          # the right size, zero-filled
+    with caplog.at_level(logging.WARNING, logger="olmax"):
+        assert embedded_token_files("heldout", cache_dir=tmp_path) == paths
+    assert [Path(p).read_bytes() for p in paths] == want
+    assert "does not match its checksum" in caplog.text and "rebuilding it" in caplog.text
+    assert not [p for p in (tmp_path / "embedded").iterdir() if p.name.startswith(".")]

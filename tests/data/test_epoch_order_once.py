@@ -71,7 +71,7 @@ def test_processes_sharing_a_cache_build_it_once_and_all_read_it(tmp_path):
     want = shuffled_indices(N, SEED, EPOCH).astype("<u4").tobytes()
     assert got == [want] * 4
     assert sorted(p.name for p in (tmp_path / "cache" / "indices").iterdir()) == [
-        f"global_indices_seed{SEED}_epoch{EPOCH}_size{N}_v1.npy"]     # no lock or temporary left
+        f"global_indices_seed{SEED}_epoch{EPOCH}_size{N}_v2.npy"]     # no lock or temporary left
 
 
 def _die_while_building(cache: Path, started) -> None:

@@ -75,7 +75,7 @@ def test_v5_rope_parameters_per_layer_type():
     (dict(layer_types=[S, F]), "layer_types has 2 entries"),
     (dict(hidden_act="gelu"), "hidden_act"),
     (dict(num_attention_heads=4, num_key_value_heads=3), "multiple of n_kv_heads"),
-    (dict(hidden_size="wide"), "malformed"),
+    (dict(hidden_size="wide"), "hidden_size must be a whole number"),
     (dict(num_hidden_layers=None), "missing 'num_hidden_layers'"),
 ])
 def test_bad_configs_are_one_line_errors(change, message):
@@ -116,3 +116,51 @@ def test_parity_without_torch_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
     with pytest.raises(OlmaxError, match="needs torch and transformers"):
         run_parity("/nonexistent")
+
+
+@pytest.mark.parametrize("entry,expect", [
+    ({"factor": 0}, r"rope_scaling\.factor must be >= 1 \(got 0\.0\)"),
+    ({"beta_fast": 0}, r"rope_scaling\.beta_fast must be positive \(got 0\.0\)"),
+    ({"beta_slow": 0}, r"rope_scaling\.beta_slow must be positive"),
+    ({"original_max_position_embeddings": 0}, r"rope_scaling\.original_max_position_embeddings must be >= 1"),
+    ({"factor": float("nan")}, r"rope_scaling\.factor must be >= 1 \(got nan\)"),
+    ({"attention_factor": -1}, r"rope_scaling\.attention_factor must be positive or null"),
+    ({"beta_fast": 0.5}, r"rope_scaling\.beta_fast \(0\.5\) must be >= beta_slow \(1\.0\)"),
+])
+def test_yarn_values_are_checked_not_replaced_by_defaults(entry, expect):
+    """0 used to become the default (``value or default``) or end in ``math domain error``."""
+    rope = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, **entry}
+    with pytest.raises(OlmaxError, match=r"^config\.json: model\." + expect):
+        model_config_from_hf(hf(rope_scaling=rope))
+
+
+@pytest.mark.parametrize("fields,expect", [
+    ({"rope_theta": 0}, r"model\.rope_theta must be > 1 \(got 0\.0\)"),
+    ({"rms_norm_eps": float("nan")}, r"model\.norm_eps must be positive \(got nan\)"),
+    ({"rope_theta": 1e39}, r"model\.rope_theta must be within float32's range"),
+])
+def test_model_values_are_checked_on_import(fields, expect):
+    with pytest.raises(OlmaxError, match=r"^config\.json: " + expect):
+        model_config_from_hf(hf(**fields))
+
+
+HF_BOUNDARY = [0, -1, 0.5, float("nan"), float("inf"), 10**30, "", "8", None, True, [], {}]
+YARN = {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "original_max_position_embeddings": 64, "attention_factor": 1.2}
+
+
+@pytest.mark.parametrize("key", sorted(hf()) + ["head_dim", "rope_theta", "tie_word_embeddings",
+                                                "layer_types"] + [f"yarn.{k}" for k in YARN])
+def test_every_hf_key_imports_cleanly_or_is_refused_in_one_line(key):
+    """The HF config is checked by the config's own rules: a boundary value either imports into a
+    ModelConfig that passed them or is one OlmaxError line, never another exception."""
+    for value in HF_BOUNDARY:
+        cfg = hf(rope_scaling=dict(YARN))
+        if key.startswith("yarn."):
+            cfg["rope_scaling"][key.split(".", 1)[1]] = value
+        else:
+            cfg[key] = value
+        try:
+            model_config_from_hf(cfg)
+        except OlmaxError as e:
+            assert "\n" not in str(e) and str(e).startswith("config.json: "), (key, value, e)

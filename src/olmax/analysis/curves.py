@@ -29,12 +29,14 @@ import io
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from olmax.config.load import shown
 from olmax.errors import OlmaxError
 from olmax.io import read_text, write_bytes_atomic
 
@@ -59,12 +61,16 @@ def metrics_file(path: Path) -> Path:
     return path
 
 
-def read_rows(path: str | os.PathLike, columns: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Rows of a run dir / ``.jsonl`` / ``.csv`` with ``columns`` (ours -> theirs) renamed to ours."""
+def read_rows(path: str | os.PathLike, columns: Mapping[str, str] | None = None, *,
+              lines: list[int] | None = None) -> list[dict[str, Any]]:
+    """Rows of a run dir / ``.jsonl`` / ``.csv`` with ``columns`` (ours -> theirs) renamed to ours;
+    ``lines``, when given, receives each row's line number. A JSONL line that is not a JSON
+    object, or a CSV row whose fields do not match the header, is an OlmaxError naming its line
+    (a UTF-8 byte-order mark is skipped)."""
     f = metrics_file(Path(path))
     rename = {theirs: ours for ours, theirs in (columns or {}).items()}
     rows: list[dict[str, Any]] = []
-    text = read_text(f)
+    text = read_text(f).removeprefix("\ufeff")
     if f.suffix == ".csv":
         with io.StringIO(text, newline="") as fh:
             reader = csv.DictReader(fh)
@@ -72,8 +78,18 @@ def read_rows(path: str | os.PathLike, columns: Mapping[str, str] | None = None)
             missing = [theirs for theirs in rename if theirs not in header]
             if missing:
                 raise OlmaxError(f"{f}: no column '{missing[0]}' (columns: {', '.join(header)})")
-            for r in reader:
-                rows.append({rename.get(k, k): _number(v) for k, v in r.items()})
+            try:
+                for r in reader:
+                    if None in r or None in r.values():
+                        got = (len(header) + len(r[None]) if None in r
+                               else sum(v is not None for v in r.values()))
+                        raise OlmaxError(f"{f}: line {reader.line_num} has {got} fields, the header "
+                                         f"{len(header)}")
+                    rows.append({rename.get(k, k): _number(v) for k, v in r.items()})
+                    if lines is not None:
+                        lines.append(reader.line_num)
+            except csv.Error as e:
+                raise OlmaxError(f"{f}: line {reader.line_num} is not CSV ({e})") from None
         return rows
     with io.StringIO(text) as fh:
         for lineno, line in enumerate(fh, 1):
@@ -81,10 +97,14 @@ def read_rows(path: str | os.PathLike, columns: Mapping[str, str] | None = None)
                 continue
             try:
                 r = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):    # ValueError: a number of > 4300 digits too
                 raise OlmaxError(f"{f}: line {lineno} is not JSON") from None
-            if isinstance(r, dict):
-                rows.append({rename.get(k, k): v for k, v in r.items()})
+            if not isinstance(r, dict):
+                raise OlmaxError(f"{f}: line {lineno} is not a JSON object "
+                                 f"(a {type(r).__name__.replace('dict', 'object')})")
+            rows.append({rename.get(k, k): v for k, v in r.items()})
+            if lines is not None:
+                lines.append(lineno)
     return rows
 
 
@@ -110,16 +130,26 @@ def _non_finite_word(v: Any) -> Any:
 
 def load_curve(path: str | os.PathLike, metric: str = "loss", x: str = "step", *,
                columns: Mapping[str, str] | None = None, name: str | None = None) -> Curve:
-    rows = read_rows(path, columns)
+    lines: list[int] = []
+    rows = read_rows(path, columns, lines=lines)
     have = {k for r in rows for k in r}
     for key in (x, metric):
         if key not in have:
             raise OlmaxError(f"{path}: no '{key}' values (available: {', '.join(sorted(have)[:20])}"
                              f"{', ...' if len(have) > 20 else ''}); map a column with --map {key}=COLUMN")
     points: dict[float, float] = {}
-    for r in rows:
+    for r, line in zip(rows, lines):
         xv, yv = r.get(x), _non_finite_word(r.get(metric))
-        if isinstance(xv, (int, float)) and isinstance(yv, (int, float)) and math.isfinite(float(xv)):
+        for key, v in ((x, xv), (metric, yv)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise OlmaxError(f"{metrics_file(Path(path))}: line {line}: {key} {shown(v)} is not "
+                                 f"a number")
+            if isinstance(v, int) and abs(v) > sys.float_info.max:
+                raise OlmaxError(f"{metrics_file(Path(path))}: line {line}: {key} {shown(v)} is "
+                                 f"beyond the range of a float")
+        if xv is not None and not math.isfinite(xv):
+            raise OlmaxError(f"{metrics_file(Path(path))}: line {line}: {x} {xv} is not finite")
+        if xv is not None and yv is not None:
             points[float(xv)] = float(yv)
     if not points:
         raise OlmaxError(f"{path}: no rows with numeric '{x}' and '{metric}'")

@@ -42,7 +42,8 @@ from jax.experimental import multihost_utils
 from olmax.checkpoint.format import (ARRAY_ITEMS, META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, STEP_RE,
                                      TMP_RE, NewerFormat, check_meta, resolve_step_dir, stamp_meta)
 from olmax.config import CheckpointConfig
-from olmax.errors import OlmaxError
+from olmax.errors import OlmaxError, RestartableError
+from olmax.io import storage_errno
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class Checkpointer:
             self._check_writable()
             self._scan_incomplete()
         self._mgr = self._manager()
+        self._started: int | None = None      # the step of the last save started (async)
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -211,7 +213,7 @@ class Checkpointer:
             raise OlmaxError(f"checkpoint directory {self.directory} was opened read-only")
         if not (force or self.should_save(step)):
             return False
-        self._raise_pending(step)
+        self._raise_pending()
         if step in self._mgr.all_steps():
             return False
         meta = stamp_meta(dict(meta), step=int(step))
@@ -220,6 +222,12 @@ class Checkpointer:
             OPT_STATE_ITEM: ocp.args.StandardSave(_get(state, OPT_STATE_ITEM)),
             META_ITEM: ocp.args.JsonSave(meta),
         })
+        try:    # the previous save first (Orbax waits for it anyway): its error is its own step's
+            self._mgr.wait_until_finished()
+        except Exception as e:
+            raise self._save_error(self._started, e) from None
+        self._raise_pending()
+        self._started = int(step)
         try:
             self._mgr.save(step, args=args, force=True)
         except Exception as e:  # an OSError, or one wrapped by Orbax/TensorStore
@@ -232,21 +240,27 @@ class Checkpointer:
         except OSError:
             kept = []
         what = f"at step {step} " if step is not None else ""
+        code = storage_errno(e)
+        if code is not None:    # the storage's trouble (a full disk, read-only): a restart can help
+            return RestartableError(f"checkpoint save {what}to {self.directory} failed: "
+                                    f"{os.strerror(code)}; previous checkpoints intact: "
+                                    f"{kept or 'none'}")
         return OlmaxError(f"checkpoint save {what}to {self.directory} failed ({_short(e)}); "
                           f"previous checkpoints intact: {kept or 'none'}")
 
-    def _raise_pending(self, step: int | None = None) -> None:
+    def _raise_pending(self) -> None:
+        """The error of the last save started, which ran in the background, if it failed."""
         try:
             self._mgr.check_for_errors()
         except Exception as e:
-            raise self._save_error(step, e) from None
+            raise self._save_error(self._started, e) from None
 
     def wait(self) -> None:
         """Block until the pending async save (if any) is committed; raise OlmaxError if it failed."""
         try:
             self._mgr.wait_until_finished()
         except Exception as e:
-            raise self._save_error(None, e) from None
+            raise self._save_error(self._started, e) from None
         self._raise_pending()
 
     def close(self) -> None:

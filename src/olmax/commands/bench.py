@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 from olmax.commands import HELP
+from olmax.errors import ConfigError
 from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.perf.bench import bench_train, format_train, matmul_ceiling
 from olmax.perf.profile import format_profile, profile_step
@@ -87,6 +88,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    if args.steps < 1 or args.top < 1:      # before the recipe is compiled and warmed up
+        flag, value = ("--steps", args.steps) if args.steps < 1 else ("--top", args.top)
+        raise ConfigError(f"{flag} must be >= 1 (got {value})")
     inputs = as_inputs([args.recipe], "the recipe")
     for flag, path in (("--json", args.json_out), ("--hlo", args.hlo)):
         if path:   # refused before spending minutes on the benchmark

@@ -8,7 +8,7 @@ OLMo-core export) whose columns are mapped with ``--map step=_step --map loss="t
 from __future__ import annotations
 
 import argparse
-
+import math
 from pathlib import Path
 
 from olmax.analysis.curves import compare_runs, load_curve, metrics_file, plot_comparison
@@ -56,6 +56,8 @@ def _num(value: float | None, spec: str) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.smooth is not None and not 0 <= args.smooth < 1:
         raise ConfigError(f"--smooth must be in [0, 1) (got {args.smooth})")
+    if not (math.isfinite(args.threshold) and args.threshold >= 0):
+        raise ConfigError(f"--threshold must be a finite number >= 0 (got {args.threshold})")
     if args.windows < 1:
         raise ConfigError(f"--windows must be positive (got {args.windows})")
     if args.label and len(args.label) != len(args.sources):

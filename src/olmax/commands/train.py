@@ -31,9 +31,11 @@ count, e.g. on the CPU because the CUDA plugin is missing).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from olmax.commands import HELP
+from olmax.config import check_start
 from olmax.errors import ConfigError, OlmaxError
 from olmax.lockfile import parse_attempt
 from olmax.parallel.distributed import parse_expected_devices
@@ -93,7 +95,13 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.exit_code_on_stop <= 255:
         raise ConfigError(f"--exit-code-on-stop must be 0..255 (got {args.exit_code_on_stop})")
     cfg = load_recipe(args.recipe, args.overrides)
+    check_start(cfg)
     run_dir = args.run_dir or default_run_dir(args.recipe)
+    try:    # TensorStore (the checkpoints) takes UTF-8 paths only: refused before any work
+        os.path.abspath(run_dir).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"--run-dir {os.path.abspath(run_dir)!r} is not UTF-8 text, which the "
+                          f"checkpoint library needs; choose another run directory") from None
     trainer = training.Trainer(cfg, run_dir, quiet=args.quiet, attempt=args.attempt,
                                expect_devices=args.expect_devices)
     summary = trainer.run()

@@ -7,8 +7,9 @@ are ``Literal`` types, checked by :func:`check_choices`).
 
 YAML (a recipe file, the value of an override) is read strictly: ``safe_load``'s types only, a key
 given twice in one mapping is an error naming both lines, and a document larger than
-:data:`MAX_YAML_BYTES` or expanding, through its aliases, to more than :data:`MAX_YAML_VALUES`
-values is refused before any value is looked at. Values quoted in error messages are shortened
+:data:`MAX_YAML_BYTES`, expanding, through its aliases, to more than :data:`MAX_YAML_VALUES`
+values or nested more than :data:`MAX_YAML_DEPTH` levels is refused before any value is looked
+at. Values quoted in error messages are shortened
 (:func:`shown`), whatever their size. This module knows no schema.
 """
 
@@ -58,6 +59,44 @@ def check_positive(obj: Any, section: str, *names: str, optional: bool = False) 
 
 
 
+def check_number(obj: Any, section: str, name: str, *, low: float | None = None,
+                 high: float | None = None, low_open: bool = False, high_open: bool = False,
+                 optional: bool = False) -> None:
+    """Field ``name`` of ``obj`` is a finite number within the bounds (``low``/``high``, each
+    included unless ``*_open``; None: no bound), or null when ``optional``: else a ConfigError
+    naming ``section.name`` and the range. For values built without :func:`from_dict` too (an
+    imported config), so NaN, infinities and non-numbers are refused here as well; so is a value
+    beyond float32's range, in which the model computes."""
+    v = getattr(obj, name)
+    if v is None and optional:
+        return
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    ok = (number and math.isfinite(v)
+          and (low is None or (v > low if low_open else v >= low))
+          and (high is None or (v < high if high_open else v <= high)))
+    if ok and abs(v) > FLOAT32_MAX:
+        raise ConfigError(f"{section}.{name} must be within float32's range (|value| <= "
+                          f"{FLOAT32_MAX:.4g}; got {shown(v)})")
+    if ok:
+        return
+    if low is not None and high is not None:
+        want = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        want = ("positive" if low == 0 and low_open else
+                f"{'>' if low_open else '>='} {low:g}")
+    elif high is not None:
+        want = f"{'<' if high_open else '<='} {high:g}"
+    else:
+        want = "a finite number"
+    if not number:
+        want = f"a number {want}" if low is not None or high is not None else want
+    raise ConfigError(f"{section}.{name} must be {want}{' or null' if optional else ''} "
+                      f"(got {shown(v)})")
+
+
+FLOAT32_MAX = 3.4028234663852886e38   # the model's arithmetic is float32
+INT_LIMIT = 2**63          # an int field holds an int64 (JAX, numpy and the checkpoints' dtype)
+
 
 _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -74,7 +113,20 @@ def shown(value: Any) -> str:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return ", ".join(map(str, typing.get_args(tp)))
+    if tp is type(None):
+        return "null"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _case_hint(value: Any, allowed: Sequence[Any]) -> str:
+    """`` (did you mean 'auto'?)`` when ``value`` is one of ``allowed`` but for its case."""
+    if isinstance(value, str):
+        for a in allowed:
+            if isinstance(a, str) and a.lower() == value.strip().lower() and a != value:
+                return f" (did you mean {a!r}?)"
+    return ""
 
 
 def _convert(value: Any, tp: Any, path: str) -> Any:
@@ -86,7 +138,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin is Literal:
         if value in args and not (isinstance(value, bool) and not isinstance(args[0], bool)):
             return value
-        raise ConfigError(f"{path}: expected one of {', '.join(map(str, args))}, got {shown(value)}")
+        raise ConfigError(f"{path}: expected one of {', '.join(map(str, args))}, got {shown(value)}"
+                          f"{_case_hint(value, args)}")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -99,7 +152,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             except ConfigError:
                 continue
         names = " or ".join(_type_name(a) for a in args)
-        raise ConfigError(f"{path}: expected {names}, got {type(value).__name__} {shown(value)}")
+        choices = [c for a in args if typing.get_origin(a) is Literal for c in typing.get_args(a)]
+        raise ConfigError(f"{path}: expected {names}, got {type(value).__name__} {shown(value)}"
+                          f"{_case_hint(value, choices)}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -131,10 +186,12 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             return value
         raise ConfigError(f"{path}: expected bool, got {type(value).__name__} {shown(value)}")
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
         if isinstance(value, float) and value.is_integer():
-            return int(value)
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if -INT_LIMIT <= value < INT_LIMIT:
+                return value
+            raise ConfigError(f"{path}: {shown(value)} does not fit in 64 bits (|value| < 2^63)")
         raise ConfigError(f"{path}: expected int, got {type(value).__name__} {shown(value)}")
     if tp is float:
         number = None
@@ -149,8 +206,10 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected a finite number, got {shown(value)}")
         return number
     if tp is str:
-        if isinstance(value, str):
+        if isinstance(value, str) and value.strip():
             return value
+        if isinstance(value, str):
+            raise ConfigError(f"{path}: expected a non-empty string, got {shown(value)}")
         raise ConfigError(f"{path}: expected str, got {type(value).__name__} {shown(value)}")
     if tp is type(None):
         if value is None:
@@ -269,6 +328,7 @@ def apply_overrides(data: dict, overrides: Sequence[str], *,
 
 MAX_YAML_BYTES = 4 << 20        # a recipe file, or the value of one override
 MAX_YAML_VALUES = 1_000_000     # values of a document once its aliases are expanded
+MAX_YAML_DEPTH = 100            # levels of nesting (a recipe or a pod template needs about 10)
 
 
 class _DuplicateKey(yaml.constructor.ConstructorError):
@@ -295,25 +355,41 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+class _TooDeep(yaml.YAMLError):
+    problem = "nested deeper than olmax reads"
+
+    def __str__(self) -> str:
+        return self.problem
+
+
 def safe_load_strict(text: str) -> Any:
-    """``yaml.safe_load`` with duplicate keys refused (a ``yaml.YAMLError``)."""
-    return yaml.load(text, Loader=_StrictLoader)   # noqa: S506 - a SafeLoader subclass
+    """``yaml.safe_load`` with duplicate keys refused (a ``yaml.YAMLError``), as is a document
+    nested deeper than the parser's recursion can follow (it used to end in a RecursionError)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)   # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise _TooDeep() from None
 
 
 def check_yaml_size(value: Any, where: str) -> None:
     """Refuse a parsed YAML value holding more than :data:`MAX_YAML_VALUES` values once its aliases
-    are expanded (an alias "bomb", or one that refers to itself), counting no further than that."""
-    count, todo = 0, [value]
+    are expanded (an alias "bomb", or one that refers to itself), counting no further than that,
+    or nested more than :data:`MAX_YAML_DEPTH` levels (which the recursive code after it, merging
+    and writing, could not follow)."""
+    count, todo = 0, [(value, 0)]
     while todo:
-        v = todo.pop()
+        v, depth = todo.pop()
         count += 1
         if count > MAX_YAML_VALUES:
             raise ConfigError(f"{where}: more than {MAX_YAML_VALUES:,} values once its YAML aliases "
                               f"are expanded (aliases nested too deep, or referring to themselves)")
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"{where}: more than {MAX_YAML_DEPTH} levels of nesting (or YAML "
+                              f"aliases referring to themselves)")
         if isinstance(v, dict):
-            todo.extend(v.values())
+            todo.extend((c, depth + 1) for c in v.values())
         elif isinstance(v, list):
-            todo.extend(v)
+            todo.extend((c, depth + 1) for c in v)
 
 
 def load_yaml(path: str | Path) -> dict:

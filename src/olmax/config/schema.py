@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from olmax.config.load import build, check_choices, check_positive, shown, typed_fields
+from olmax.config.load import build, check_choices, check_number, check_positive, shown, typed_fields
 from olmax.errors import ConfigError
 
 
@@ -32,6 +32,22 @@ class YarnConfig:
     attention_factor: float | None = None
     # OLMo 3 applies YaRN to the full-attention layers only.
     full_attention_only: bool = True
+
+    def __post_init__(self) -> None:
+        # HF's rules (transformers _validate_yarn_parameters): the factor stretches the context
+        # (>= 1), and beta_fast is the larger rotation count; both are divided into and logged.
+        where = "model.rope_scaling"
+        check_number(self, where, "factor", low=1)
+        check_number(self, where, "beta_slow", low=0, low_open=True)
+        check_number(self, where, "beta_fast", low=0, low_open=True)
+        if self.beta_fast < self.beta_slow:
+            raise ConfigError(f"{where}.beta_fast ({self.beta_fast}) must be >= beta_slow "
+                              f"({self.beta_slow})")
+        check_number(self, where, "original_max_position_embeddings", low=1)
+        if not isinstance(self.original_max_position_embeddings, int):
+            raise ConfigError(f"{where}.original_max_position_embeddings must be an integer "
+                              f"(got {shown(self.original_max_position_embeddings)})")
+        check_number(self, where, "attention_factor", low=0, low_open=True, optional=True)
 
 
 QkNorm = Literal["full", "head", "none"]
@@ -89,6 +105,10 @@ class ModelConfig:
                 bad(f"window sizes must be positive or null (got {w})")
         if self.head_dim % 2:
             bad(f"head_dim must be even for RoPE (got {self.head_dim})")
+        check_number(self, "model", "rope_theta", low=1, low_open=True)   # log(theta) divides
+        check_number(self, "model", "norm_eps", low=0, low_open=True)
+        check_number(self, "model", "init_std", low=0, low_open=True)
+        check_positive(self, "model", "max_seq_len")
 
     @property
     def q_dim(self) -> int:
@@ -148,7 +168,8 @@ class SourceMixtureConfig:
             raise ConfigError("data.mixture.requested_tokens must be > 0")
         total = sum(s.target_ratio for s in self.sources)
         if abs(total - 1.0) > 1e-8 + 1e-5:   # numpy.allclose(total, 1.0), as OLMo-core checks
-            raise ConfigError(f"data.mixture target ratios must sum to 1.0, got {total}")
+            raise ConfigError(f"data.mixture: the sources' target_ratio values must sum to 1.0, "
+                              f"got {total}")
 
 
 TokenDtype = Literal["uint8", "uint16", "uint32", "uint64"]
@@ -201,6 +222,14 @@ class DataConfig:
             if "=" not in item:
                 raise ConfigError(f"data.remap: expected OLD=NEW, got {item!r}")
         check_positive(self, "data", "max_target_seq_len", optional=True)
+        if self.epoch < 1:
+            raise ConfigError(f"data.epoch must be >= 1 (OLMo-core starts at epoch 1), "
+                              f"got {self.epoch}")
+        check_positive(self, "data", "repetition_max_period", "repetition_min_period",
+                       "repetition_max_count")
+        if self.repetition_min_period > self.repetition_max_period:
+            raise ConfigError(f"data.repetition_min_period ({self.repetition_min_period}) must be "
+                              f"<= data.repetition_max_period ({self.repetition_max_period})")
         if self.num_workers < 0 or self.prefetch < 0:
             raise ConfigError("data.num_workers and data.prefetch must be >= 0")
         self._check_packing()
@@ -283,6 +312,8 @@ class TrainConfig:
             check_positive(self, "train", "micro_batch_size", optional=True)
         if self.seq_len <= 1:
             raise ConfigError(f"train.seq_len must be at least 2 (got {self.seq_len})")
+        check_number(self, "train", "z_loss_multiplier", low=0)
+        check_positive(self, "train", "log_interval")
 
 
 @dataclass(frozen=True)
@@ -300,6 +331,15 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "optim")
+        check_number(self, "optim", "lr", low=0)
+        for i, beta in enumerate(self.betas):
+            if not (isinstance(beta, (int, float)) and 0 <= beta < 1):
+                raise ConfigError(f"optim.betas[{i}] must be in [0, 1) (got {shown(beta)})")
+        check_number(self, "optim", "eps", low=0, low_open=True)
+        check_number(self, "optim", "weight_decay", low=0)
+        check_number(self, "optim", "max_grad_norm", low=0, low_open=True)
+        check_positive(self, "optim", "rolling_interval_length")
+        check_number(self, "optim", "sigma_factor", low=0, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -316,6 +356,8 @@ class SchedulerConfig:
         if self.name != "constant" and self.warmup_steps < 0:
             raise ConfigError(f"scheduler.warmup_steps must be >= 0 (got {self.warmup_steps})")
         check_positive(self, "scheduler", "t_max", optional=True)
+        check_number(self, "scheduler", "alpha_f", low=0)
+        check_number(self, "scheduler", "warmup_min_lr", low=0)
 
 
 @dataclass(frozen=True)
@@ -327,8 +369,10 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         check_positive(self, "checkpoint", "interval", "keep")
+        check_positive(self, "checkpoint", "permanent_interval", optional=True)
 
 
+StartKind = Literal["none", "weights", "checkpoint", "optimizer"]
 SEED_LIMIT = 2**63     # seeds are int64 for jax.random.key and non-negative for numpy's PCG64
 
 
@@ -346,9 +390,38 @@ class InitConfig:
     # The model comes from the checkpoint's config (olmax.interop.architecture): true lets the
     # recipe's model fields win where they differ (shapes must still agree).
     allow_architecture_override: bool = False
+    # What the recipe must start from (checked by ``olmax train`` and ``olmax launch``,
+    # :func:`check_start`): "weights" (init.checkpoint or init.hf_dir), "checkpoint"
+    # (init.checkpoint), "optimizer" (init.checkpoint with init.load_optimizer); "none" overrides.
+    required: StartKind = "none"
 
     def __post_init__(self) -> None:
         check_seed(self.seed, "init.seed")
+        check_choices(self, "init")
+
+    def missing(self) -> str | None:
+        """What the start this section requires lacks, as one line, or None."""
+        if self.required == "none":
+            return None
+        if self.required == "weights" and not (self.checkpoint or self.hf_dir):
+            key, what = "init.checkpoint or init.hf_dir must be set", "trained weights"
+        elif self.required != "weights" and not self.checkpoint:
+            key, what = "init.checkpoint must be set", {
+                "checkpoint": "a checkpoint",
+                "optimizer": "a checkpoint with its optimizer state"}[self.required]
+        elif self.required == "optimizer" and not self.load_optimizer:
+            key, what = "init.load_optimizer must be true", "a checkpoint with its optimizer state"
+        else:
+            return None
+        return (f"{key}: this recipe (init.required={self.required}) starts from {what}; "
+                f"init.required=none trains it from fresh weights instead")
+
+
+def check_start(cfg: "RunConfig") -> None:
+    """Refuse a run that lacks the start its recipe declares (``init.required``): ConfigError."""
+    problem = cfg.init.missing()
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 @dataclass(frozen=True)
@@ -361,7 +434,33 @@ class DistributedConfig:
     init_timeout_s: int | None = None
 
     def __post_init__(self) -> None:
-        check_positive(self, "distributed", "init_timeout_s", optional=True)
+        check_positive(self, "distributed", "init_timeout_s", "num_processes", optional=True)
+        if self.coordinator is not None:
+            check_coordinator(self.coordinator, "distributed.coordinator")
+        if self.process_id is not None:
+            if self.process_id < 0:
+                raise ConfigError(f"distributed.process_id must be >= 0 (got {self.process_id})")
+            if self.num_processes is not None and self.process_id >= self.num_processes:
+                raise ConfigError(f"distributed.process_id ({self.process_id}) must be below "
+                                  f"distributed.num_processes ({self.num_processes})")
+
+
+def check_coordinator(address: str, key: str) -> str:
+    """``HOST:PORT`` (``[IPv6]:PORT``), a port in 1..65535: what ``jax.distributed`` dials.
+    Anything else is a ConfigError naming ``key`` (a config key or an environment variable)."""
+    text = address.strip()
+    if "://" in text or "/" in text:
+        raise ConfigError(f"{key}: expected HOST:PORT, not a URL (got {shown(address)})")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host.strip("[]"):
+        raise ConfigError(f"{key}: expected HOST:PORT, got {shown(address)} (no "
+                          f"{'port' if not sep else 'host'})")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ConfigError(f"{key}: expected HOST:PORT with an IPv6 host in brackets "
+                          f"([::1]:8476), got {shown(address)}")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: the port must be a number in 1..65535 (got {shown(address)})")
+    return text
 
 
 @dataclass(frozen=True)
@@ -436,6 +535,11 @@ class RunConfig:
         t, model = self.train, self.model
         if t.seq_len > model.max_seq_len and model.rope_scaling is None:
             raise ConfigError(f"train.seq_len {t.seq_len} exceeds model.max_seq_len {model.max_seq_len}")
+        sch = self.scheduler
+        if (sch.name != "constant" and sch.warmup_steps > 0
+                and not sch.warmup_min_lr < self.optim.lr):
+            raise ConfigError(f"scheduler.warmup_min_lr ({sch.warmup_min_lr}) must be in "
+                              f"[0, optim.lr) (optim.lr is {self.optim.lr})")
         if t.seq_len % self.mesh.context:
             raise ConfigError(f"train.seq_len {t.seq_len} must be divisible by mesh.context "
                               f"{self.mesh.context} (each device holds an equal block of positions)")
@@ -509,6 +613,7 @@ __all__ = [
     "RunConfig", "DataConfig", "SourceMixtureConfig", "MixtureSourceConfig", "TokenDtype",
     "DataSource", "DATA_SOURCES", "TrainConfig", "ComputeDtype", "AttnImpl", "PlatformProfile",
     "Remat", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig", "SEED_LIMIT",
-    "check_seed", "DistributedConfig", "MeshConfig", "EvalConfig", "LoggingConfig", "ONE_OF",
+    "check_seed", "check_coordinator", "check_start", "StartKind", "DistributedConfig",
+    "MeshConfig", "EvalConfig", "LoggingConfig", "ONE_OF",
     "ModelSpec", "RunSpec",
 ]

@@ -16,13 +16,15 @@ unseen, which ``olmax data overlap --train embedded --eval embedded`` confirms.
 :func:`embedded_token_files` tokenizes a split with dolma2 into OLMo-format token files (each
 document + one EOS, raw uint32 LE, files of at most ``FILE_TOKENS`` tokens split between documents),
 cached under ``$OLMAX_CACHE`` (default ``~/.cache/olmax``) in a folder keyed by a hash of the
-documents and the tokenizer, built in a temporary folder and renamed into place.
+documents and the tokenizer, built in a temporary folder and renamed into place. Its manifest names
+each file's SHA-256; a cached split whose files do not match is logged and rebuilt, never read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sysconfig
@@ -36,12 +38,14 @@ import numpy as np
 from olmax.errors import ConfigError
 from olmax.data.token_files import DocumentWriter
 from olmax.data.tokenizer import get_tokenizer
-from olmax.io import cache_root, write_bytes_atomic
+from olmax.io import cache_root, dir_mode, sha256_file, write_bytes_atomic
 
 try:
     from pydoc_data.topics import topics as PYDOC_TOPICS
 except ImportError:  # pragma: no cover - part of every CPython, but some distributions strip it
     PYDOC_TOPICS = {}
+
+log = logging.getLogger(__name__)
 
 FILE_TOKENS = 1 << 21
 HELDOUT_MODULUS = 20
@@ -142,6 +146,21 @@ def _split_key(split: str, tokenizer_identity: dict) -> str:
     return h.hexdigest()[:16]
 
 
+def _damage(final: Path) -> str | None:
+    """Why the cached split in ``final`` cannot be used (its manifest unreadable, a file missing or
+    not the bytes the manifest's SHA-256 names), or None."""
+    try:
+        files = json.loads((final / "manifest.json").read_text())["files"]
+        for f in files:
+            if sha256_file(final / f["path"]) != f["sha256"]:
+                return f"{f['path']} does not match its checksum"
+    except FileNotFoundError as e:
+        return f"{Path(e.filename).name} is missing"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable manifest ({type(e).__name__})"
+    return None
+
+
 def embedded_token_files(split: str = "train", cache_dir: str | os.PathLike | None = None) -> list[str]:
     """The split tokenized with dolma2 (doc + EOS, raw uint32), cached; returns the file paths in order."""
     tok = get_tokenizer("dolma2")
@@ -149,8 +168,17 @@ def embedded_token_files(split: str = "train", cache_dir: str | os.PathLike | No
     root = cache_root(cache_dir) / "embedded"
     final = root / f"{split}-{key}"
     manifest = final / "manifest.json"
-    if manifest.is_file():
-        return [str(final / f["path"]) for f in json.loads(manifest.read_text())["files"]]
+    if final.exists():
+        problem = _damage(final)
+        if problem is None:
+            return [str(final / f["path"]) for f in json.loads(manifest.read_text())["files"]]
+        log.warning(f"olmax: the embedded corpus cache {final} is damaged ({problem}); rebuilding it")
+        aside = root / f".{final.name}.damaged-{os.getpid()}"
+        try:
+            os.rename(final, aside)
+        except FileNotFoundError:
+            pass                    # another process moved it first
+        shutil.rmtree(aside, ignore_errors=True)
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{split}-{key}.", dir=root))
@@ -167,6 +195,7 @@ def embedded_token_files(split: str = "train", cache_dir: str | os.PathLike | No
         write_bytes_atomic(tmp / "manifest.json", json.dumps(
             {"split": split, "tokenizer": tok.identity, "files": files}, indent=1).encode())
         try:
+            os.chmod(tmp, dir_mode())    # mkdtemp's 0700 is for the temporary only
             os.rename(tmp, final)
         except OSError:
             if not manifest.is_file():  # lost a race only if the winner finished

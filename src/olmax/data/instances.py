@@ -13,10 +13,13 @@
 
 Only index arrays are held: the file offsets (``F + 1`` int64) and one epoch's permutation (``N``
 uint32, 4 bytes per instance). A permutation of at least ``DISK_CACHE_MIN`` instances is built once
-(peak 4 bytes per instance), written to ``<cache>/indices/*.npy`` atomically and then read a row at a
-time, so a training process holds only the rows it reads. Once means once per cache: one thread of
-one process builds it (:func:`olmax.io.build_once`), every other process that sees the same cache
-(a launched job keeps it on the run directory's storage) waits for the file and reads it.
+(peak 4 bytes per instance), written to ``<cache>/indices/*.npy`` atomically, named by everything
+that determines it (N, seed, epoch, format version) and ending in a checksum of its bytes, and then
+read a row at a time, so a training process holds only the rows it reads. A file whose checksum
+does not match (torn or zero-filled by a crash) is logged and rebuilt, never read. Once means once
+per cache: one thread of one process builds it (:func:`olmax.io.build_once`), every other process
+that sees the same cache (a launched job keeps it on the run directory's storage) waits for the
+file and reads it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 
 from olmax.errors import ConfigError, OlmaxError
 from olmax.data.token_files import file_num_tokens, prefetch_sizes
-from olmax.io import build_once, cache_root
+from olmax.io import CHECKSUM_TRAILER, build_once, cache_root
 
 DISK_CACHE_MIN = 1 << 24
 
@@ -98,7 +101,8 @@ def shuffled_indices(num_instances: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def _index_cache_path(cache_dir: str | os.PathLike | None, seed: int, epoch: int, n: int) -> Path:
-    return cache_root(cache_dir) / "indices" / f"global_indices_seed{seed}_epoch{epoch}_size{n}_v1.npy"
+    name = f"global_indices_seed{seed}_epoch{epoch}_size{n}_v2.npy"
+    return cache_root(cache_dir) / "indices" / name
 
 
 class IndexFile:
@@ -120,7 +124,7 @@ class IndexFile:
             self.offset = f.tell()
         if shape != (num_instances,) or dtype != np.dtype("<u4") or fortran:
             raise OlmaxError(f"{path}: corrupt index cache (delete it to rebuild)")
-        if path.stat().st_size != self.offset + 4 * num_instances:
+        if path.stat().st_size != self.offset + 4 * num_instances + CHECKSUM_TRAILER:
             raise OlmaxError(f"{path}: truncated index cache (delete it to rebuild)")
         self.path = path
         self.size = num_instances
@@ -149,7 +153,7 @@ def epoch_indices(num_instances: int, seed: int, epoch: int,
         return shuffled_indices(num_instances, seed, epoch)
     path = _index_cache_path(cache_dir, seed, epoch, num_instances)
     build_once(path, lambda f: np.save(f, shuffled_indices(num_instances, seed, epoch)),
-               what=f"the order of epoch {epoch}")
+               what=f"the order of epoch {epoch}", checksum=True)
     return IndexFile(path, num_instances)
 
 

@@ -28,8 +28,10 @@ far fewer bytes. And the order of equal-length documents is whatever this machin
 order ties differently, so every process of a run reads the one packing its cache holds.
 
 Each group's packing is built once per cache (:func:`olmax.io.build_once`) into
-``<cache>/packed/<key>.npy``, keyed by the group's files (path, size), the tokenizer's EOS/BOS, the
-token dtype, ``seq_len`` and the long-document strategy. It holds, as int64: the number of
+``<cache>/packed/<key>.npy``, keyed by the group's files (resolved absolute path, size and
+modification time; a URL, size and stated MD5; :func:`olmax.data.token_files.file_identity`), the
+tokenizer's EOS/BOS, the token dtype, ``seq_len`` and the long-document strategy, and ending in a
+checksum of its bytes: a file that fails it is logged and rebuilt, never read. It holds, as int64: the number of
 instances I and documents D, the instances' first-document offsets (``I + 1``), and each document's
 start (in the group's concatenated tokens) and length, in instance order. A process reads it by
 memory map, a few entries per instance. Processes that share a cache build different groups at
@@ -49,12 +51,12 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from olmax.data.token_files import TokenReader, file_num_tokens, prefetch_sizes
+from olmax.data.token_files import TokenReader, file_identity, file_num_tokens, prefetch_sizes
 from olmax.errors import ConfigError, OlmaxError
 from olmax.io import build_once, cache_root
 
 LongDocStrategy = Literal["truncate", "fragment"]
-PACK_VERSION = 1
+PACK_VERSION = 2
 SCAN_TOKENS = 1 << 24          # tokens read at a time when looking for document boundaries
 
 
@@ -237,7 +239,7 @@ class PackedIndex:
         return state
 
     def _cache_path(self, files: tuple[int, ...]) -> Path:
-        key = json.dumps({"v": PACK_VERSION, "files": [[self.paths[f], self.file_tokens[f]] for f in files],
+        key = json.dumps({"v": PACK_VERSION, "files": [file_identity(self.paths[f]) for f in files],
                           "dtype": self.dtype.name, "seq_len": self.seq_len, "eos": self.eos,
                           "bos": self.bos, "long_doc_strategy": self.long_doc_strategy})
         digest = hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -254,7 +256,7 @@ class PackedIndex:
                     reader, [self.paths[k] for k in files], [self.file_tokens[k] for k in files],
                     seq_len=self.seq_len, eos=self.eos, bos=self.bos,
                     strategy=self.long_doc_strategy)),
-                    what=f"the packing of source group {i} of {n}")
+                    what=f"the packing of source group {i} of {n}", checksum=True)
         finally:
             reader.close()
 

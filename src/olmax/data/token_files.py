@@ -50,6 +50,20 @@ def file_size(path: str, cache_dir: str | os.PathLike | None = None) -> int:
     return st.st_size
 
 
+def file_identity(path: str) -> list:
+    """What a cache built from a token file is keyed by: for a local file its resolved absolute
+    path, size and modification time (ns); for a remote one its URL, size and the MD5 the store
+    states (None where it states none)."""
+    if is_remote(path):
+        info = remote_files().info(path)
+        return [path, info["size"], info.get("md5")]
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise OlmaxError(f"cannot read token file {path}: {e.strerror}") from None
+    return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+
+
 def prefetch_sizes(paths: Iterable[str]) -> None:
     """Ask the stores for the sizes of the remote files among ``paths``, many at a time (later
     :func:`file_size` calls are then answered from memory)."""

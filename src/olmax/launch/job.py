@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 import olmax
-from olmax.config import MeshConfig, RunConfig
+from olmax.config import MeshConfig, RunConfig, check_start
 from olmax.errors import ConfigError
 from olmax.io import as_inputs, refuse_existing, write_bytes_atomic
 from olmax.hardware import VENDORS, Vendor
@@ -49,6 +49,9 @@ from olmax.train.step import num_micro_batches
 GPU_XLA_FLAGS = "--xla_gpu_enable_latency_hiding_scheduler=true"
 CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 SET_ME = "SET-ME"
+INT32_MAX = 2**31 - 1        # Kubernetes' counts (maxRestarts, backoffLimit) are int32
+MAX_ARG_BYTES = 131072       # Linux's limit on one argument of a command (MAX_ARG_STRLEN)
+LONG_ARGS = "put long values in a recipe file (a YAML that sets them) and launch that instead"
 INIT_TIMEOUT_S = 1800
 WATCHDOG_S = 1800
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -192,10 +195,15 @@ def check_job(job: Job, *, recipe_travels: bool = True) -> Fit:
         raise ConfigError(f"--grace must be a positive number of seconds (got {job.grace_s})")
     if job.max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0 (got {job.max_restarts})")
+    if job.max_restarts * job.nodes > INT32_MAX:     # a Job's backoffLimit counts every node's
+        raise ConfigError(f"--max-restarts {job.max_restarts} times {job.nodes} node(s) exceeds "
+                          f"{INT32_MAX:,}, the most restarts a job may count (Kubernetes "
+                          f"counts them in int32)")
     cfg = load_recipe(job.recipe, job.overrides, find_mix=False, read_init=False)
     defaults = launch_defaults(cfg, job)
     if defaults:
         cfg = load_recipe(job.recipe, [*defaults, *job.overrides], find_mix=False, read_init=False)
+    check_start(cfg)
     notes = []
     if cfg.data.mix is not None:
         try:

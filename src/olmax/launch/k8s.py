@@ -33,13 +33,14 @@ template, e.g. TCPX/TCPXO sidecars and their volumes) add what the cluster's net
 from __future__ import annotations
 
 import copy
+import os
 import posixpath
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
-from olmax.config import safe_load_strict
+from olmax.config import MAX_YAML_BYTES, check_yaml_size, safe_load_strict
 from olmax.errors import ConfigError
 from olmax.io import read_text
 from olmax.launch.job import SET_ME, Fit, Job, check_label, comment, provenance, train_argv
@@ -131,13 +132,19 @@ def strategic_merge(base: Any, patch: Any, key: str = "") -> Any:
 
 
 def read_patch(path: str) -> dict:
-    """A strategic-merge patch of the pod template: YAML with ``metadata`` and/or ``spec``."""
+    """A strategic-merge patch of the pod template: YAML with ``metadata`` and/or ``spec``, read
+    with a recipe's limits (its size, and the values its aliases expand to)."""
     try:
+        size = os.stat(path).st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"--patch {path}: {size:,} bytes, more than a patch may hold "
+                              f"({MAX_YAML_BYTES:,})")
         data = safe_load_strict(read_text(path))
     except OSError as e:
         raise ConfigError(f"--patch {path}: cannot read it ({e.strerror or e})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"--patch {path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    check_yaml_size(data, f"--patch {path}")
     if not isinstance(data, dict) or not data or set(data) - {"metadata", "spec"}:
         raise ConfigError(f"--patch {path}: expected a mapping of the pod template's metadata "
                           "and/or spec (a strategic-merge patch)")
@@ -145,6 +152,32 @@ def read_patch(path: str) -> dict:
         if not isinstance(v, dict):
             raise ConfigError(f"--patch {path}: {k} must be a mapping")
     return data
+
+
+def check_template(template: Any, devices: Mapping[str, Any]) -> None:
+    """The pod template after ``--patch``, checked against what the API server and olmax need
+    (ConfigError naming ``--patch``): the training container is still there with its command,
+    the restart policy is ``Never`` (a pod failure policy, which acts on olmax's exit statuses,
+    requires it), and the container's device limits are the ones the job was written for."""
+    spec = template.get("spec") if isinstance(template, dict) else None
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    mine = [c for c in containers or () if isinstance(c, dict) and c.get("name") == CONTAINER]
+    if not mine:
+        raise ConfigError(f"--patch removes the training container '{CONTAINER}' from the pod "
+                          f"template")
+    if not mine[0].get("command"):
+        raise ConfigError(f"--patch removes the command of the training container '{CONTAINER}'")
+    policy = spec.get("restartPolicy")
+    if policy != "Never":
+        raise ConfigError(f"--patch sets restartPolicy {policy!r}; the job's pod failure policy "
+                          f"(olmax's exit statuses) needs restartPolicy Never")
+    resources = mine[0].get("resources")
+    limits = resources.get("limits") if isinstance(resources, dict) else None
+    limits = limits if isinstance(limits, dict) else {}
+    for name, want in devices.items():
+        if str(limits.get(name)) != str(want):
+            raise ConfigError(f"--patch sets the training container's {name} limit to "
+                              f"{limits.get(name)!r}, but the job was written for {want} per pod")
 
 
 def render(job: Job, fit: Fit, *, tpu: TpuSlice | None = None, controller: str = "jobset",
@@ -213,6 +246,12 @@ def render(job: Job, fit: Fit, *, tpu: TpuSlice | None = None, controller: str =
         resource = job.vendor.k8s_resource      # a TPU's counts chips, a GPU's devices
         limits = {resource: tpu.chips_per_host if tpu else gpus}
         tolerations = [{"key": resource, "operator": "Exists", "effect": "NoSchedule"}]
+    for name in set(extra_limits) & set(limits):   # the devices the job was written for
+        if str(extra_limits[name]) != str(limits[name]):
+            raise ConfigError(f"--resource {name}={extra_limits[name]} would replace the "
+                              f"{limits[name]} the job was written for (--gpus-per-node, "
+                              f"--topology); change those instead")
+    devices = dict(limits)
     limits.update({k: (int(v) if v.isdigit() else v) for k, v in extra_limits.items()})
     resources_spec = {**({"requests": requests} if requests else {}),
                       **({"limits": limits} if limits else {})}
@@ -249,6 +288,7 @@ def render(job: Job, fit: Fit, *, tpu: TpuSlice | None = None, controller: str =
                       "spec": pod_spec}
     if patch:
         template = strategic_merge(template, patch)
+        check_template(template, devices)
     pod_policy = {"rules": [
         {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
                                               "values": list(STOP_FOR_GOOD_EXIT_CODES)}},

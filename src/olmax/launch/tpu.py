@@ -27,7 +27,8 @@ import shlex
 from typing import Sequence
 
 from olmax.errors import ConfigError
-from olmax.launch.job import SET_ME, Fit, Job, comment, provenance, shell_join, train_argv
+from olmax.launch.job import (LONG_ARGS, MAX_ARG_BYTES, SET_ME, Fit, Job, comment, provenance,
+                              shell_join, train_argv)
 from olmax.topology import TpuSlice
 
 LIBTPU_LOCK = "/tmp/libtpu_lockfile"
@@ -123,6 +124,12 @@ def render_vm(job: Job, fit: Fit, tpu: TpuSlice, *, tpu_name: str | None = None,
         if value is not None and not re.fullmatch(r"[A-Za-z0-9._:-]+", value):
             raise ConfigError(f"{flag} {value!r}: letters, digits and . _ : - only")
     cmds = _worker_commands(job, fit, setup)
+    # The start command reaches each worker as one argument (gcloud's --command, then ssh's).
+    size = len(f"export OLMAX_START_ID=00000000000000; {cmds['start']}".encode())
+    if size >= MAX_ARG_BYTES:
+        raise ConfigError(f"the command each TPU VM worker runs would be {size:,} bytes, more than "
+                          f"one argument of gcloud --command may hold ({MAX_ARG_BYTES:,}); "
+                          f"{LONG_ARGS}")
     slices = job.num_slices
     names = '"$TPU_NAME"' if slices == 1 else f'$(printf "$TPU_NAME-%d " $(seq 0 {slices - 1}))'
     where = (f"a TPU VM slice {tpu.name}" if slices == 1 else

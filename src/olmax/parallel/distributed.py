@@ -32,6 +32,7 @@ from typing import Mapping
 import jax
 
 from olmax.config import DistributedConfig
+from olmax.config.schema import check_coordinator
 from olmax.errors import ConfigError
 from olmax.hardware import GPU_VENDORS, VENDORS
 from olmax.platforms import backend_of
@@ -63,7 +64,8 @@ def resolve_settings(cfg: DistributedConfig, environ: Mapping[str, str] = os.env
     for field, env in _ENV.items():
         value = getattr(cfg, field)
         if value is None and environ.get(env):
-            value = environ[env] if field == "coordinator" else _env_int(environ, env)
+            value = (check_coordinator(environ[env], env) if field == "coordinator"
+                     else _env_int(environ, env))
         out[field] = value
     if (out["process_id"] is None and environ.get(INDEX_ENV)
             and (out["coordinator"] is not None or out["num_processes"] is not None)):
