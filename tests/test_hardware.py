@@ -78,6 +78,9 @@ def test_auto_profile_on_amd_gpus_is_rocm_with_chunked_attention():
     assert (rt.profile.name, rt.backend, rt.attn_impl) == ("rocm", "gpu", "chunked")
     nvidia = Runtime.resolve(devices=[device("NVIDIA H100 80GB HBM3", "cuda")])
     assert (nvidia.profile.name, nvidia.backend, nvidia.attn_impl) == ("gpu", "gpu", "cudnn")
+    # devices given as an iterator (the evaluator's) are read once for the backend and the profile
+    rt = Runtime.resolve(devices=(d for d in [device("AMD Instinct MI300X", "rocm")]))
+    assert (rt.profile.name, rt.backend) == ("rocm", "gpu")
 
 
 def _launch(*argv) -> int:

@@ -122,6 +122,7 @@ class Runtime:
         """A runtime with the platform profile ``profile`` (``auto``: the devices' platform) for
         a program compiled for ``devices``. ``float8`` only where those devices have float8
         matmuls (:func:`olmax.platforms.float8_matmuls`; elsewhere a ConfigError)."""
+        devices = None if devices is None else list(devices)   # read more than once below
         backend = backend_of(devices)
         if float8 and not float8_matmuls(devices):
             kind = next(iter(jax.devices() if devices is None else devices)).device_kind
