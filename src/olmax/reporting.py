@@ -47,17 +47,13 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from olmax.errors import ConfigError, OlmaxError
+from olmax.errors import (EXIT_ATTENTION, EXIT_DONE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_RESTART,
+                          ConfigError, OlmaxError)
 from olmax.io import input_error, storage_errno
 
 DEBUG_ENV = "OLMAX_DEBUG"
 DEBUG_FLAG = "--debug"
 
-EXIT_DONE = 0          # finished, or stopped as asked
-EXIT_INPUT = 2         # configuration or input error: a restart cannot help
-EXIT_ATTENTION = 3     # the run cannot go on without a person
-EXIT_RESTART = 75      # a restart may cure it (EX_TEMPFAIL)
-EXIT_INTERRUPTED = 130
 
 
 def debug_requested(argv: Sequence[str]) -> bool:

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from olmax.config import MAX_YAML_BYTES, check_yaml_size, safe_load_strict
-from olmax.errors import ConfigError
+from olmax.errors import EXIT_STOPPED, NO_RESTART, ConfigError
 from olmax.io import read_text
 from olmax.launch.job import SET_ME, Fit, Job, check_label, comment, provenance, train_argv
 from olmax.topology import TpuSlice
@@ -52,8 +52,8 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
-STOP_EXIT_CODE = 143        # 128 + SIGTERM: stopped after saving; the pod is to be started again
-STOP_FOR_GOOD_EXIT_CODES = (2, 3)   # configuration or input error; needs a person
+STOP_EXIT_CODE = EXIT_STOPPED               # stopped after saving; the pod is to be started again
+STOP_FOR_GOOD_EXIT_CODES = tuple(NO_RESTART)  # configuration or input error; needs a person
 CONTAINER = "olmax"
 CONTROLLERS = ("jobset", "job")
 JOBSET_NAME_MAX = 48        # <name>-slice-<s>-<p> must stay a 63-character host name

@@ -29,7 +29,7 @@ import re
 import shlex
 from typing import Sequence
 
-from olmax.errors import ConfigError
+from olmax.errors import NO_RESTART, ConfigError, no_restart_text
 from olmax.launch.job import SET_ME, Fit, Job, comment, provenance, shell_join, train_argv
 
 _WORD = re.compile(r"[^\s#'\"\\]+")
@@ -195,9 +195,9 @@ def render(job: Job, fit: Fit, *, partition: str | None = None, account: str | N
         "# A failure. What the processes said, first failure first (rank files: code node time).",
         'codes=$(cat "$OLMAX_EXITS"/* 2>/dev/null | cut -d" " -f1 | sort -u | tr "\\n" " ")',
         'for code in $codes; do',
-        '  case "$code" in 2|3)',
-        '    echo "olmax launch: a process exited with $code (2: configuration or input error, 3:'
-        ' needs a person): not restarted; see the log above"',
+        f'  case "$code" in {"|".join(map(str, NO_RESTART))})',
+        f'    echo "olmax launch: a process exited with $code ({no_restart_text()}): not restarted;'
+        ' see the log above"',
         '    exit "$code" ;;',
         "  esac",
         "done",

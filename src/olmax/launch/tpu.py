@@ -26,7 +26,7 @@ import re
 import shlex
 from typing import Sequence
 
-from olmax.errors import ConfigError
+from olmax.errors import NO_RESTART, ConfigError, no_restart_text
 from olmax.launch.job import (LONG_ARGS, MAX_ARG_BYTES, SET_ME, Fit, Job, comment, provenance,
                               shell_join, train_argv)
 from olmax.topology import TpuSlice
@@ -54,7 +54,7 @@ while :; do
   fi
   case "$rc" in
     0) echo "olmax launch: $(hostname): olmax train ended (exit 0)"; exit 0 ;;
-    2|3) echo "olmax launch: $(hostname): olmax train exited with $rc (2: configuration or input error, 3: needs a person): not restarted"; exit "$rc" ;;
+    NO_RESTART) echo "olmax launch: $(hostname): olmax train exited with $rc (NO_RESTART_TEXT): not restarted"; exit "$rc" ;;
   esac
   failures=$((failures + 1))
   if [ "$failures" -gt "$max" ]; then
@@ -67,7 +67,8 @@ while :; do
   wait $!
   [ "$stopping" = 0 ] || exit "$rc"
 done
-""".replace("LIBTPU_LOCK", LIBTPU_LOCK)
+""".replace("LIBTPU_LOCK", LIBTPU_LOCK).replace("NO_RESTART_TEXT", no_restart_text()).replace(
+    "NO_RESTART)", "|".join(map(str, NO_RESTART)) + ")")
 
 
 def _worker_commands(job: Job, fit: Fit, setup: Sequence[str]) -> dict[str, str]:

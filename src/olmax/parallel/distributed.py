@@ -33,12 +33,12 @@ import jax
 
 from olmax.config import DistributedConfig
 from olmax.config.schema import check_coordinator
-from olmax.errors import ConfigError
+from olmax.errors import EXIT_RESTART, ConfigError
 from olmax.hardware import GPU_VENDORS, VENDORS
 from olmax.platforms import backend_of
 
 DEFAULT_INIT_TIMEOUT_S = 300     # JAX's own
-RESTART_EXIT_CODE = 75           # olmax.reporting.EXIT_RESTART
+RESTART_EXIT_CODE = EXIT_RESTART
 PLATFORMS = ("cpu", "gpu", "tpu")
 
 _ENV = {"coordinator": "OLMAX_COORDINATOR", "num_processes": "OLMAX_NUM_PROCESSES",

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from olmax.config import RunConfig
+from olmax.errors import EXIT_RESTART
 from olmax.train.callbacks.base import Callback, RunView
 
 FIRST_STEP_S = 3600.0     # the first step compiles the training step (minutes for a 7B model)
-EXIT_CODE = 75            # olmax.reporting.EXIT_RESTART
+EXIT_CODE = EXIT_RESTART
 
 
 class Watchdog(Callback):
