@@ -16,24 +16,39 @@ time) and, for a process a scheduler started, its ``attempt`` (``JOB.N``: the jo
 count). While the holder lives, a background thread touches the file every ``heartbeat`` seconds
 (its mtime is the heartbeat) after checking the token is still its own.
 
-A lock is *stale*, and is taken over, when
+:meth:`LockFile.acquire` is a loop over one attempt (:meth:`LockFile._attempt`): create the file
+with ``O_EXCL``, or read who holds it and judge:
 
-- its holder ran on this host, in the same pid namespace, and that process is gone (or the pid now
-  belongs to a process started at another time); this is decided at once, so a run killed with
-  ``kill -9`` restarts immediately on the same host; or
-- its holder is an earlier attempt of the same job (``JOB.M`` with M < N): a scheduler starts
-  attempt N only to replace attempt M, so it is taken over at once, wherever M ran; or
-- its heartbeat is older than ``stale_after`` seconds (default 120, ``OLMAX_RUN_LOCK_STALE_S``),
-  judged by the file system's own clock (the mtime of a probe file written beside the lock), so
-  clock skew between hosts does not matter. This covers a holder on another host that died.
+====================================================  ======================  ==============================
+the holder (its record, its file)                     the taker's judgement   the taker's action
+====================================================  ======================  ==============================
+none: the file was created, its token reads back      ours                    hold it, start the heartbeat
+our own record, put back by a racing taker            ours                    hold it
+unreadable, the file present                          being written           read again (10 times, 0.2 s)
+an earlier attempt of this job (``JOB.M``, M < N)     stale, at once          take over
+this host and pid namespace, and the process gone,    stale, at once          take over (a run killed with
+its pid reused, or a pid no process can have                                  ``kill -9`` restarts at once)
+another host, no heartbeat (or unreadable) for        stale                   take over
+``stale_after`` s by the file system's clock
+(default 120 s, ``OLMAX_RUN_LOCK_STALE_S``)
+a later attempt of this job                           it replaced this one    refuse at once (LockHeld)
+alive: its process, or a fresh heartbeat              held                    wait up to ``wait_s``, then
+                                                                              refuse (LockHeld)
+====================================================  ======================  ==============================
 
-Taking over happens under a guard, ``<lock>.takeover`` (created with ``O_EXCL``; one taker at a
-time): the taker reads the lock again, judges it again, renames it aside and checks that what was
-moved is the stale lock it judged. Without the guard, takers that judged the same stale lock could
-each move aside a lock a racing creator had just written, and put it back only after the slot had
-changed hands, so that every racer saw another's record and none held the lock. A guard whose
-holder died is broken like a lock (at once on this host; by its age elsewhere). A holder whose heartbeat (or
-:meth:`LockFile.verify`) finds its token gone has lost the lock (:attr:`LockFile.lost`).
+An attempt to take over that loses (the lock changed meanwhile, the guard stayed busy) is followed
+by another attempt; after :data:`MAX_TAKEOVERS` takeovers the lock is "contended" (LockHeld).
+A scheduler starts attempt N of a job only to replace attempt M < N, wherever M ran; the same
+attempt (a pod the scheduler replaced within it) is judged like any other holder.
+
+Taking over happens under a guard, ``<lock>.takeover`` (:class:`TakeoverGuard`, created with
+``O_EXCL``; one taker at a time): the taker reads the lock again, judges it again, renames it aside
+and checks that what was moved is the stale lock it judged. Without the guard, takers that judged
+the same stale lock could each move aside a lock a racing creator had just written, and put it
+back only after the slot had changed hands, so that every racer saw another's record and none held
+the lock. A guard whose holder died is broken like a lock (at once on this host; by its age
+elsewhere). A holder whose heartbeat (or :meth:`LockFile.verify`) finds its token gone has lost the
+lock (:attr:`LockFile.lost`).
 ``acquire(wait_s=...)`` waits for a live holder to release the lock or go stale, up to that long.
 """
 
@@ -47,6 +62,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,6 +72,8 @@ HEARTBEAT_S = 15.0
 STALE_S = 120.0
 GUARD_STALE_S = 30.0     # a takeover lasts milliseconds; a guard this old was left by a dead taker
 GUARD_WAIT_S = 90.0
+UNREADABLE_READS = 10    # a lock file being written is read again this often, 0.2 s apart
+MAX_TAKEOVERS = 20       # stale locks taken over (or tried) before "contended"
 STALE_ENV = "OLMAX_RUN_LOCK_STALE_S"
 HEARTBEAT_ENV = "OLMAX_RUN_LOCK_HEARTBEAT_S"
 _ATTEMPT = re.compile(r"([A-Za-z0-9_-]{1,128})\.(\d{1,9})")
@@ -189,39 +207,48 @@ class LockFile:
     def acquire(self, wait_s: float = 0.0,
                 on_wait: Callable[[str], None] | None = None) -> "LockFile":
         """Take the lock; a live holder is waited for up to ``wait_s`` seconds (``on_wait`` is
-        told once why), else :class:`LockHeld`."""
-        deadline = time.monotonic() + wait_s
-        unreadable_retries, told = 0, False
-        for _ in range(20):
-            while True:
-                holder = self._try_create()
-                if holder is not None and holder.get("token") in self._written:
-                    # Our file, moved aside by a racing taker who found it was not the stale lock
-                    # it judged, and put back (:meth:`_take_over`) while we were reading it.
-                    self.token, holder = holder["token"], None
-                if holder is None:
-                    self._start_heartbeat()
-                    return self
-                if not holder and unreadable_retries < 10 and self.path.exists():
-                    unreadable_retries += 1
-                    time.sleep(0.2)     # being written by its creator right now: read it again
-                    continue
-                why = self._stale_reason(holder)
-                if why is not None:
-                    break
-                if self._newer_attempt(holder) or time.monotonic() >= deadline:
-                    raise LockHeld(self._held_message(holder), holder)
-                if on_wait is not None and not told:
-                    on_wait(f"{self.subject}: waiting up to {wait_s:.0f} s for "
-                            f"{describe_holder(holder) if holder else 'an unknown holder'} to release "
-                            f"its lock {self.path} or to stop its heartbeat")
-                    told = True
-                time.sleep(min(self.heartbeat, 5.0, max(0.05, deadline - time.monotonic())))
+        told once why), else :class:`LockHeld`. A loop over :meth:`_attempt` (the module
+        docstring's table says what each attempt does)."""
+        state = _Acquiring(deadline=time.monotonic() + wait_s)
+        while not self._attempt(state, wait_s, on_wait):
+            pass
+        self._start_heartbeat()
+        return self
+
+    def _attempt(self, state: "_Acquiring", wait_s: float,
+                 on_wait: Callable[[str], None] | None) -> bool:
+        """One attempt to take the lock: True when it is ours; False to try again (after a read,
+        a wait or a takeover); :class:`LockHeld` when it is refused."""
+        holder = self._try_create()
+        if holder is not None and holder.get("token") in self._written:
+            # Our file, moved aside by a racing taker who found it was not the stale lock it
+            # judged, and put back (:meth:`_move_aside`) while we were reading it.
+            self.token, holder = holder["token"], None
+        if holder is None:
+            return True
+        if not holder and state.unreadable < UNREADABLE_READS and self.path.exists():
+            state.unreadable += 1
+            time.sleep(0.2)     # being written by its creator right now: read it again
+            return False
+        why = self._stale_reason(holder)
+        if why is not None:
             if self._take_over(holder):
                 who = describe_holder(holder) if holder else "an unknown holder"
                 self.took_over = f"took over a stale lock of {who} ({why})"
-        raise LockHeld(f"{self.subject} is contended: could not take its lock ({self.path}) after "
-                       "several tries")
+            state.takeovers += 1
+            if state.takeovers >= MAX_TAKEOVERS:
+                raise LockHeld(f"{self.subject} is contended: could not take its lock ({self.path}) "
+                               "after several tries")
+            return False
+        if self._newer_attempt(holder) or time.monotonic() >= state.deadline:
+            raise LockHeld(self._held_message(holder), holder)
+        if on_wait is not None and not state.told:
+            on_wait(f"{self.subject}: waiting up to {wait_s:.0f} s for "
+                    f"{describe_holder(holder) if holder else 'an unknown holder'} to release "
+                    f"its lock {self.path} or to stop its heartbeat")
+            state.told = True
+        time.sleep(min(self.heartbeat, 5.0, max(0.05, state.deadline - time.monotonic())))
+        return False
 
     def _newer_attempt(self, holder: dict) -> bool:
         """Whether ``holder`` is a later attempt of this process's own job (the same attempt, a
@@ -355,8 +382,8 @@ class LockFile:
         """Remove the stale lock judged from ``holder``, under the takeover guard; True when it was
         removed (False: the lock changed meanwhile, or the guard could not be had; the caller
         looks again)."""
-        guard = self._take_guard()
-        if guard is None:
+        guard = TakeoverGuard(self)
+        if not guard.take():
             return False
         try:
             now = self.holder()
@@ -364,7 +391,7 @@ class LockFile:
                 return False       # taken over by another taker, released, or alive after all
             return self._move_aside(holder.get("token"))
         finally:
-            self._drop_guard(guard)
+            guard.drop()
 
     def _move_aside(self, token: str | None) -> bool:
         """Rename the lock aside and delete it; True when what was moved holds ``token`` (if not,
@@ -393,47 +420,6 @@ class LockFile:
         except OSError:
             pass
         return moved_token == token
-
-    # -- the takeover guard --------------------------------------------------------------------
-
-    @property
-    def _guard_path(self) -> Path:
-        return self.path.with_name(f"{self.path.name}.takeover")
-
-    def _take_guard(self) -> str | None:
-        """Create the takeover guard (its token), waiting while another taker holds it; a guard
-        left by a dead taker is broken. None after :data:`GUARD_WAIT_S` seconds of a live one."""
-        path, deadline = self._guard_path, time.monotonic() + GUARD_WAIT_S
-        stale_after = min(GUARD_STALE_S, self.stale_after)
-        while True:
-            token = secrets.token_hex(16)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                fd = None
-            except OSError as e:
-                raise OlmaxError(f"{self.subject} is not writable: {e.strerror or e}") from None
-            if fd is not None:
-                with os.fdopen(fd, "w") as f:
-                    f.write(json.dumps({**identity(), "token": token}) + "\n")
-                return token
-            theirs = LockFile(path, subject=self.subject, stale_after=stale_after,
-                              heartbeat=self.heartbeat)
-            held = theirs.holder()
-            if theirs._stale_reason(held) is not None:
-                theirs._move_aside(held.get("token"))     # a dead taker's guard (or gone already)
-                continue
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.02)
-
-    def _drop_guard(self, token: str) -> None:
-        guard = LockFile(self._guard_path, subject=self.subject)
-        if guard.holder().get("token") == token:     # not broken by another taker meanwhile
-            try:
-                os.unlink(guard.path)
-            except OSError:
-                pass
 
     # -- holding -------------------------------------------------------------------------------
 
@@ -489,4 +475,63 @@ class LockFile:
         self.release()
 
 
-__all__ = ["LockFile", "LockHeld", "identity", "describe_holder", "parse_attempt", "env_seconds"]
+class TakeoverGuard:
+    """``<lock>.takeover``, created with ``O_EXCL``: one taker of a stale lock at a time (the
+    module docstring says why). A guard left by a taker that died is broken like a lock: at once
+    on its own host, after :data:`GUARD_STALE_S` elsewhere."""
+
+    def __init__(self, lock: LockFile) -> None:
+        self.lock = lock
+        self.path = lock.path.with_name(f"{lock.path.name}.takeover")
+        self.token: str | None = None
+
+    def take(self) -> bool:
+        """Create the guard, waiting while another taker holds it; False after
+        :data:`GUARD_WAIT_S` seconds of a live one."""
+        deadline = time.monotonic() + GUARD_WAIT_S
+        stale_after = min(GUARD_STALE_S, self.lock.stale_after)
+        while True:
+            token = secrets.token_hex(16)
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                fd = None
+            except OSError as e:
+                raise OlmaxError(f"{self.lock.subject} is not writable: {e.strerror or e}") from None
+            if fd is not None:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps({**identity(), "token": token}) + "\n")
+                self.token = token
+                return True
+            theirs = LockFile(self.path, subject=self.lock.subject, stale_after=stale_after,
+                              heartbeat=self.lock.heartbeat)
+            held = theirs.holder()
+            if theirs._stale_reason(held) is not None:
+                theirs._move_aside(held.get("token"))     # a dead taker's guard (or gone already)
+                continue
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def drop(self) -> None:
+        """Remove the guard, unless another taker broke it meanwhile."""
+        theirs = LockFile(self.path, subject=self.lock.subject)
+        if self.token is not None and theirs.holder().get("token") == self.token:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        self.token = None
+
+
+@dataclass
+class _Acquiring:
+    """What one :meth:`LockFile.acquire` has seen over its attempts."""
+
+    deadline: float         # time.monotonic() after which a live holder is not waited for
+    unreadable: int = 0     # reads of a lock file its creator was still writing
+    takeovers: int = 0      # stale locks taken over, or tried
+    told: bool = False      # on_wait was told why we wait
+
+
+__all__ = ["LockFile", "LockHeld", "TakeoverGuard", "identity", "describe_holder", "parse_attempt", "env_seconds"]
