@@ -27,6 +27,8 @@ the cache (the epoch order: built once per run, by one process) on the run direc
 
 from __future__ import annotations
 
+from importlib import resources
+
 import re
 import shlex
 from dataclasses import dataclass
@@ -257,3 +259,24 @@ def write_output(path: str | Path, text: str, *, executable: bool = False,
     p = write_bytes_atomic(path, text.encode(), overwrite=force)
     p.chmod(0o755 if executable else 0o644)
     return p
+
+
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+def template(name: str) -> str:
+    """The launch template ``name``: a file of ``olmax/launch/templates/`` (the job bodies, as the
+    cluster runs them, with ``{{placeholders}}`` that :func:`fill` fills)."""
+    return resources.files("olmax.launch").joinpath("templates", name).read_text()
+
+
+def fill(text: str, **values: str) -> str:
+    """``text`` with each ``{{name}}`` replaced by ``values[name]``, in one pass (a value is never
+    searched for placeholders); a line that is one placeholder alone, whose value is empty, is
+    left out. Every placeholder needs a value and every value a placeholder (a ValueError)."""
+    names = set(_PLACEHOLDER.findall(text))
+    if names != set(values):
+        raise ValueError(f"template placeholders {sorted(names)} != values {sorted(values)}")
+    lines = [line for line in text.splitlines(keepends=True)
+             if not ((m := _PLACEHOLDER.fullmatch(line.rstrip("\n"))) and values[m.group(1)] == "")]
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], "".join(lines))

@@ -27,48 +27,16 @@ import shlex
 from typing import Sequence
 
 from olmax.errors import NO_RESTART, ConfigError, no_restart_text
-from olmax.launch.job import (LONG_ARGS, MAX_ARG_BYTES, SET_ME, Fit, Job, comment, provenance,
-                              shell_join, train_argv)
+from olmax.launch.job import (LONG_ARGS, MAX_ARG_BYTES, SET_ME, Fit, Job, comment, fill, provenance,
+                              shell_join, template, train_argv)
 from olmax.topology import TpuSlice
 
 LIBTPU_LOCK = "/tmp/libtpu_lockfile"
 
 # The supervisor each worker runs: bash -c "$SUPERVISE" olmax-supervisor START_ID MAX olmax train ...
-SUPERVISE = r"""start_id=$1 max=$2
-shift 2
-attempt=0 failures=0 stopping=0 child=
-trap 'stopping=1; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null' TERM
-while :; do
-  rm -f LIBTPU_LOCK    # left by the process that ended; no other is running here
-  "$@" --attempt "$start_id.$attempt" &
-  child=$!
-  while :; do   # a trapped signal interrupts `wait`: keep waiting while training runs
-    wait "$child"
-    rc=$?
-    kill -0 "$child" 2>/dev/null || break
-  done
-  child=
-  if [ "$stopping" = 1 ]; then
-    echo "olmax launch: $(hostname): stopped (exit $rc)"
-    exit "$rc"
-  fi
-  case "$rc" in
-    0) echo "olmax launch: $(hostname): olmax train ended (exit 0)"; exit 0 ;;
-    NO_RESTART) echo "olmax launch: $(hostname): olmax train exited with $rc (NO_RESTART_TEXT): not restarted"; exit "$rc" ;;
-  esac
-  failures=$((failures + 1))
-  if [ "$failures" -gt "$max" ]; then
-    echo "olmax launch: $(hostname): olmax train exited with $rc; $max restart(s) already, the most --max-restarts allows: giving up"
-    exit "$rc"
-  fi
-  attempt=$((attempt + 1))
-  echo "olmax launch: $(hostname): olmax train exited with $rc; restart $failures of $max (attempt $start_id.$attempt) in ${OLMAX_RESTART_DELAY_S:-10} s"
-  sleep "${OLMAX_RESTART_DELAY_S:-10}" &
-  wait $!
-  [ "$stopping" = 0 ] || exit "$rc"
-done
-""".replace("LIBTPU_LOCK", LIBTPU_LOCK).replace("NO_RESTART_TEXT", no_restart_text()).replace(
-    "NO_RESTART)", "|".join(map(str, NO_RESTART)) + ")")
+# (templates/tpu_supervise.sh): it restarts training after a failure a restart may cure.
+SUPERVISE = fill(template("tpu_supervise.sh"), libtpu_lock=LIBTPU_LOCK,
+                 no_restart_codes="|".join(map(str, NO_RESTART)), no_restart_text=no_restart_text())
 
 
 def _worker_commands(job: Job, fit: Fit, setup: Sequence[str]) -> dict[str, str]:
@@ -135,66 +103,14 @@ def render_vm(job: Job, fit: Fit, tpu: TpuSlice, *, tpu_name: str | None = None,
     names = '"$TPU_NAME"' if slices == 1 else f'$(printf "$TPU_NAME-%d " $(seq 0 {slices - 1}))'
     where = (f"a TPU VM slice {tpu.name}" if slices == 1 else
              f"{slices} TPU VM slices {tpu.name} (TPU_NAME-0 .. TPU_NAME-{slices - 1})")
-    lines = [
-        "#!/bin/bash",
-        comment(f"# olmax: {job.recipe} on {where} ({tpu.hosts} worker(s) x {tpu.chips_per_host} "
-                f"chips each), one training process per worker; {fit.describe(job)}."),
-        f"# {provenance(job)}",
-        "#",
-        "#   bash <this file>        start training on every worker, in the background, under a",
-        "#                           supervisor that restarts it after a failure a restart may cure",
-        comment(f"#                           (up to {job.max_restarts} times); running it again "
-                "after a preemption, a stop"),
-        "#                           or a lost worker resumes the run from its last checkpoint",
-        "#   bash <this file> logs   follow worker 0's output",
-        "#   bash <this file> stop   SIGTERM on every worker: each saves a checkpoint at the current",
-        "#                           step, then stops",
-        "#",
-        f"# Set by hand where this file says {SET_ME}:",
-        "#   - TPU_NAME and ZONE (here or in the environment; PROJECT defaults to gcloud's own);",
-        "#   - the software on every worker: `olmax` on PATH (--setup, e.g. activating a venv);",
-        comment(f"#   - the run directory {job.run_dir} must be storage every worker sees (NFS,"),
-        "#     Filestore, a gcsfuse mount); relative paths start in each worker's home directory.",
-        "# The slice is created beforehand, e.g.",
-        f"#   gcloud compute tpus tpu-vm create \"$TPU_NAME\" --zone=\"$ZONE\" "
-        f"--accelerator-type={tpu.accelerator_type} --version=<TPU software version>",
-        "set -euo pipefail",
-        "",
-        f'TPU_NAME="${{TPU_NAME:-{tpu_name or SET_ME}}}"',
-        f'ZONE="${{ZONE:-{zone or SET_ME}}}"',
-        f'PROJECT="${{PROJECT:-{project or ""}}}"',
-        "for v in TPU_NAME ZONE; do",
-        f'  if [ "${{!v}}" = {SET_ME} ]; then',
-        '    echo "olmax launch: set $v (SET-ME in $0, or in the environment)" >&2',
-        "    exit 2",
-        "  fi",
-        "done",
-        "",
-        *(f"{k.upper()}_COMMAND={shlex.quote(v)}" for k, v in cmds.items()),
-        "",
-        'case "${1:-start}" in',
-        '  start) command="export OLMAX_START_ID=$(date -u +%Y%m%d%H%M%S); $START_COMMAND";'
-        ' worker=all ;;',
-        '  logs) command=$LOGS_COMMAND; worker=0 ;;',
-        '  stop) command=$STOP_COMMAND; worker=all ;;',
-        '  *) echo "usage: $0 [start|logs|stop]" >&2; exit 2 ;;',
-        "esac",
-        "ssh_to() {",
-        '  gcloud compute tpus tpu-vm ssh "$1" --zone="$ZONE" ${PROJECT:+--project="$PROJECT"}'
-        ' --worker="$worker" --command="$command"',
-        "}",
-    ]
-    if slices == 1:
-        lines.append('ssh_to "$TPU_NAME"')
-    else:
-        lines += [
-            'if [ "$worker" = 0 ]; then ssh_to "$TPU_NAME-0"; exit; fi',
-            "status=0",
-            f"for name in {names}; do",
-            '  ssh_to "$name" & pids+=($!)',
-            "done",
-            'for pid in "${pids[@]}"; do wait "$pid" || status=$?; done',
-            'exit "$status"',
-        ]
-    lines.append("")
-    return "\n".join(lines)
+    run = ('ssh_to "$TPU_NAME"' if slices == 1 else
+           fill(template("tpu_vm_slices.sh"), names=names).rstrip("\n"))
+    return fill(
+        template("tpu_vm.sh"),
+        summary=comment(f"olmax: {job.recipe} on {where} ({tpu.hosts} worker(s) x {tpu.chips_per_host} "
+                        f"chips each), one training process per worker; {fit.describe(job)}."),
+        provenance=provenance(job), max_restarts=str(job.max_restarts),
+        run_dir_comment=comment(job.run_dir), accelerator_type=tpu.accelerator_type,
+        tpu_name=tpu_name or SET_ME, zone=zone or SET_ME, project=project or "",
+        worker_commands="\n".join(f"{k.upper()}_COMMAND={shlex.quote(v)}" for k, v in cmds.items()),
+        run=run)
