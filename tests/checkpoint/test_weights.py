@@ -10,14 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.config import ModelConfig, to_dict
+from olmax.config import to_dict
 from olmax.errors import OlmaxError
 from olmax.model import param_shapes
 from olmax.checkpoint.format import resolve_step_dir
 from olmax.checkpoint.weights import load_meta, load_model_config, load_params, save_params
+from helpers.tiny import narrow_cfg
 
-CFG = ModelConfig(d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, mlp_hidden=32,
-                  vocab_size=100, padded_vocab_size=128, window_pattern=(4, None))
+CFG = narrow_cfg(vocab_size=100, padded_vocab_size=128, window_pattern=(4, None))
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from olmax.cli import main
-from olmax.config import ModelConfig
 from olmax.interop import hf as hfio
 from olmax.model.params import init_params
+from helpers.tiny import small_cfg
 
 
 @pytest.mark.reference
@@ -23,9 +23,8 @@ def test_eval_of_an_hf_directory_equals_eval_of_its_import(tmp_path):
     from helpers.evref import olmes_wheel
 
     olmes_wheel()
-    cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                      vocab_size=100278, padded_vocab_size=100352, window_pattern=(8, 8, 8, None),
-                      max_seq_len=512)
+    cfg = small_cfg(vocab_size=100278, padded_vocab_size=100352, window_pattern=(8, 8, 8, None),
+                    max_seq_len=512)
     params = jax.tree.map(np.asarray, init_params(cfg, jax.random.key(5)))
     params = jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, params)  # spread-out logits
     (tmp_path / "hf").mkdir()

@@ -1,10 +1,27 @@
-"""A tiny OLMo 3 shape for evaluation tests (GQA, a window shorter than the text)."""
+"""The tests' tiny OLMo 3 shapes, written once. Each keeps what OLMo 3 has (GQA, QK-norm, sliding
+windows with full layers between them) at a size a CPU trains in seconds; a test gives what its
+check needs (vocabulary, windows, sequence length) as keyword arguments.
+
+- :func:`tiny_cfg`: 2 layers of 32, a window shorter than the text (evaluation tests);
+- :func:`small_cfg`: 4 layers of 32 (4 query heads, 2 key heads of 8): the training, mesh and
+  interop tests; the rest of :class:`~olmax.config.ModelConfig` at its defaults unless given;
+- :func:`narrow_cfg`: 2 layers of 16 with one key head (checkpoint files, weights checks).
+"""
 
 from olmax.config import ModelConfig
 
+SMALL = dict(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64)
+NARROW = dict(d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, mlp_hidden=32)
+
 
 def tiny_cfg(**kw) -> ModelConfig:
-    base = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                vocab_size=100, padded_vocab_size=128, window_pattern=(8, None), max_seq_len=256)
-    base.update(kw)
-    return ModelConfig(**base)
+    return small_cfg(**{"n_layers": 2, "vocab_size": 100, "padded_vocab_size": 128,
+                        "window_pattern": (8, None), "max_seq_len": 256, **kw})
+
+
+def small_cfg(**kw) -> ModelConfig:
+    return ModelConfig(**{**SMALL, **kw})
+
+
+def narrow_cfg(**kw) -> ModelConfig:
+    return ModelConfig(**{**NARROW, **kw})

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import yaml
 
-from olmax.config import ModelConfig, RunConfig
+from olmax.config import RunConfig
 from olmax.errors import OlmaxError
 from olmax.interop import hf as hfio
 from olmax.model.params import init_params
 from olmax.train.recipes import load_recipe
+from helpers.tiny import small_cfg
 
-SOURCE = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                     vocab_size=120, padded_vocab_size=128, rope_theta=10_000.0, norm_eps=1e-5,
-                     window_pattern=(6, None), max_seq_len=64)
+SOURCE = small_cfg(vocab_size=120, padded_vocab_size=128, rope_theta=10_000.0, norm_eps=1e-5,
+                   window_pattern=(6, None), max_seq_len=64)
 
 
 @pytest.fixture(scope="module")

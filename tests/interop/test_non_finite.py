@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from olmax.cli import main
-from olmax.config import CheckpointConfig, ModelConfig, OptimConfig, to_dict
+from olmax.config import CheckpointConfig, OptimConfig, to_dict
 from olmax.errors import OlmaxError
 from olmax.interop import hf as hfio
 from olmax.model.finite import check_params, params_problems
@@ -18,9 +18,9 @@ from olmax.checkpoint.weights import save_params
 from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state
+from helpers.tiny import narrow_cfg
 
-CFG = ModelConfig(d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, mlp_hidden=32,
-                  vocab_size=120, padded_vocab_size=128, window_pattern=(8, None), max_seq_len=64)
+CFG = narrow_cfg(vocab_size=120, padded_vocab_size=128, window_pattern=(8, None), max_seq_len=64)
 
 
 def _one_line(capsys) -> str:

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 
 from olmax.cli import main
-from olmax.config import CheckpointConfig, ModelConfig, OptimConfig, to_dict
+from olmax.config import CheckpointConfig, OptimConfig, to_dict
 from olmax.interop import hf as hfio
 from olmax.model.params import init_params
 from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.train.optim import build_optimizer
 from olmax.train.state import init_train_state
 from helpers.reference import require
+from helpers.tiny import narrow_cfg
 
-CFG = ModelConfig(d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, mlp_hidden=32,
-                  vocab_size=100278, padded_vocab_size=100352, window_pattern=(8, None),
-                  max_seq_len=64)
+CFG = narrow_cfg(vocab_size=100278, padded_vocab_size=100352, window_pattern=(8, None),
+                 max_seq_len=64)
 
 
 @pytest.fixture()

@@ -8,17 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.config import ModelConfig
 from olmax.model import olmo3
 from olmax.model.params import param_shapes
 from olmax.model.runtime import Runtime
 from olmax.model.rope import rope_tables
 from olmax.platforms import PROFILES
+from helpers.tiny import small_cfg
 
 # Two scan groups of a period-2 pattern: a wrong group/position pairing changes the numbers.
-CFG = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                  vocab_size=200, padded_vocab_size=256, window_pattern=(4, None),
-                  rope_theta=10_000.0, max_seq_len=64)
+CFG = small_cfg(vocab_size=200, padded_vocab_size=256, window_pattern=(4, None),
+                rope_theta=10_000.0, max_seq_len=64)
 T = 16
 
 

@@ -25,7 +25,7 @@ import pytest
 from jaxlib._hlo import HloPrintOptions
 
 from helpers.sharded import run_steps
-from olmax.config import MeshConfig, ModelConfig, OptimConfig, RunConfig, SchedulerConfig, TrainConfig
+from olmax.config import MeshConfig, OptimConfig, RunConfig, SchedulerConfig, TrainConfig
 from olmax.model.attention_cp import from_zigzag, to_zigzag
 from olmax.model.attention_ref import xla_attention
 from olmax.model.olmo3 import seq_chunks, seq_unchunks
@@ -36,15 +36,15 @@ from olmax.perf.plan import plan
 from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.step import build_sharded_training
+from helpers.tiny import small_cfg
 
 
 def _run() -> dict:
     """Every measurement of the test, on the mesh tier's 8 CPU devices."""
     assert jax.device_count() == 8
     T = 128
-    cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                      vocab_size=250, padded_vocab_size=256, window_pattern=(8, 12, 8, None),
-                      max_seq_len=4096)
+    cfg = small_cfg(vocab_size=250, padded_vocab_size=256, window_pattern=(8, 12, 8, None),
+                    max_seq_len=4096)
     tx = skip_step_adamw(OptimConfig(lr=5e-3))
     sched = build_schedule(SchedulerConfig(warmup_steps=2), 5e-3, 10)
     rng = np.random.default_rng(0)

@@ -10,17 +10,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from olmax.config import MeshConfig, ModelConfig, OptimConfig, TrainConfig
+from olmax.config import MeshConfig, OptimConfig, TrainConfig
 from olmax.model.params import init_params
 from olmax.parallel.mesh import make_mesh
 from olmax.train.optim import skip_step_adamw
 from olmax.train.state import init_train_state
 from olmax.train.step import build_sharded_training, make_train_step
+from helpers.tiny import small_cfg
 
 pytestmark = [pytest.mark.mesh, pytest.mark.slow]     # two 8-device runs: about 30 s
 
-CFG = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                  vocab_size=250, padded_vocab_size=256, window_pattern=(8, None), max_seq_len=32)
+CFG = small_cfg(n_layers=2, vocab_size=250, padded_vocab_size=256, window_pattern=(8, None), max_seq_len=32)
 
 
 def _batches() -> list[dict]:

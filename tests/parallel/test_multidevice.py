@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from helpers.sharded import run_steps
-from olmax.config import MeshConfig, ModelConfig, OptimConfig, SchedulerConfig, TrainConfig
+from olmax.config import MeshConfig, OptimConfig, SchedulerConfig, TrainConfig
 from olmax.parallel.mesh import make_mesh
 from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.step import build_sharded_training
+from helpers.tiny import small_cfg
 
 pytestmark = pytest.mark.mesh
 
-CFG = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                  vocab_size=250, padded_vocab_size=256, window_pattern=(8, 8, 8, None), max_seq_len=32)
+CFG = small_cfg(vocab_size=250, padded_vocab_size=256, window_pattern=(8, 8, 8, None), max_seq_len=32)
 MESHES = {"1": (MeshConfig(fsdp=1), 1), "fsdp8": (MeshConfig(), 8),
           "2x2x2": (MeshConfig(data=2, fsdp=2, tensor=2), 8)}
 

@@ -8,7 +8,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from olmax.config import ModelConfig, OptimConfig, TrainConfig
+from olmax.config import OptimConfig, TrainConfig
 from olmax.model.olmo3 import forward
 from olmax.model.params import init_params
 from olmax.train.loss import IGNORE_INDEX, lm_loss_sums, loss_denominator, make_labels
@@ -16,9 +16,9 @@ from olmax.train.optim import skip_step_adamw
 from olmax.train.state import init_train_state
 from olmax.train.step import make_train_step
 from helpers.reference import require
+from helpers.tiny import small_cfg
 
-CFG = ModelConfig(d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, mlp_hidden=64,
-                  vocab_size=120, padded_vocab_size=128, window_pattern=(8, 8, 8, None), max_seq_len=32)
+CFG = small_cfg(vocab_size=120, padded_vocab_size=128, window_pattern=(8, 8, 8, None), max_seq_len=32)
 
 
 def _batch(seed=0, b=4, t=24):
