@@ -1,7 +1,7 @@
 """The stage-1 epoch order at full scale, measured by hand (not part of the test run: a build takes
 minutes and 3 GiB):
 
-    PYTHONPATH=src python tests/data/epoch_order_scale.py --dir /tmp/scale --processes 2 --json out.json
+    PYTHONPATH=src python benchmarks/epoch_order_scale.py --dir /tmp/scale --processes 2 --json out.json
 
 A mix of 1016 sparse token files (no disk used) with stage 1's 5.93e12 tokens, split among the
 files by a fixed log-normal draw; ``--processes`` processes (stand-ins for the hosts of a job,
@@ -74,7 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True, help="scratch folder (the sparse mix and the cache)")
     ap.add_argument("--processes", type=int, default=2)
-    ap.add_argument("--src", default=str(Path(__file__).resolve().parents[2] / "src"))
+    ap.add_argument("--src", default=str(Path(__file__).resolve().parents[1] / "src"))
     ap.add_argument("--json")
     ap.add_argument("--child", nargs=3, metavar=("CACHE", "RANK", "PROCESSES"))
     args = ap.parse_args()

@@ -2,7 +2,7 @@
 length 65,536, ``source_group_size=8``), measured by hand (not part of the test run: minutes and a
 few GB of disk):
 
-    PYTHONPATH=src python tests/data/packed_scale.py --dir /tmp/pscale --json out.json
+    PYTHONPATH=src python benchmarks/packed_scale.py --dir /tmp/pscale --json out.json
 
 Each measurement runs in a fresh child process (seconds, peak RSS from ``ru_maxrss``), for olmax
 and, side by side, for ai2-olmo-core 3.0.0 on the same files:
@@ -193,7 +193,7 @@ def main() -> None:
     root = Path(args.dir)
     _, docs = make_group(root / "group")
     make_sparse_mix(root / "sparse")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     rows = []
     for mode in args.modes.split(","):
         for impl in (("packed", "fsl") if mode == "read" else args.impls.split(",")):
