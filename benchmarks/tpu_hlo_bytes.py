@@ -76,7 +76,7 @@ def compare(a: str, b: str, top: int) -> int:
     print(f"A {a}: {sa['total_bytes'] / GB:.2f} GB proxy\nB {b}: {sb['total_bytes'] / GB:.2f} GB proxy")
     for g in GROUPS:
         keys = set(sa[g]) | set(sb[g])
-        get = lambda s, k: s[g].get(k, {"bytes": 0.0, "ops": 0})  # noqa: E731
+        get = lambda s, k, g=g: s[g].get(k, {"bytes": 0.0, "ops": 0})  # noqa: E731
         diff = sorted(keys, key=lambda k: -abs(get(sa, k)["bytes"] - get(sb, k)["bytes"]))
         print(f"\n== by {g}: A GB (ops) | B GB (ops) | A-B GB, largest differences first ==")
         for k in diff[:top]:

@@ -23,7 +23,7 @@ from olmax.lockfile import LockFile, LockHeld, identity, parse_attempt
 LOCK_NAME = ".olmax-lock"
 
 
-def RunDirLock(run, **kw):   # noqa: N802 - the run directory's lock file, as olmax train words it
+def RunDirLock(run, **kw):   # the run directory's lock file, as olmax train words it
     return LockFile(run / LOCK_NAME, subject=f"run directory {run}", user="olmax train",
                     hint="use another --run-dir or stop that run", **kw)
 

@@ -60,7 +60,7 @@ class _StderrHandler(logging.Handler):
             msg = record.getMessage()
             print(msg if record.levelno < logging.WARNING else f"warning: {msg}", file=sys.stderr,
                   flush=True)
-        except Exception:  # noqa: BLE001 - logging must never fail the command
+        except Exception:  # logging must never fail the command
             self.handleError(record)
 
 

@@ -109,7 +109,7 @@ def run_reporting(command: str, func: Callable[[], int | None], *, debug: bool) 
     except KeyboardInterrupt as e:
         print(f"olmax {command}: interrupted", file=sys.stderr)
         return exit_code(e)
-    except Exception as e:  # noqa: BLE001 - the last resort: every failure becomes one line
+    except Exception as e:  # the last resort: every failure becomes one line
         if debug:
             traceback.print_exc()
         print(f"olmax {command}: error: {describe_error(e)}", file=sys.stderr, flush=True)

@@ -67,7 +67,7 @@ def test_curves_with_nan_or_inf_report_the_blowup(tmp_path, capsys):
         js = tmp_path / f"{name}.json"
         assert main(["curves", ref, other, "--json", str(js)]) == 0
         out = capsys.readouterr().out
-        assert f"first step beyond relative 0.01: 31 (a non-finite value)" in out, out
+        assert "first step beyond relative 0.01: 31 (a non-finite value)" in out, out
         assert f"{name}: 50 points, final loss n/a, min 3.81633; 20 non-finite, first {value} at step 31" in out
         s = _strict_json(js.read_text())
         comp = s["comparisons"][0]

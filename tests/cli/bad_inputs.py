@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import dataclasses
 import gzip
-import io
 import json
 import os
 import pickle

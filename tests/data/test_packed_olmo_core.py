@@ -76,7 +76,8 @@ def same_doc_lens(ours_rows, theirs_rows):
     """Rows equal up to the zero padding (OLMo-core pads to the batch's most documents, we to the
     data's)."""
     width = max(ours_rows.shape[1], theirs_rows.shape[1])
-    pad = lambda a: np.pad(a, ((0, 0), (0, width - a.shape[1])))
+    def pad(a):
+        return np.pad(a, ((0, 0), (0, width - a.shape[1])))
     np.testing.assert_array_equal(pad(ours_rows), pad(theirs_rows))
 
 

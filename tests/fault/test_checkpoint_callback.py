@@ -75,7 +75,7 @@ class FakeTrainer:
             while run.step < max_steps and not run.stop_requested:
                 s = run.step + 1
                 data = jnp.float32(s)  # "batch" s-1
-                loss_fn = lambda p: jnp.sum((p["w"] - data) ** 2) + jnp.sum(p["embed"] ** 2)  # noqa: E731
+                loss_fn = lambda p, data=data: jnp.sum((p["w"] - data) ** 2) + jnp.sum(p["embed"] ** 2)  # noqa: E731
                 loss, grads = jax.value_and_grad(loss_fn)(run.state.params)
                 if s == self.nan_at:
                     loss = jnp.float32(np.nan)

@@ -62,16 +62,16 @@ def test_a_stopped_peer_is_caught_by_the_watchdog_and_the_restarted_job_matches(
             p.kill()
     text = log.read_text()
     assert rc != 0 and took < WATCHDOG_S + 60, (took, text[-4000:])
-    assert f"olmax train: error: watchdog: no step completed in" in text
+    assert "olmax train: error: watchdog: no step completed in" in text
     (dump,) = (run_dir / "hangs").iterdir()         # rank 0's stacks; rank 1 never woke up
     stacks = dump.read_text()
-    assert stacks.startswith(f"olmax train watchdog: no step completed in ")
+    assert stacks.startswith("olmax train watchdog: no step completed in ")
     assert "Thread 0x" in stacks and 'File "' in stacks and "trainer.py" in stacks
     exits = run_dir / "exits" / f"{job_id}.0"
     assert sorted(f.name for f in exits.iterdir()) == ["0"]    # rank 1 was killed by srun
     assert (exits / "0").read_text().split()[:2] == ["75", "node0"]
     assert recorded(slurm_dir / "scontrol.log") == [["requeue", str(job_id)]]
-    assert f"requeueing, restart 1 of 10" in text
+    assert "requeueing, restart 1 of 10" in text
     hung_at = metrics(run_dir)[-1]["step"]
     assert hung_at < STEPS
 

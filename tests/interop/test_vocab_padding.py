@@ -11,14 +11,12 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 
 from olmax.config import ModelConfig
 from olmax.interop import hf as hfio
 from olmax.interop.vocab_padding import mean_resized_rows, softmax_vocab
-from olmax.model.params import init_params
 from olmax.checkpoint.weights import load_meta, load_params
 
 from helpers.hf_models import make_hf_model
@@ -53,7 +51,7 @@ def test_padding_rows_reproduce_transformers_mean_resizing(tmp_path, monkeypatch
     theirs = {"model.embed_tokens.weight": model.get_input_embeddings().weight.detach().numpy(),
               "lm_head.weight": model.lm_head.weight.detach().numpy()}
     for (name, ref), z in zip(theirs.items(), draws):
-        ours = mean_resized_rows(lambda a, b: weights.read_rows(name, a, b), 300, 64, 84, noise=z)
+        ours = mean_resized_rows(lambda a, b, name=name: weights.read_rows(name, a, b), 300, 64, 84, noise=z)
         # float32 rounding of the mean: torch's reduction order follows its thread count
         rounding = 32 * np.finfo(np.float32).eps * np.abs(ref[300:]).max()
         np.testing.assert_allclose(ours, ref[300:], rtol=0, atol=rounding)

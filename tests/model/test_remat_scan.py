@@ -38,7 +38,7 @@ def _unrolled(params, tokens, windows):
     sin, cos = rope_tables(jnp.arange(T), CFG.head_dim, CFG.rope_theta)
     h = jnp.take(params["embed"], tokens, axis=0)
     for i, window in enumerate(windows):
-        p = jax.tree.map(lambda x: x[i], params["layers"])
+        p = jax.tree.map(lambda x, i=i: x[i], params["layers"])
         h = olmo3._layer(p, h, CFG, window, sin, cos, Runtime())
     return Runtime().kernels.rms_norm(h, params["final_norm"], CFG.norm_eps)
 

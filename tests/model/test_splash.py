@@ -35,7 +35,7 @@ def _out_and_grads(fn, windows, scale):
     def run(q, k, v, ct):
         res = []
         for w in windows:
-            out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, w, scale), q, k, v)
+            out, vjp = jax.vjp(lambda q, k, v, w=w: fn(q, k, v, w, scale), q, k, v)
             res.append((out, *vjp(ct)))
         return res
     return jax.jit(run)

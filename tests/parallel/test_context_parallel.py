@@ -109,8 +109,8 @@ def _run() -> dict:
             def out_and_grads(fn, q, k, v, c):
                 o, vjp = jax.vjp(fn, q, k, v)
                 return [o, *vjp(c)]
-            got = jax.jit(lambda *a: out_and_grads(lambda *x: split(*x, w), *a))(q, k, v, ct)
-            ref = out_and_grads(lambda *x: xla_attention(*x, w, 0.25, seg), q, k, v, ct)
+            got = jax.jit(lambda *a, w=w: out_and_grads(lambda *x: split(*x, w), *a))(q, k, v, ct)
+            ref = out_and_grads(lambda *x, w=w: xla_attention(*x, w, 0.25, seg), q, k, v, ct)
             out["blocks"][str(w)] = [float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
                                      for a, b in zip(got, ref)]
     # olmax plan of the step on the 8 devices at 2 rows per device: context 1, 2, 4, 8

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import yaml
 
 import test_oc_parity as ref

@@ -73,7 +73,7 @@ def _problem(steps, seed=0, grad_scale=1.0):
     mk = lambda s: jnp.asarray(rng.normal(size=s).astype(np.float32))  # noqa: E731
     is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
     params0 = jax.tree.map(lambda s: mk(s) * 0.1, SHAPES, is_leaf=is_shape)
-    grads = [jax.tree.map(lambda s: mk(s) * grad_scale * (1 + 0.1 * i % 3), SHAPES, is_leaf=is_shape)
+    grads = [jax.tree.map(lambda s, i=i: mk(s) * grad_scale * (1 + 0.1 * i % 3), SHAPES, is_leaf=is_shape)
              for i in range(steps)]
     losses = list(3.0 + 0.01 * rng.normal(size=steps))
     return params0, grads, losses

@@ -2,13 +2,12 @@
 
 import math
 
-import pytest
 from helpers.reference import require
 
 require("olmo_core")  # the official recipes name OLMo-core's mix files
 
-from olmax.model.params import count_params
-from olmax.train.recipes import load_recipe, packaged_recipes
+from olmax.model.params import count_params  # noqa: E402 - after the reference check
+from olmax.train.recipes import load_recipe, packaged_recipes  # noqa: E402
 
 
 def test_all_packaged_recipes_load():

@@ -137,7 +137,7 @@ def _copy_all(files, items: list[FetchItem], workers: int, progress):
                 return
             except OlmaxError as e:
                 done.put((item, e))
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread, raised there
+            except BaseException as e:  # handed to the main thread, raised there
                 done.put((item, e))
 
     threads = [threading.Thread(target=work, daemon=True, name=f"olmax-fetch-{n}")

@@ -187,7 +187,7 @@ def iter_documents(path: Path, text_field: str, start: int = 0,
         for n, pos, raw in _jsonl_lines(path, start, end):
             if not raw.strip():
                 continue
-            where = lambda: f"{path}:{n if n is not None else _line_number(path, pos)}"  # noqa: E731
+            where = lambda n=n, pos=pos: f"{path}:{n if n is not None else _line_number(path, pos)}"  # noqa: E731
             try:
                 obj = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -93,7 +93,7 @@ class OlmesData:
         return self._zip
 
     def has(self, rel: str) -> bool:
-        self.zip
+        _ = self.zip   # opens the archive, which reads its names
         assert self._names is not None
         return PACKAGE_ROOT + rel in self._names
 

@@ -14,7 +14,7 @@ from olmax.config import RunConfig
 from olmax.errors import OlmaxError
 from olmax.io import write_bytes_atomic
 from olmax.perf import hlo
-from olmax.perf.targets import GiB
+from olmax.hardware import GiB
 
 
 _OOM_PATTERNS = (

@@ -185,7 +185,7 @@ def analyse(text: str) -> Program:
                 for c in called.get("condition", []):
                     visit(c, m * (n + 1), depth + 1)
             else:
-                for kind, names in called.items():
+                for names in called.values():
                     for c in names:
                         visit(c, m, depth + 1)
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from olmax import hardware
 from olmax.errors import ConfigError, OlmaxError
-from olmax.hardware import GiB, Accelerator
+from olmax.hardware import Accelerator
 
 GPUS_PER_NODE = 8     # an HGX node: 8 GPUs behind NVSwitch
 

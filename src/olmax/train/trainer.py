@@ -337,7 +337,7 @@ class Trainer:
         for close in [cb.close for cb in callbacks] + ([ckpt.close] if ckpt is not None else []):
             try:
                 close()
-            except Exception as e:  # noqa: BLE001 - every resource is released before raising
+            except Exception as e:  # every resource is released before raising
                 errors.append(e)
         if bar is not None:
             bar.close()

@@ -20,7 +20,7 @@ class DashboardCallback(Callback):
             return
         try:
             path = write_dashboard(run.run_dir)
-        except Exception as e:  # noqa: BLE001 - a plot must not fail a finished run
+        except Exception as e:  # a plot must not fail a finished run
             log.warning("could not write the run dashboard: %s", e)
             return
         if path is not None:

@@ -90,7 +90,7 @@ class Watchdog(Callback):
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
             where = str(path)
-        except Exception as e:  # noqa: BLE001 - the exit must happen whatever the storage does
+        except Exception as e:  # the exit must happen whatever the storage does
             where = f"(could not write the stacks: {e})"
         print(f"olmax train: error: watchdog: no step completed in {idle:.0f} s "
               f"(train.watchdog_s={self.limit_s:g}); every thread's stack is in {where}; exiting "
