@@ -41,9 +41,9 @@ those of the backend that compiles the program (the CPU's YNNPACK setting only w
 backend compiles; a TPU generation's scoped VMEM only when libtpu compiles for it), whatever
 profile the program was traced with.
 
-A new platform is one row in :data:`PROFILES`; its devices' vendor and facts are rows of
-:mod:`olmax.hardware`, whose vendors' JAX platform names map to their profile (``cuda`` and
-``rocm`` -> ``gpu``).
+A new platform is one row in :data:`PROFILES`; its devices' facts and vendor are rows of
+:mod:`olmax.hardware`, whose vendor rows name the JAX platform, the backend that compiles for it
+(``cuda`` and ``rocm`` -> ``gpu``) and the profile ``auto`` gives (NVIDIA ``gpu``, AMD ``rocm``).
 """
 
 from __future__ import annotations
