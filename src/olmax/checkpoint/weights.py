@@ -179,6 +179,36 @@ def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfi
     return Path(directory)
 
 
+def save_train_state(directory: str | os.PathLike, step: int, params: Any, opt_state: Any,
+                     model_cfg: ModelConfig, *, extra_meta: Mapping[str, Any] | None = None) -> Path:
+    """Write a training checkpoint outside training: ``directory/<step>/`` with ``params``,
+    ``opt_state`` and ``meta`` (leaves: numpy or :class:`StreamedArray`, written chunk by chunk),
+    as :class:`olmax.checkpoint.checkpointer.Checkpointer` lays a step out, so ``directory`` reads
+    as a ``checkpoints/`` dir. Atomic; refuses an existing non-empty ``directory``."""
+    meta = dict(extra_meta or {})
+    for key in ("model", "format_version", "step"):
+        meta.pop(key, None)
+    meta = stamp_meta(meta, model=to_dict(model_cfg), step=int(step))
+
+    def args(tree: Any) -> Any:
+        save_args = jax.tree.map(lambda x: x.save_args() if isinstance(x, StreamedArray)
+                                 else ocp.SaveArgs(), tree)
+        return ocp.args.PyTreeSave(tree, save_args=save_args)
+
+    handler = lambda: ocp.PyTreeCheckpointHandler(  # noqa: E731
+        type_handler_registry=_streaming_registry())
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(
+        **{PARAMS_ITEM: handler(), OPT_STATE_ITEM: handler(), META_ITEM: ocp.JsonCheckpointHandler()}))
+    with atomic_output_dir(directory) as tmp:
+        try:
+            checkpointer.save(tmp / str(int(step)), args=ocp.args.Composite(
+                **{PARAMS_ITEM: args(params), OPT_STATE_ITEM: args(opt_state),
+                   META_ITEM: ocp.args.JsonSave(meta)}), force=True)
+        finally:
+            checkpointer.close()
+    return Path(directory)
+
+
 # ----------------------------------------------------------------------------------------------
 # Locating and loading
 
@@ -343,5 +373,5 @@ def stored_arrays(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
     return tree, cfg
 
 
-__all__ = ["save_params", "load_params", "load_model_config", "load_meta",
+__all__ = ["save_params", "save_train_state", "load_params", "load_model_config", "load_meta",
            "stored_param_shapes", "StreamedArray", "StoredArray", "stored_arrays"]
