@@ -28,6 +28,7 @@ from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.state import init_train_state
 from olmax.train.step import make_train_step
+from helpers.olmo_core_layout import olmax_tree, oc_state_dict
 from helpers.reference import require
 
 torch = require("torch")
@@ -82,21 +83,7 @@ def _oc_model(params, cfg=CFG):
             factor=y.factor, beta_fast=y.beta_fast, beta_slow=y.beta_slow,
             old_context_len=y.original_max_position_embeddings))
     model = oc_cfg.build(init_device="cpu")
-    p = jax.tree.map(np.asarray, params)
-    lay = p["layers"]
-    sd = {"embeddings.weight": p["embed"], "lm_head.w_out.weight": p["lm_head"].T,
-          "lm_head.norm.weight": p["final_norm"]}
-    names = {"attention.w_q": "q_proj", "attention.w_k": "k_proj", "attention.w_v": "v_proj",
-             "attention.w_out": "o_proj", "feed_forward.w1": "gate_proj",
-             "feed_forward.w3": "up_proj", "feed_forward.w2": "down_proj"}
-    norms = {"attention.q_norm": "q_norm", "attention.k_norm": "k_norm",
-             "attention_norm": "attn_norm", "feed_forward_norm": "mlp_norm"}
-    for i in range(cfg.n_layers):
-        for oc, ours in names.items():
-            sd[f"blocks.{i}.{oc}.weight"] = lay[ours][i].T
-        for oc, ours in norms.items():
-            sd[f"blocks.{i}.{oc}.weight"] = lay[ours][i]
-    model.load_state_dict({k: torch.tensor(np.ascontiguousarray(v)) for k, v in sd.items()})
+    model.load_state_dict({k: torch.tensor(v) for k, v in oc_state_dict(params, cfg).items()})
     return model
 
 
@@ -105,20 +92,7 @@ def _to_olmax_layout(model, sd=None):
     pytree (numpy)."""
     if sd is None:
         sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    L = sum(1 for k in sd if k.endswith("attention.w_q.weight"))
-    stack = lambda name, tr: np.stack([sd[f"blocks.{i}.{name}.weight"].T if tr else  # noqa: E731
-                                       sd[f"blocks.{i}.{name}.weight"] for i in range(L)])
-    return {"embed": sd["embeddings.weight"], "final_norm": sd["lm_head.norm.weight"],
-            "lm_head": sd["lm_head.w_out.weight"].T,
-            "layers": {"q_proj": stack("attention.w_q", True), "k_proj": stack("attention.w_k", True),
-                       "v_proj": stack("attention.w_v", True), "o_proj": stack("attention.w_out", True),
-                       "gate_proj": stack("feed_forward.w1", True),
-                       "up_proj": stack("feed_forward.w3", True),
-                       "down_proj": stack("feed_forward.w2", True),
-                       "q_norm": stack("attention.q_norm", False),
-                       "k_norm": stack("attention.k_norm", False),
-                       "attn_norm": stack("attention_norm", False),
-                       "mlp_norm": stack("feed_forward_norm", False)}}
+    return olmax_tree(sd, CFG.replace(n_layers=len(model.blocks)))
 
 
 def _doc_lens():

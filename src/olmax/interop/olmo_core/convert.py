@@ -87,13 +87,11 @@ def convert_olmo_core_to_olmax(src: str | os.PathLike, out: str | os.PathLike, *
                                weights_only: bool = False, optim: OptimConfig | None = None,
                                model: ModelConfig | None = None) -> Path:
     """OLMo-core checkpoint ``src`` -> olmax checkpoint at ``out`` (see the module docstring).
-    ``model``: the model when ``src`` has no ``config.json``."""
+    ``model``: the recipe's model, which must be ``config.json``'s (or stands for it where the
+    checkpoint has none)."""
     check_output_dir(out)
     ck = OLMoCoreCheckpoint(src)
-    cfg = ck.model_config() or model
-    if cfg is None:
-        raise OlmaxError(f"{ck.path}: no config.json; the model cannot be known")
-    ck.check_model(cfg)
+    cfg = checked_model(ck, model)
     trainer = ck.trainer_state()
     meta = {"source": {"kind": "olmo-core", "path": ck.path},
             META_KEY: source_meta(ck, trainer),
@@ -114,6 +112,22 @@ def convert_olmo_core_to_olmax(src: str | os.PathLike, out: str | os.PathLike, *
     if trainer is not None:
         meta["olmo_core_data_position"] = dict(trainer.data_loader)
     return save_train_state(out, step, params, opt_state, cfg, extra_meta=meta)
+
+
+def checked_model(ck: OLMoCoreCheckpoint, model: ModelConfig | None) -> ModelConfig:
+    """The checkpoint's model (``config.json``), which ``model`` (a recipe's) may not contradict;
+    its tensors checked against it."""
+    from olmax.model.presets import ModelSpec, WeightsConfig, resolve_model
+
+    stored = ck.model_config()
+    if stored is None and model is None:
+        raise OlmaxError(f"{ck.path}: no config.json; the model cannot be known")
+    cfg = stored or model
+    if stored is not None and model is not None:
+        weights = WeightsConfig(stored, "init.checkpoint", ck.files.path("config.json"))
+        cfg = resolve_model(ModelSpec.of(model), weights)
+    ck.check_model(cfg)
+    return cfg
 
 
 def olmax_opt_state(cfg: ModelConfig, optim: OptimConfig, mu: Any, nu: Any, count: int) -> Any:
