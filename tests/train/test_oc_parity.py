@@ -63,6 +63,13 @@ def _batches():
 def _oc_model(params, cfg=CFG):
     """OLMo-core's model of ``cfg`` (its MLP width: llama_like's 8d/3 rounded up to 16) holding
     ``params``."""
+    model = _oc_config(cfg).build(init_device="cpu")
+    model.load_state_dict({k: torch.tensor(v) for k, v in oc_state_dict(params, cfg).items()})
+    return model
+
+
+def _oc_config(cfg=CFG):
+    """OLMo-core's ``TransformerConfig`` of ``cfg``."""
     from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
@@ -82,9 +89,7 @@ def _oc_model(params, cfg=CFG):
         oc_cfg = oc_cfg.with_rope_scaling(YaRNRoPEScalingConfig(
             factor=y.factor, beta_fast=y.beta_fast, beta_slow=y.beta_slow,
             old_context_len=y.original_max_position_embeddings))
-    model = oc_cfg.build(init_device="cpu")
-    model.load_state_dict({k: torch.tensor(v) for k, v in oc_state_dict(params, cfg).items()})
-    return model
+    return oc_cfg
 
 
 def _to_olmax_layout(model, sd=None):
@@ -123,22 +128,34 @@ def _run_olmo_core(params, batches, model=None, docs=None):
     document (varlen attention, positions restarting in each document); so here every document of
     a micro-batch runs as its own forward, with its slice of the row's labels (``get_labels`` of the
     whole row: a document's last label is the next document's first token)."""
-    from olmo_core.data.utils import get_labels
-    from olmo_core.optim.adamw import SkipStepAdamW
-    from olmo_core.optim.scheduler import CosWithWarmup
-
     torch.manual_seed(0)
     model = model if model is not None else _oc_model(params)
-    model.train()
+    losses, skipped, norms = _oc_steps(model, _oc_optimizer(model), batches, docs=docs)
+    return losses, skipped, norms, _to_olmax_layout(model)
+
+
+def _oc_optimizer(model):
+    """OLMo-core's SkipStepAdamW over ``model``, the embedding in a no-decay group."""
+    from olmo_core.optim.adamw import SkipStepAdamW
+
     emb = [p for n, p in model.named_parameters() if n == "embeddings.weight"]
     rest = [p for n, p in model.named_parameters() if n != "embeddings.weight"]
-    opt = SkipStepAdamW([{"params": emb, "weight_decay": 0.0}, {"params": rest}], lr=PEAK_LR,
-                        betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay,
-                        rolling_interval_length=OPT.rolling_interval_length,
-                        sigma_factor=int(OPT.sigma_factor), foreach=True)
+    return SkipStepAdamW([{"params": emb, "weight_decay": 0.0}, {"params": rest}], lr=PEAK_LR,
+                         betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay,
+                         rolling_interval_length=OPT.rolling_interval_length,
+                         sigma_factor=int(OPT.sigma_factor), foreach=True)
+
+
+def _oc_steps(model, opt, batches, first_step=1, docs=None, t_max=SCHED.t_max):
+    """OLMo-core's training steps ``first_step, first_step + 1, ...`` on ``batches`` (the LR of
+    ``CosWithWarmup`` at each step number): ``(losses, skipped, grad norms)``."""
+    from olmo_core.data.utils import get_labels
+    from olmo_core.optim.scheduler import CosWithWarmup
+
+    model.train()
     sched = CosWithWarmup(warmup=WARMUP, alpha_f=0.1)
     losses, skipped, norms = [], [], []
-    for step, (tokens, mask) in enumerate(batches, start=1):
+    for step, (tokens, mask) in enumerate(batches, start=first_step):
         ids = torch.tensor(tokens, dtype=torch.long)
         im = torch.tensor(mask)
         labels = get_labels({"input_ids": ids, "instance_mask": im})
@@ -161,13 +178,13 @@ def _run_olmo_core(params, batches, model=None, docs=None):
         opt.latest_grad_norm = norm
         opt.latest_loss = ce_total
         for g in opt.param_groups:
-            g["lr"] = sched.get_lr(PEAK_LR, step, SCHED.t_max)
+            g["lr"] = sched.get_lr(PEAK_LR, step, t_max)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(ce_total))
         skipped.append(float(opt.step_skipped))
         norms.append(float(norm))
-    return losses, skipped, norms, _to_olmax_layout(model)
+    return losses, skipped, norms
 
 
 def _run_olmax(params, batches, profile="cpu", remat="none", chunk_size=8, docs=None):

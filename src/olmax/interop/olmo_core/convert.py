@@ -257,10 +257,9 @@ def trainer_state_dict(meta: dict, cfg: ModelConfig) -> dict:
     """OLMo-core's ``Trainer.state_dict()`` for an olmax checkpoint's meta: the step, tokens seen
     and the data loader's position (its fingerprint: the run's own, else the imported one's)."""
     step = int(meta.get("step", 0))
-    run = meta.get("config") or {}
-    train = run.get("train") or {}
-    tokens_per_batch = int(train.get("global_batch_size", 1)) * int(train.get("seq_len", 1))
+    train = (meta.get("config") or {}).get("train") or {}
     imported = meta.get(META_KEY) or {}
+    tokens_per_batch = _tokens_per_batch(train, imported)
     loader = dict(imported.get("data_loader") or {})
     position = int(meta.get("data_position", step))
     fingerprint = (meta.get("data_fingerprint") or {}).get("olmo_core_sha256") \
@@ -283,6 +282,19 @@ def trainer_state_dict(meta: dict, cfg: ModelConfig) -> dict:
 # RNG states no library version matches: OLMo-core restores none of them (a warning; OLMo 3 has
 # no dropout, so nothing depends on them).
 _NO_RNG = {lib: {"version": (0, 0), "state": None} for lib in ("python", "numpy", "torch")}
+
+
+def _tokens_per_batch(train: dict, imported: dict) -> int:
+    """Tokens of one global batch: the run's, else the imported trainer state's."""
+    if train.get("global_batch_size") and train.get("seq_len"):
+        return int(train["global_batch_size"]) * int(train["seq_len"])
+    loader = imported.get("data_loader") or {}
+    if loader.get("batches_processed"):
+        return int(loader["tokens_processed"]) // int(loader["batches_processed"])
+    if imported.get("global_step"):
+        return int(imported["tokens_seen"]) // int(imported["global_step"])
+    raise OlmaxError("the checkpoint does not say how many tokens a batch holds (no run config, "
+                     "no OLMo-core trainer state)")
 
 
 def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, *,
