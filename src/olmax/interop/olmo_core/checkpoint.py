@@ -92,7 +92,7 @@ class OLMoCoreCheckpoint:
 
     def config(self) -> dict | None:
         """``config.json`` (the experiment config), or None where there is none."""
-        if not self.full or not self.files.exists("config.json"):
+        if not self.files.exists("config.json"):
             return None
         try:
             return json.loads(self.files.read_all("config.json"))
