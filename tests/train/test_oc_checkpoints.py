@@ -206,3 +206,98 @@ def test_round_trip_is_bit_identical(run, tmp_path):
         assert torch.equal(p, q), name
         for k in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(o1.state[p][k], o2.state[q][k]), (name, k)
+
+
+def test_float8_weight_wrapper_reads_as_its_plain_tensor(tmp_path):
+    """A chunk torch.save'd as torchao's ``WeightWithDynamicFloat8CastTensor`` (OLMo-core's
+    float8 training with float8 all-gather) is read as the fp32 tensor it wraps."""
+    require("torchao")
+    import io
+
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    from olmax.interop.olmo_core.torch_zip import Archive
+
+    plain = torch.randn(6, 4)
+    buf = io.BytesIO()
+    torch.save(WeightWithDynamicFloat8CastTensor(plain, LinearMMConfig(), torch.float8_e4m3fn), buf)
+    data = buf.getvalue()
+    archive = Archive(lambda o, n: data[o:o + n], len(data), "float8 chunk")
+    got = archive.array(archive.load())
+    assert got.dtype == np.float32 and np.array_equal(got, plain.numpy())
+
+
+FSDP_SCRIPT = """
+import os, socket, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+
+def run(rank, world, folder, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import jax
+    import test_oc_parity as ref
+    from olmax.model.params import init_params
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+
+    torch.manual_seed(0)
+    model = ref._oc_model(init_params(ref.CFG, jax.random.key(3)))
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks.values():
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = ref._oc_optimizer(model)
+    ref._oc_steps(model, opt, ref._batches()[:3])
+    save_model_and_optim_state(folder, model, opt, flatten_optimizer_state=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    mp.spawn(run, args=(2, sys.argv[1], port), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_world_size_2_checkpoint(tmp_path):
+    """A checkpoint saved by OLMo-core at world size 2 with FSDP (gloo, CPU): every tensor in two
+    chunks, two ranks' files. olmax assembles each tensor as OLMo-core's own loader does at world
+    size 1, and its conversion round trip is bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "model_and_optim"
+    script = tmp_path / "fsdp.py"
+    script.write_text(FSDP_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(script), str(folder)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reader = DcpReader(Files(folder))
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(reader.meta.files)
+    emb = reader.meta.tensors["model.embeddings.weight"]
+    assert [c.offsets for c in emb.chunks] == [(0, 0), (ref.CFG.padded_vocab_size // 2, 0)]
+    model, opt = _oc_load(folder)
+    for name, p in model.named_parameters():
+        assert reader.tensor(f"model.{name}").tobytes() == p.detach().numpy().tobytes(), name
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            got = reader.tensor(f"optim.state.{name}.{k}")
+            assert got.tobytes() == opt.state[p][k].numpy().tobytes(), (name, k)
+    step_dir = tmp_path / "step3"
+    (step_dir / "train").mkdir(parents=True)
+    folder.rename(step_dir / "model_and_optim")
+    torch.save(_trainer_state(3), step_dir / "train" / "rank0.pt")
+    (step_dir / "config.json").write_text(json.dumps({
+        "model": ref._oc_config().as_config_dict(),
+        "dataset": {"tokenizer": {"vocab_size": ref.CFG.vocab_size}}}))
+    converted = convert_olmo_core_to_olmax(step_dir, tmp_path / "olmax", optim=ref.OPT)
+    back = convert_olmax_to_olmo_core(converted, tmp_path / "back")
+    m2, o2 = _oc_load(back / "model_and_optim")
+    for (name, p), q in zip(model.named_parameters(), m2.parameters()):
+        assert torch.equal(p, q), name
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt.state[p][k], o2.state[q][k]), (name, k)
