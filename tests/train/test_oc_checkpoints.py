@@ -185,6 +185,7 @@ def test_export_resumed_by_olmo_core_matches_olmax(run, tmp_path):
     _same_steps(ours, theirs)
 
 
+@pytest.mark.slow
 def test_round_trip_is_bit_identical(run, tmp_path):
     """OLMo-core -> olmax -> OLMo-core: every weight, moment and step, bit for bit, as our reader
     and as OLMo-core's loader see them."""

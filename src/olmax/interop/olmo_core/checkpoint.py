@@ -222,10 +222,19 @@ class LazyLeaf:
         self.stacked = first.layer is not None
         self.shape = ((len(tensors),) if self.stacked else ()) + tuple(shape)
         self.dtype = np.dtype(np.float32)
+        self._last: tuple[str, np.ndarray] | None = None
 
     def _one(self, t: OLMoCoreTensor) -> np.ndarray:
+        if self._last is not None and self._last[0] == t.name:
+            return self._last[1]
         a = self._read(t.name)
-        return np.ascontiguousarray(a.T) if t.transposed else a
+        a = np.ascontiguousarray(a.T) if t.transposed else a
+        if not self.stacked:    # asked for block by block: read the tensor once
+            self._last = (t.name, a)
+        return a
+
+    def release(self) -> None:
+        self._last = None
 
     def layer(self, i: int) -> np.ndarray:
         return self._one(self.tensors[i])

@@ -28,7 +28,8 @@ import jax
 import numpy as np
 
 from olmax.checkpoint.format import OPT_STATE_ITEM, resolve_step_dir
-from olmax.checkpoint.weights import StreamedArray, load_meta, save_params, save_train_state
+from olmax.checkpoint.weights import (StreamedArray, load_meta, save_params, save_train_state,
+                                     stored_array, stored_arrays)
 from olmax.config import ModelConfig, OptimConfig, from_dict, to_dict
 from olmax.errors import OlmaxError
 from olmax.interop import vocab_padding
@@ -37,11 +38,12 @@ from olmax.interop.olmo_core.checkpoint import (MODEL_AND_OPTIM, OLMoCoreCheckpo
 from olmax.interop.olmo_core.dcp import write_dcp
 from olmax.interop.olmo_core.torch_zip import write_torch_save
 from olmax.io import atomic_output_dir, check_output_dir
-from olmax.model.params import olmo_core_tensors
+from olmax.model.params import OLMoCoreTensor, olmo_core_tensors
 from olmax.train.optim import skip_step_adamw
 
 META_KEY = "olmo_core"
 GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr")
+ADAM = "inner.0."     # Adam's state in olmax's optimizer state (SkipStepAdamWState.inner[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,33 +148,16 @@ def olmax_opt_state(cfg: ModelConfig, optim: OptimConfig, mu: Any, nu: Any, coun
 # olmax -> OLMo-core
 
 
-def _olmax_arrays(ckpt: Path, cfg: ModelConfig, with_optimizer: bool) -> tuple[Any, Any]:
-    """Params and the optimizer state of an olmax step dir, as numpy (host) arrays."""
-    from olmax.checkpoint.checkpointer import abstract_tree, open_step_dir
-
-    params_shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, np.float32),
-                                 _param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
-    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    abstract_params = abstract_tree(params_shapes, cpu)
+def _olmax_arrays(step_dir: Path, with_optimizer: bool) -> tuple[Any, Any]:
+    """The params of an olmax step dir and (``with_optimizer``) Adam's ``(count, mu, nu)``, as
+    stored arrays read slice by slice (a layer of a tensor at a time)."""
+    params, _ = stored_arrays(step_dir)
     if not with_optimizer:
-        from olmax.checkpoint.weights import load_params
-
-        params, _ = load_params(ckpt, dtype=np.float32)
         return params, None
-    optim = run_optim(load_meta(ckpt))
-    opt_shapes = jax.eval_shape(skip_step_adamw(optim).init, params_shapes)
-    from olmax.train.state import TrainState
-
-    abstract = TrainState(abstract_params, abstract_tree(opt_shapes, cpu),
-                          jax.ShapeDtypeStruct((), np.int32, sharding=cpu))
-    ro, step = open_step_dir(ckpt)
-    try:
-        state, _ = ro.restore(step, abstract)
-    except Exception as e:
-        raise OlmaxError(f"cannot read {ckpt}: {' '.join(str(e).split())[:300]}") from None
-    finally:
-        ro.close()
-    return state.params, state.opt_state
+    mu, _ = stored_arrays(step_dir, OPT_STATE_ITEM, ADAM + "mu.")
+    nu, _ = stored_arrays(step_dir, OPT_STATE_ITEM, ADAM + "nu.")
+    count = stored_array(step_dir, OPT_STATE_ITEM, ADAM + "count")[()]
+    return params, (int(count), mu, nu)
 
 
 def run_optim(meta: dict) -> OptimConfig:
@@ -181,17 +166,13 @@ def run_optim(meta: dict) -> OptimConfig:
     return from_dict(OptimConfig, saved, "meta.optim")
 
 
-def _param_shapes(cfg: ModelConfig) -> dict:
-    from olmax.model.params import param_shapes
-
-    return param_shapes(cfg)
-
-
-def _oc_value(tree: Any, t) -> np.ndarray:
+def _oc_value(tree: Any, t: OLMoCoreTensor) -> np.ndarray:
+    """OLMo-core tensor ``t`` out of an olmax tree of arrays or stored arrays (one layer read)."""
     node = tree
     for part in t.path:
         node = node[part]
-    a = np.asarray(node[t.layer] if t.layer is not None else node, np.float32)
+    whole = tuple(slice(None) for _ in node.shape)
+    a = np.asarray(node[t.layer] if t.layer is not None else node[whole], np.float32)
     return np.ascontiguousarray(a.T) if t.transposed else np.ascontiguousarray(a)
 
 
@@ -202,12 +183,11 @@ def _dcp_items(cfg: ModelConfig, params: Any, opt_state: Any, optim: OptimConfig
         yield f"model.{t.name}", _oc_value(params, t)
     if opt_state is None:
         return
-    adam = opt_state.inner[0]
-    count = np.asarray(float(np.asarray(adam.count)), np.float32)
+    count, mu, nu = opt_state
     for t in tensors:
-        yield f"optim.state.{t.name}.step", count
-        yield f"optim.state.{t.name}.exp_avg", _oc_value(adam.mu, t)
-        yield f"optim.state.{t.name}.exp_avg_sq", _oc_value(adam.nu, t)
+        yield f"optim.state.{t.name}.step", np.asarray(float(count), np.float32)
+        yield f"optim.state.{t.name}.exp_avg", _oc_value(mu, t)
+        yield f"optim.state.{t.name}.exp_avg_sq", _oc_value(nu, t)
     assert optim is not None
     for t in tensors:
         decay = 0.0 if t.path[-1] in optim.no_decay else optim.weight_decay
@@ -310,7 +290,7 @@ def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, 
                          "--weights-only")
     base = (meta.get(META_KEY) or {}).get("config")
     config = olmo_core_config(cfg, base)
-    params, opt_state = _olmax_arrays(step_dir, cfg, not weights_only)
+    params, opt_state = _olmax_arrays(step_dir, not weights_only)
     optim = None if weights_only else run_optim(meta)
     items = _dcp_items(cfg, params, opt_state, optim, meta.get("lr"))
     with atomic_output_dir(out) as tmp:
