@@ -52,7 +52,7 @@ def _trainer_state(step):
     tokens = step * ref.B * ref.T
     return {"global_step": step, "global_train_tokens_seen": tokens, "global_train_petaflops": 0.0,
             "max_steps": ref.STEPS,
-            "data_loader": {"dataset_fingerprint_version": 2, "dataset_fingerprint": FINGERPRINT,
+            "data_loader": {"dataset_fingerprint_version": "v2.0", "dataset_fingerprint": FINGERPRINT,
                             "batches_processed": step, "tokens_processed": tokens, "seed": SEED,
                             "epoch": 1, "dataset_type": "fsl", "sequence_length": ref.T,
                             "max_target_sequence_length": ref.T},
@@ -302,3 +302,39 @@ def test_fsdp_world_size_2_checkpoint(tmp_path):
         assert torch.equal(p, q), name
         for k in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(opt.state[p][k], o2.state[q][k]), (name, k)
+
+
+@pytest.mark.slow
+def test_export_continues_in_olmo_cores_data_loader(token_files, tmp_path):
+    """An olmax run's export: OLMo-core's data loader over the same files accepts its state
+    (fingerprint checked) and serves next the batch olmax's next step trains on."""
+    from olmo_core.data import collator, data_loader, numpy_dataset
+
+    from helpers.datahelp import EOS, PAD, VOCAB
+    from olmax.cli import main
+    from olmax.config import DataConfig
+    from olmax.data.loader import build_train_data
+
+    paths, recipe = token_files
+    run = tmp_path / "run"
+    assert main(["train", str(recipe), "--run-dir", str(run), "--quiet", "train.max_steps=2",
+                 "checkpoint.interval=2"]) == 0
+    out = tmp_path / "step2"
+    assert main(["convert", "olmax-to-olmo-core", str(run), str(out)]) == 0
+    state = torch.load(out / "train" / "rank0.pt", weights_only=False)
+    assert (state["global_step"], state["global_train_tokens_seen"]) == (2, 2 * 8 * 32)
+    ds = numpy_dataset.NumpyFSLDataset(*paths, sequence_length=32, pad_token_id=PAD,
+                                       eos_token_id=EOS, vocab_size=VOCAB, dtype=np.uint32)
+    loader = data_loader.NumpyFSLDataLoader(ds, collator=collator.DataCollator(pad_token_id=PAD),
+                                            global_batch_size=8 * 32, work_dir=str(tmp_path / "w"),
+                                            seed=0, shuffle=True)
+    loader.load_state_dict(state["data_loader"])
+    assert (loader.seed, loader.batches_processed) == (11, 2)
+    loader.reshuffle(epoch=1, in_memory=True)
+    theirs = next(iter(loader))["input_ids"].numpy()
+    ours = build_train_data(DataConfig(paths=tuple(paths)), seq_len=32, global_batch_size=8,
+                            seed=11).global_batch(2)["tokens"]
+    np.testing.assert_array_equal(theirs, ours)
+    state["data_loader"]["dataset_fingerprint"] = "0" * 64
+    with pytest.raises(RuntimeError, match="fingerprint"):
+        loader.load_state_dict(state["data_loader"])

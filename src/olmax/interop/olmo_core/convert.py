@@ -43,6 +43,9 @@ from olmax.train.optim import skip_step_adamw
 
 META_KEY = "olmo_core"
 GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr")
+# The version of OLMo-core's NumpyDatasetBase.fingerprint, which olmax's olmo_core_sha256 computes
+# (a different version makes OLMo-core skip the fingerprint check with a warning).
+OC_FINGERPRINT_VERSION = "v2.0"
 ADAM = "inner.0."     # Adam's state in olmax's optimizer state (SkipStepAdamWState.inner[0])
 
 
@@ -244,15 +247,15 @@ def trainer_state_dict(meta: dict, cfg: ModelConfig) -> dict:
     position = int(meta.get("data_position", step))
     fingerprint = (meta.get("data_fingerprint") or {}).get("olmo_core_sha256") \
         or loader.get("dataset_fingerprint")
-    loader.update({"dataset_fingerprint_version": loader.get("dataset_fingerprint_version", 0),
+    loader.update({"dataset_fingerprint_version": loader.get("dataset_fingerprint_version",
+                                                             OC_FINGERPRINT_VERSION),
                    "dataset_fingerprint": fingerprint or "",
                    "batches_processed": position,
                    "tokens_processed": position * tokens_per_batch,
                    "seed": int(meta.get("seed") or loader.get("seed") or 0),
                    "epoch": int(loader.get("epoch", 1)), "dataset_type": "fsl",
                    "sequence_length": int(train.get("seq_len", loader.get("sequence_length", 0))),
-                   "max_target_sequence_length": int(loader.get("max_target_sequence_length",
-                                                                train.get("seq_len", 0)))})
+                   "max_target_sequence_length": _max_target(meta, loader)})
     return {"global_step": step, "global_train_tokens_seen": step * tokens_per_batch,
             "global_train_petaflops": 0.0, "max_steps": train.get("max_steps"),
             "data_loader": loader, "epoch": loader["epoch"], "world_size": 1,
@@ -262,6 +265,14 @@ def trainer_state_dict(meta: dict, cfg: ModelConfig) -> dict:
 # RNG states no library version matches: OLMo-core restores none of them (a warning; OLMo 3 has
 # no dropout, so nothing depends on them).
 _NO_RNG = {lib: {"version": (0, 0), "state": None} for lib in ("python", "numpy", "torch")}
+
+
+def _max_target(meta: dict, loader: dict) -> int | None:
+    """OLMo-core's ``max_target_sequence_length`` (its loader refuses any other): the run's
+    ``data.max_target_seq_len``, else the imported trainer state's."""
+    if meta.get("config"):
+        return ((meta["config"].get("data") or {}).get("max_target_seq_len"))
+    return loader.get("max_target_sequence_length")
 
 
 def _tokens_per_batch(train: dict, imported: dict) -> int:
