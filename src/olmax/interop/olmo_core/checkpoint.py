@@ -222,7 +222,8 @@ class LazyLeaf:
         self.stacked = first.layer is not None
         self.shape = ((len(tensors),) if self.stacked else ()) + tuple(shape)
         self.dtype = np.dtype(np.float32)
-        self._last: tuple[str, np.ndarray] | None = None
+        self._last: tuple[str, np.ndarray] | None = None    # a non-stacked tensor being served
+        self._served = 0                                     # its elements handed out so far
 
     def _one(self, t: OLMoCoreTensor) -> np.ndarray:
         if self._last is not None and self._last[0] == t.name:
@@ -235,6 +236,7 @@ class LazyLeaf:
 
     def release(self) -> None:
         self._last = None
+        self._served = 0
 
     def layer(self, i: int) -> np.ndarray:
         return self._one(self.tensors[i])
@@ -242,7 +244,14 @@ class LazyLeaf:
     def read(self, index: tuple[slice, ...] | None = None) -> np.ndarray:
         if not self.stacked:
             whole = self._one(self.tensors[0])
-            return whole if index is None else whole[index]
+            if index is None:
+                self.release()
+                return whole
+            block = whole[index]
+            self._served += block.size
+            if self._served >= whole.size:     # every block asked for once: let the tensor go
+                self.release()
+            return block
         index = index or (slice(None),) * len(self.shape)
         layers = range(*index[0].indices(self.shape[0]))
         return np.stack([self.layer(i)[index[1:]] for i in layers])
