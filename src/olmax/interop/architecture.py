@@ -18,7 +18,7 @@ from olmax.checkpoint.format import resolve_step_dir
 from olmax.checkpoint.weights import load_model_config
 from olmax.config import InitConfig
 from olmax.errors import OlmaxError
-from olmax.interop.olmo_core.checkpoint import OLMoCoreCheckpoint, is_olmo_core_checkpoint
+from olmax.interop.olmo_core.checkpoint import is_olmo_core_checkpoint, read_model_config
 from olmax.interop.hf_config import model_config_from_hf, read_hf_config
 from olmax.interop.safetensors import check_safetensors_dir
 from olmax.model.presets import WeightsConfig
@@ -29,13 +29,11 @@ def read_weights_config(init: InitConfig, *, padded_vocab_size: int | None = Non
     """The config of ``init.checkpoint`` or ``init.hf_dir`` (the trainer's order), or None when
     neither is set. ``padded_vocab_size``: the run's padding, for an HF source (None: OLMo-core's)."""
     if init.checkpoint and is_olmo_core_checkpoint(init.checkpoint):
-        ck = OLMoCoreCheckpoint(init.checkpoint)
-        cfg = ck.model_config()
+        cfg, where = read_model_config(init.checkpoint)
         if cfg is None:
             raise OlmaxError(f"init.checkpoint {init.checkpoint}: an OLMo-core checkpoint without "
-                             "config.json (convert it with the model given: olmax convert "
-                             "olmo-core-to-olmax --recipe)")
-        return WeightsConfig(cfg, "init.checkpoint", ck.files.path("config.json"))
+                             "config.json: the recipe must give the model")
+        return WeightsConfig(cfg, "init.checkpoint", where)
     if init.checkpoint:
         step = resolve_step_dir(init.checkpoint)
         return WeightsConfig(load_model_config(step), "init.checkpoint", f"{step}/meta")

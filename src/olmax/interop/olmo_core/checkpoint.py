@@ -66,6 +66,20 @@ class TrainerState:
         return int(self.data_loader.get("tokens_processed", 0)) // global_batch_tokens
 
 
+def read_model_config(path: str | os.PathLike) -> tuple[ModelConfig | None, str]:
+    """The model of an OLMo-core checkpoint's ``config.json`` (None where it has none), and the
+    file's path; reads that file only."""
+    files = Files(path)
+    where = files.path("config.json")
+    if not files.exists("config.json"):
+        return None, where
+    try:
+        cfg = json.loads(files.read_all("config.json"))
+    except ValueError as e:
+        raise OlmaxError(f"{where}: not JSON ({e})") from None
+    return model_config_from_olmo_core(cfg, where), where
+
+
 class OLMoCoreCheckpoint:
     """An OLMo-core checkpoint, read one tensor at a time."""
 
@@ -287,6 +301,7 @@ def _model_config(model: dict, cfg: dict, where: str) -> ModelConfig:
     pattern: tuple = (None,)
     if window:
         pattern = tuple(None if w == -1 else int(w) for w in window["pattern"])
+        _check_forced_layers(window, pattern, int(model["n_layers"]), where)
     rope = attn.get("rope") or {}
     padded = int(model["vocab_size"])
     tokenizer = (cfg.get("dataset") or {}).get("tokenizer") or {}
@@ -303,6 +318,17 @@ def _model_config(model: dict, cfg: dict, where: str) -> ModelConfig:
         init_std=float(model.get("init_std", 0.02)))
 
 
+def _check_forced_layers(window: dict, pattern: tuple, n_layers: int, where: str) -> None:
+    """OLMo-core may force full attention on the first or last layer; olmax's repeating pattern
+    says it only where the pattern has it there already."""
+    forced = [(0, window.get("force_full_attention_on_first_layer")),
+              (n_layers - 1, window.get("force_full_attention_on_last_layer"))]
+    for layer, force in forced:
+        if force and pattern[layer % len(pattern)] is not None:
+            raise OlmaxError(f"{where}: full attention is forced on layer {layer}, where the window "
+                             f"pattern {list(pattern)} repeats a window; olmax cannot express that")
+
+
 def _yarn(scaling: Any, where: str) -> YarnConfig | None:
     if not scaling:
         return None
@@ -314,4 +340,5 @@ def _yarn(scaling: Any, where: str) -> YarnConfig | None:
 
 
 __all__ = ["OLMoCoreCheckpoint", "TrainerState", "LazyLeaf", "is_olmo_core_checkpoint",
+           "read_model_config",
            "model_config_from_olmo_core", "MOMENTS"]
