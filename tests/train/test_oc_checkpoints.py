@@ -338,3 +338,39 @@ def test_export_continues_in_olmo_cores_data_loader(token_files, tmp_path):
     state["data_loader"]["dataset_fingerprint"] = "0" * 64
     with pytest.raises(RuntimeError, match="fingerprint"):
         loader.load_state_dict(state["data_loader"])
+
+
+@pytest.mark.slow
+def test_export_loads_in_olmo_cores_trainer_checkpointer(run, tmp_path):
+    """The export through OLMo-core's own trainer checkpointer (``Checkpointer.load`` with
+    ``load_trainer_state=True``) into a ``TransformerTrainModule`` with SkipStepAdamW, as the
+    ``Trainer`` loads a checkpoint: strict, model, optimizer and trainer state."""
+    import torch.distributed as dist
+    from olmo_core.optim import OptimGroupOverride, SkipStepAdamWConfig
+    from olmo_core.train.checkpoint import Checkpointer
+    from olmo_core.train.train_module import TransformerTrainModuleConfig
+
+    folder, converted, _ = run
+    exported = convert_olmax_to_olmo_core(converted, tmp_path / f"step{K}")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        optim = SkipStepAdamWConfig(
+            lr=ref.PEAK_LR, betas=ref.OPT.betas, eps=ref.OPT.eps, weight_decay=ref.OPT.weight_decay,
+            group_overrides=[OptimGroupOverride(params=["embeddings.weight"],
+                                                opts=dict(weight_decay=0.0))])
+        module = TransformerTrainModuleConfig(
+            rank_microbatch_size=ref.MICRO * ref.T, max_sequence_length=ref.T, optim=optim,
+        ).build(ref._oc_config().build(init_device="cpu"), device=torch.device("cpu"))
+        state = Checkpointer(work_dir=str(tmp_path / "work")).load(exported, module,
+                                                                   load_trainer_state=True)
+        assert state["global_step"] == K
+        assert state["data_loader"]["tokens_processed"] == K * ref.B * ref.T
+        model, opt = _oc_load(folder / "model_and_optim")
+        theirs = dict(module.model.named_parameters())
+        for name, p in model.named_parameters():
+            q = theirs[name]
+            assert torch.equal(p, q), name
+            for k in ("exp_avg", "exp_avg_sq", "step"):
+                assert torch.equal(opt.state[p][k], module.optim.state[q][k]), (name, k)
+    finally:
+        dist.destroy_process_group()
