@@ -374,3 +374,33 @@ def test_export_loads_in_olmo_cores_trainer_checkpointer(run, tmp_path):
                 assert torch.equal(opt.state[p][k], module.optim.state[q][k]), (name, k)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_step0_checkpoint_counts_adam_one_ahead(tmp_path):
+    """OLMo-core's checkpointer saves before the first step (AI2's published ``stage1/step0`` is
+    one); building the optimizer state for that save runs torch's ``_init_optim_state``, which
+    leaves the moments at zero and every parameter's ``step`` at 1. olmax reads that count and then
+    trains exactly as OLMo-core does with its checkpointer on; a fresh olmax optimizer (count 0)
+    follows OLMo-core with its checkpointer off instead."""
+    batches = ref._batches()[:M]
+    params = init_params(ref.CFG, jax.random.key(3))
+    torch.manual_seed(0)
+    model = ref._oc_model(params)
+    opt = ref._oc_optimizer(model)
+    folder = tmp_path / "step0"
+    folder.mkdir()
+    _save_oc_checkpoint(folder, model, opt, 0)
+    assert all(float(s["step"]) == 1.0 for s in opt.state.values())
+    with_ckpt = ref._oc_steps(model, opt, batches)
+    torch.manual_seed(0)
+    model = ref._oc_model(params)
+    without = ref._oc_steps(model, ref._oc_optimizer(model), batches)
+    converted = convert_olmo_core_to_olmax(folder, tmp_path / "olmax", optim=ref.OPT)
+    state, _ = _olmax_state(converted / "0")
+    assert int(state.opt_state.inner[0].count) == 1
+    _, ours = _olmax_steps(state, batches, first_step=1)
+    _same_steps(ours, with_ckpt)
+    _, fresh = _olmax_steps(init_train_state(params, skip_step_adamw(ref.OPT)), batches, 1)
+    _same_steps(fresh, without)
+    assert abs(with_ckpt[0][1] / without[0][1] - 1) > 1e-4     # the count shows from step 2 on
