@@ -147,12 +147,12 @@ class OLMoCoreCheckpoint:
         return model_config_from_olmo_core(cfg, self.files.path("config.json"))
 
     # -- tensors --------------------------------------------------------------------------------
-    def _oc_tensor(self, name: str, kind: str) -> np.ndarray:
+    def _oc_tensor(self, name: str, kind: str, rows: slice | None = None) -> np.ndarray:
         key = f"model.{name}" if kind == "model" else f"optim.state.{name}.{kind}"
         if key not in self.dcp.meta.tensors:
             what = "parameter" if kind == "model" else f"optimizer state {kind} of"
             raise OlmaxError(f"{self.path}: the checkpoint has no {what} '{name}'")
-        return self.dcp.tensor(key)
+        return self.dcp.tensor(key, rows)
 
     def check_model(self, cfg: ModelConfig) -> None:
         """The checkpoint holds exactly ``cfg``'s parameters, in its shapes."""
@@ -179,7 +179,7 @@ class OLMoCoreCheckpoint:
             node = tree
             for part in path[:-1]:
                 node = node.setdefault(part, {})
-            node[path[-1]] = LazyLeaf(tensors, lambda name: self._oc_tensor(name, kind))
+            node[path[-1]] = LazyLeaf(tensors, lambda name, rows: self._oc_tensor(name, kind, rows))
         return tree
 
     def adam_count(self, cfg: ModelConfig) -> int:
@@ -225,10 +225,12 @@ class OLMoCoreCheckpoint:
 
 
 class LazyLeaf:
-    """One olmax parameter (or moment) over its OLMo-core tensors: ``read()`` the whole array,
-    ``layer(i)`` one layer of a stacked leaf."""
+    """One olmax parameter (or moment) over its OLMo-core tensors, read when asked: ``read(index)``
+    any block (a stacked leaf: the layers it spans, a layer's tensor at a time; another: only the
+    OLMo-core rows the block needs)."""
 
-    def __init__(self, tensors: list[OLMoCoreTensor], read: Callable[[str], np.ndarray]) -> None:
+    def __init__(self, tensors: list[OLMoCoreTensor],
+                 read: Callable[[str, slice | None], np.ndarray]) -> None:
         self.tensors = tensors
         self._read = read
         first = tensors[0]
@@ -236,39 +238,21 @@ class LazyLeaf:
         self.stacked = first.layer is not None
         self.shape = ((len(tensors),) if self.stacked else ()) + tuple(shape)
         self.dtype = np.dtype(np.float32)
-        self._last: tuple[str, np.ndarray] | None = None    # a non-stacked tensor being served
-        self._served = 0                                     # its elements handed out so far
-
-    def _one(self, t: OLMoCoreTensor) -> np.ndarray:
-        if self._last is not None and self._last[0] == t.name:
-            return self._last[1]
-        a = self._read(t.name)
-        a = np.ascontiguousarray(a.T) if t.transposed else a
-        if not self.stacked:    # asked for block by block: read the tensor once
-            self._last = (t.name, a)
-        return a
-
-    def release(self) -> None:
-        self._last = None
-        self._served = 0
 
     def layer(self, i: int) -> np.ndarray:
-        return self._one(self.tensors[i])
+        t = self.tensors[i]
+        a = self._read(t.name, None)
+        return np.ascontiguousarray(a.T) if t.transposed else a
 
     def read(self, index: tuple[slice, ...] | None = None) -> np.ndarray:
-        if not self.stacked:
-            whole = self._one(self.tensors[0])
-            if index is None:
-                self.release()
-                return whole
-            block = whole[index]
-            self._served += block.size
-            if self._served >= whole.size:     # every block asked for once: let the tensor go
-                self.release()
-            return block
-        index = index or (slice(None),) * len(self.shape)
-        layers = range(*index[0].indices(self.shape[0]))
-        return np.stack([self.layer(i)[index[1:]] for i in layers])
+        index = tuple(index or (slice(None),) * len(self.shape))
+        if self.stacked:
+            layers = range(*index[0].indices(self.shape[0]))
+            return np.stack([self.layer(i)[index[1:]] for i in layers])
+        t = self.tensors[0]
+        if t.transposed:     # olmax [a, b] is OLMo-core's [b, a]: its rows are olmax's columns
+            return np.ascontiguousarray(self._read(t.name, index[1]).T[index[0]])
+        return self._read(t.name, index[0])[(slice(None),) + index[1:]]
 
 
 # ----------------------------------------------------------------------------------------------

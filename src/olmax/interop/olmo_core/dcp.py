@@ -236,23 +236,35 @@ class DcpReader:
         return Archive(lambda o, n: self.files.read(at.file, at.offset + o, n), at.length,
                        f"{self.files.path(at.file)} ({what})")
 
-    def tensor(self, key: str) -> np.ndarray:
-        """The whole tensor ``key``, assembled from its chunks."""
+    def tensor(self, key: str, rows: slice | None = None) -> np.ndarray:
+        """The tensor ``key`` (``rows``: a range of its first axis), assembled from its chunks;
+        of a chunk cut along the first axis only the rows asked for are read."""
         t = self.meta.tensors.get(key)
         if t is None:
             raise OlmaxError(f"{self.where}: the checkpoint has no tensor '{key}'")
         dtype = numpy_dtype(t.dtype, self.where)
-        out = np.empty(t.shape, dtype)
+        lo, hi = (0, t.shape[0] if t.shape else 0) if rows is None else rows.indices(t.shape[0])[:2]
+        out = np.empty(t.shape if rows is None else (hi - lo,) + t.shape[1:], dtype)
         for c in t.chunks:
+            if rows is not None and (c.offsets[0] >= hi or c.offsets[0] + c.sizes[0] <= lo):
+                continue
             archive = self._archive(c.at, key)
             ref = archive.load()
             if not isinstance(ref, TensorRef):
                 raise OlmaxError(f"{archive.where}: holds {type(ref).__name__}, not a tensor")
-            block = archive.array(ref)
-            if block.shape != c.sizes or block.dtype != dtype:
-                raise OlmaxError(f"{archive.where}: chunk is {list(block.shape)} {block.dtype}, the "
-                                 f"metadata says {list(c.sizes)} {dtype}")
-            out[tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes))] = block
+            if ref.shape != c.sizes or numpy_dtype(ref.storage.dtype.name, archive.where) != dtype:
+                raise OlmaxError(f"{archive.where}: chunk is {list(ref.shape)} "
+                                 f"{ref.storage.dtype.name}, the metadata says {list(c.sizes)} "
+                                 f"{t.dtype}")
+            if rows is None:
+                block = archive.array(ref)
+                out[tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes))] = block
+                continue
+            a, b = max(lo, c.offsets[0]), min(hi, c.offsets[0] + c.sizes[0])
+            block = archive.array(ref, slice(a - c.offsets[0], b - c.offsets[0]))
+            rest = tuple(slice(o, o + s) for o, s in zip(c.offsets[1:], c.sizes[1:]))
+            out[(slice(a - lo, b - lo),) + rest] = block
+            del block
         return out
 
     def value(self, key: str) -> Any:

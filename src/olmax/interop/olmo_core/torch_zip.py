@@ -139,20 +139,27 @@ class Archive:
         """The archive's object, tensors as :class:`~pickles.TensorRef`."""
         return pickles.load(self.entry_bytes(f"{self.root}/data.pkl"), self.where, torch_save=True)
 
-    def array(self, ref: TensorRef) -> np.ndarray:
-        """The tensor ``ref`` of this archive as a C-ordered numpy array (its bytes only)."""
+    def array(self, ref: TensorRef, rows: slice | None = None) -> np.ndarray:
+        """The tensor ``ref`` of this archive (``rows``: a range of its first axis) as a C-ordered
+        numpy array, reading those bytes only."""
         dtype = numpy_dtype(ref.storage.dtype.name, self.where)
-        if any(d == 0 for d in ref.shape):
-            return np.zeros(ref.shape, dtype)
-        if ref.stride != _contiguous_strides(ref.shape):
-            raise OlmaxError(f"{self.where}: tensor of shape {list(ref.shape)} is not contiguous "
+        shape = ref.shape
+        first, last = (0, shape[0] if shape else 1) if rows is None else \
+            rows.indices(shape[0])[:2]
+        out_shape = shape if rows is None else (last - first,) + shape[1:]
+        if any(d == 0 for d in out_shape):
+            return np.zeros(out_shape, dtype)
+        if ref.stride != _contiguous_strides(shape):
+            raise OlmaxError(f"{self.where}: tensor of shape {list(shape)} is not contiguous "
                              f"(strides {list(ref.stride)})")
-        count = int(np.prod(ref.shape, dtype=np.int64))
-        if ref.offset + count > ref.storage.numel:
+        if ref.offset + int(np.prod(shape, dtype=np.int64)) > ref.storage.numel:
             raise OlmaxError(f"{self.where}: tensor reaches past its storage")
-        raw = self.entry_bytes(f"{self.root}/data/{ref.storage.key}", ref.offset * dtype.itemsize,
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        start = ref.offset + first * row
+        count = int(np.prod(out_shape, dtype=np.int64))
+        raw = self.entry_bytes(f"{self.root}/data/{ref.storage.key}", start * dtype.itemsize,
                                count * dtype.itemsize)
-        return np.frombuffer(raw, dtype).reshape(ref.shape)
+        return np.frombuffer(raw, dtype).reshape(out_shape)
 
 
 def _zip64_fields(extra: bytes, usize: int, csize: int, header: int) -> tuple[int, int, int]:
