@@ -146,3 +146,23 @@ def test_bad_checkpoints_are_one_line(exported, tmp_path, capsys):
     recipe.write_text(f"model: {{{fields}, window_pattern: [8, null]}}\n"
                       "train:\n  seq_len: 8\noptim:\n  betas: [0.9, 0.99]\n")
     _fails(capsys, convert + [str(folder), str(out), "--recipe", str(recipe)], "betas", out)
+
+
+def test_blocks_read_in_pieces(exported, monkeypatch):
+    """Any block of any leaf, its OLMo-core rows read a few at a time (the embedding's rows; the
+    LM head's, which are its columns in olmax's layout)."""
+    from olmax.interop.olmo_core import checkpoint
+
+    params, mu, _, folder = exported
+    monkeypatch.setattr(checkpoint, "PIECE_BYTES", 3 * 4 * CFG.d_model)   # 3 rows at a time
+    ck = OLMoCoreCheckpoint(folder)
+    for kind, want in (("model", params), ("exp_avg", mu)):
+        tree = ck.tree(CFG, kind)
+        for name in ("embed", "lm_head", "final_norm"):
+            leaf, full = tree[name], want[name]
+            index = (slice(5, 77),) + (slice(3, 29),) * (full.ndim - 1)
+            np.testing.assert_array_equal(leaf.read(index), full[index])
+            np.testing.assert_array_equal(leaf.read(), full)
+        index = (slice(1, 2), slice(4, 20), slice(0, 9))
+        np.testing.assert_array_equal(tree["layers"]["q_proj"].read(index),
+                                      want["layers"]["q_proj"][index])

@@ -31,6 +31,7 @@ from olmax.model.params import OLMoCoreTensor, olmo_core_tensors
 MODEL_AND_OPTIM = "model_and_optim"
 TRAINER_STATE = "train/rank0.pt"
 MOMENTS = ("exp_avg", "exp_avg_sq")
+PIECE_BYTES = 64 << 20       # OLMo-core rows read at once for a block of an unstacked leaf
 
 
 def is_olmo_core_checkpoint(path: str | os.PathLike) -> bool:
@@ -249,10 +250,27 @@ class LazyLeaf:
         if self.stacked:
             layers = range(*index[0].indices(self.shape[0]))
             return np.stack([self.layer(i)[index[1:]] for i in layers])
-        t = self.tensors[0]
-        if t.transposed:     # olmax [a, b] is OLMo-core's [b, a]: its rows are olmax's columns
-            return np.ascontiguousarray(self._read(t.name, index[1]).T[index[0]])
-        return self._read(t.name, index[0])[(slice(None),) + index[1:]]
+        return self._block(self.tensors[0], index)
+
+    def _block(self, t: OLMoCoreTensor, index: tuple[slice, ...]) -> np.ndarray:
+        """An unstacked leaf's block, from its OLMo-core rows read ``PIECE_BYTES`` at a time
+        (olmax [a, b] is OLMo-core's [b, a] where transposed: its rows are olmax's columns)."""
+        row_axis = 1 if t.transposed else 0
+        n = self.shape[row_axis]
+        lo, hi = index[row_axis].indices(n)[:2]
+        width = int(np.prod(t.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        step = max(1, PIECE_BYTES // max(width, 1))
+        out_shape = tuple(len(range(*s.indices(d))) for s, d in zip(index, self.shape))
+        out = np.empty(out_shape, self.dtype)
+        for a in range(lo, hi, step):
+            b = min(a + step, hi)
+            part = self._read(t.name, slice(a, b))
+            if t.transposed:
+                out[:, a - lo:b - lo] = part[:, index[0]].T
+            else:
+                out[a - lo:b - lo] = part[(slice(None),) + index[1:]]
+            del part
+        return out
 
 
 # ----------------------------------------------------------------------------------------------
