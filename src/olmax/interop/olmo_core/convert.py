@@ -33,10 +33,11 @@ from olmax.checkpoint.weights import (StreamedArray, load_meta, save_params, sav
 from olmax.config import ModelConfig, OptimConfig, from_dict, to_dict
 from olmax.errors import OlmaxError
 from olmax.interop import vocab_padding
-from olmax.interop.olmo_core.checkpoint import (MODEL_AND_OPTIM, OLMoCoreCheckpoint, TrainerState,
+from olmax.interop.olmo_core.checkpoint import (MODEL_AND_OPTIM, PIECE_BYTES, OLMoCoreCheckpoint,
+                                                TrainerState,
                                                 model_config_from_olmo_core)
 from olmax.interop.olmo_core.dcp import write_dcp
-from olmax.interop.olmo_core.torch_zip import write_torch_save
+from olmax.interop.olmo_core.torch_zip import PiecedArray, write_torch_save
 from olmax.io import atomic_output_dir, check_output_dir
 from olmax.model.params import OLMoCoreTensor, olmo_core_tensors
 from olmax.train.optim import skip_step_adamw
@@ -169,14 +170,26 @@ def run_optim(meta: dict) -> OptimConfig:
     return from_dict(OptimConfig, saved, "meta.optim")
 
 
-def _oc_value(tree: Any, t: OLMoCoreTensor) -> np.ndarray:
-    """OLMo-core tensor ``t`` out of an olmax tree of arrays or stored arrays (one layer read)."""
+def _oc_value(tree: Any, t: OLMoCoreTensor) -> np.ndarray | PiecedArray:
+    """OLMo-core tensor ``t`` out of an olmax tree of arrays or stored arrays: a layer's tensor
+    read whole; an unstacked leaf (the embedding, the LM head) in pieces of rows as it is written."""
     node = tree
     for part in t.path:
         node = node[part]
-    whole = tuple(slice(None) for _ in node.shape)
-    a = np.asarray(node[t.layer] if t.layer is not None else node[whole], np.float32)
-    return np.ascontiguousarray(a.T) if t.transposed else np.ascontiguousarray(a)
+    if t.layer is not None:
+        a = np.asarray(node[t.layer], np.float32)
+        return np.ascontiguousarray(a.T) if t.transposed else np.ascontiguousarray(a)
+    rows = t.shape[0]
+    step = max(1, PIECE_BYTES // max(4 * int(np.prod(t.shape[1:], dtype=np.int64)), 1))
+
+    def pieces() -> Iterator[np.ndarray]:
+        for a in range(0, rows, step):
+            b = min(a + step, rows)
+            block = node[:, a:b] if t.transposed else node[a:b]
+            block = np.asarray(block, np.float32)
+            yield block.T if t.transposed else block
+
+    return PiecedArray(t.shape, np.float32, pieces)
 
 
 def _dcp_items(cfg: ModelConfig, params: Any, opt_state: Any, optim: OptimConfig | None,

@@ -24,7 +24,8 @@ import numpy as np
 from olmax.errors import OlmaxError
 from olmax.interop.olmo_core import pickles
 from olmax.interop.olmo_core.pickles import DCP_META, Global, New, Record, TensorRef
-from olmax.interop.olmo_core.torch_zip import Archive, is_zip, numpy_dtype, write_torch_save
+from olmax.interop.olmo_core.torch_zip import (Archive, PiecedArray, is_zip, numpy_dtype,
+                                                write_torch_save)
 
 METADATA = ".metadata"
 
@@ -325,7 +326,7 @@ def write_dcp(folder: Path, items: Iterable[tuple[str, Any]], checkpoint_id: str
         for key, value in items:
             offset = f.tell()
             length = write_torch_save(f, value, root="archive")
-            if isinstance(value, np.ndarray):
+            if isinstance(value, (np.ndarray, PiecedArray)):
                 dtype = next(n for n, d in _NUMPY_NAMES.items() if d == value.dtype)
                 sd_meta[key] = _tensor_meta_node(dtype, tuple(value.shape))
                 index = _index_node(key, value.ndim)

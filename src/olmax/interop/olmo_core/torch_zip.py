@@ -15,7 +15,7 @@ import collections
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -203,7 +203,20 @@ def is_zip(data: bytes) -> bool:
 ALIGN = 64
 
 
-def _tensor_node(array: np.ndarray, key: str) -> Call:
+class PiecedArray:
+    """An array written without ever being whole in memory: ``pieces()`` yields it as C-ordered
+    blocks of consecutive rows (called twice: once for the checksum, once for the bytes)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any,
+                 pieces: Callable[[], Iterator[np.ndarray]]) -> None:
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.ndim = len(self.shape)
+        self.pieces = pieces
+
+
+def _tensor_node(array: np.ndarray | PiecedArray, key: str) -> Call:
     dtype = array.dtype
     name = next((n for n, d in NUMPY_DTYPES.items() if d == dtype and n in STORAGE_OF), None)
     if name is None:
@@ -214,7 +227,10 @@ def _tensor_node(array: np.ndarray, key: str) -> Call:
                  collections.OrderedDict()))
 
 
-def _replace_arrays(value: Any, arrays: list[np.ndarray]) -> Any:
+def _replace_arrays(value: Any, arrays: list) -> Any:
+    if isinstance(value, PiecedArray):
+        arrays.append(value)
+        return _tensor_node(value, str(len(arrays) - 1))
     if isinstance(value, np.ndarray):
         arrays.append(value if value.flags.c_contiguous else value.copy(order="C"))
         return _tensor_node(arrays[-1], str(len(arrays) - 1))
@@ -232,7 +248,7 @@ def _replace_arrays(value: Any, arrays: list[np.ndarray]) -> Any:
 def write_torch_save(f: BinaryIO, value: Any, root: str = "archive") -> int:
     """Write ``value`` (plain data; numpy arrays become tensors; pickle nodes of
     :mod:`~pickles` as given) as a ``torch.save`` archive at ``f``'s position. Returns its length."""
-    arrays: list[np.ndarray] = []
+    arrays: list = []
     pkl = pickles.dumps(_replace_arrays(value, arrays))
     entries: list[tuple[str, Any]] = [(f"{root}/data.pkl", pkl), (f"{root}/.format_version", b"1"),
                                       (f"{root}/.storage_alignment", b"64"),
@@ -254,19 +270,34 @@ class _ZipWriter:
         self.central: list[bytes] = []
 
     def add(self, name: str, data: Any) -> None:
-        buf = memoryview(data.reshape(-1).view(np.uint8)) if isinstance(data, np.ndarray) \
-            else memoryview(data)
-        size = buf.nbytes
+        def buffers() -> Iterator[memoryview]:
+            if isinstance(data, PiecedArray):
+                for piece in data.pieces():
+                    yield memoryview(np.ascontiguousarray(piece, data.dtype).reshape(-1)
+                                     .view(np.uint8))
+            elif isinstance(data, np.ndarray):
+                yield memoryview(data.reshape(-1).view(np.uint8))
+            else:
+                yield memoryview(data)
+
+        size, crc = 0, 0
+        for buf in buffers():
+            size += buf.nbytes
+            crc = zlib.crc32(buf, crc)
+        if isinstance(data, PiecedArray) and size != data.size * data.dtype.itemsize:
+            raise OlmaxError(f"torch.save entry {name}: pieces hold {size} bytes, the array "
+                             f"{data.size * data.dtype.itemsize}")
         if size >= 0xFFFFFFFF:
             raise OlmaxError(f"torch.save entry {name}: {size} bytes is past the zip32 limit")
-        crc = zlib.crc32(buf) & 0xFFFFFFFF
+        crc &= 0xFFFFFFFF
         offset = self.f.tell() - self.start
         raw = name.encode("utf-8")
         pad = (-(offset + 30 + len(raw) + 4)) % ALIGN
         extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad
         self.f.write(struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0x21, crc, size, size,
                                  len(raw), len(extra)) + raw + extra)
-        self.f.write(buf)
+        for buf in buffers():
+            self.f.write(buf)
         self.central.append(struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 0, 0,
                                         0x21, crc, size, size, len(raw), 0, 0, 0, 0, 0, offset) + raw)
 
