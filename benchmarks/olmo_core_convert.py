@@ -34,9 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-WRAPPER = ("import resource, sys\nfrom olmax.cli import main\nrc = main(sys.argv[1:])\n"
-           "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)\n"
-           "sys.exit(rc)\n")
+# The child's own peak (VmHWM of /proc/self/status): ru_maxrss would also count the pages of the
+# benchmark process it was forked from, which Linux carries across exec.
+WRAPPER = ("import re, sys\nfrom olmax.cli import main\nrc = main(sys.argv[1:])\n"
+           "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+           "print('MAXRSS_KB', hwm, flush=True)\nsys.exit(rc)\n")
 
 
 def synthetic(shape: tuple[int, ...], seed: int) -> np.ndarray:
