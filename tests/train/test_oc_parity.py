@@ -30,6 +30,7 @@ from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
 from olmax.train.state import init_train_state
 from olmax.train.step import build_sharded_training, make_train_step
+from helpers.olmo_core_layout import olmax_tree, oc_state_dict
 from helpers.reference import require
 
 torch = require("torch")
@@ -64,6 +65,13 @@ def _batches():
 def _oc_model(params, cfg=CFG):
     """OLMo-core's model of ``cfg`` (its MLP width: llama_like's 8d/3 rounded up to 16) holding
     ``params``."""
+    model = _oc_config(cfg).build(init_device="cpu")
+    model.load_state_dict({k: torch.tensor(v) for k, v in oc_state_dict(params, cfg).items()})
+    return model
+
+
+def _oc_config(cfg=CFG):
+    """OLMo-core's ``TransformerConfig`` of ``cfg``."""
     from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
@@ -83,23 +91,7 @@ def _oc_model(params, cfg=CFG):
         oc_cfg = oc_cfg.with_rope_scaling(YaRNRoPEScalingConfig(
             factor=y.factor, beta_fast=y.beta_fast, beta_slow=y.beta_slow,
             old_context_len=y.original_max_position_embeddings))
-    model = oc_cfg.build(init_device="cpu")
-    p = jax.tree.map(np.asarray, params)
-    lay = p["layers"]
-    sd = {"embeddings.weight": p["embed"], "lm_head.w_out.weight": p["lm_head"].T,
-          "lm_head.norm.weight": p["final_norm"]}
-    names = {"attention.w_q": "q_proj", "attention.w_k": "k_proj", "attention.w_v": "v_proj",
-             "attention.w_out": "o_proj", "feed_forward.w1": "gate_proj",
-             "feed_forward.w3": "up_proj", "feed_forward.w2": "down_proj"}
-    norms = {"attention.q_norm": "q_norm", "attention.k_norm": "k_norm",
-             "attention_norm": "attn_norm", "feed_forward_norm": "mlp_norm"}
-    for i in range(cfg.n_layers):
-        for oc, ours in names.items():
-            sd[f"blocks.{i}.{oc}.weight"] = lay[ours][i].T
-        for oc, ours in norms.items():
-            sd[f"blocks.{i}.{oc}.weight"] = lay[ours][i]
-    model.load_state_dict({k: torch.tensor(np.ascontiguousarray(v)) for k, v in sd.items()})
-    return model
+    return oc_cfg
 
 
 def _to_olmax_layout(model, sd=None):
@@ -107,20 +99,7 @@ def _to_olmax_layout(model, sd=None):
     pytree (numpy)."""
     if sd is None:
         sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    L = sum(1 for k in sd if k.endswith("attention.w_q.weight"))
-    stack = lambda name, tr: np.stack([sd[f"blocks.{i}.{name}.weight"].T if tr else  # noqa: E731
-                                       sd[f"blocks.{i}.{name}.weight"] for i in range(L)])
-    return {"embed": sd["embeddings.weight"], "final_norm": sd["lm_head.norm.weight"],
-            "lm_head": sd["lm_head.w_out.weight"].T,
-            "layers": {"q_proj": stack("attention.w_q", True), "k_proj": stack("attention.w_k", True),
-                       "v_proj": stack("attention.w_v", True), "o_proj": stack("attention.w_out", True),
-                       "gate_proj": stack("feed_forward.w1", True),
-                       "up_proj": stack("feed_forward.w3", True),
-                       "down_proj": stack("feed_forward.w2", True),
-                       "q_norm": stack("attention.q_norm", False),
-                       "k_norm": stack("attention.k_norm", False),
-                       "attn_norm": stack("attention_norm", False),
-                       "mlp_norm": stack("feed_forward_norm", False)}}
+    return olmax_tree(sd, CFG.replace(n_layers=len(model.blocks)))
 
 
 def _doc_lens():
@@ -151,22 +130,34 @@ def _run_olmo_core(params, batches, model=None, docs=None):
     document (varlen attention, positions restarting in each document); so here every document of
     a micro-batch runs as its own forward, with its slice of the row's labels (``get_labels`` of the
     whole row: a document's last label is the next document's first token)."""
-    from olmo_core.data.utils import get_labels
-    from olmo_core.optim.adamw import SkipStepAdamW
-    from olmo_core.optim.scheduler import CosWithWarmup
-
     torch.manual_seed(0)
     model = model if model is not None else _oc_model(params)
-    model.train()
+    losses, skipped, norms = _oc_steps(model, _oc_optimizer(model), batches, docs=docs)
+    return losses, skipped, norms, _to_olmax_layout(model)
+
+
+def _oc_optimizer(model):
+    """OLMo-core's SkipStepAdamW over ``model``, the embedding in a no-decay group."""
+    from olmo_core.optim.adamw import SkipStepAdamW
+
     emb = [p for n, p in model.named_parameters() if n == "embeddings.weight"]
     rest = [p for n, p in model.named_parameters() if n != "embeddings.weight"]
-    opt = SkipStepAdamW([{"params": emb, "weight_decay": 0.0}, {"params": rest}], lr=PEAK_LR,
-                        betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay,
-                        rolling_interval_length=OPT.rolling_interval_length,
-                        sigma_factor=int(OPT.sigma_factor), foreach=True)
+    return SkipStepAdamW([{"params": emb, "weight_decay": 0.0}, {"params": rest}], lr=PEAK_LR,
+                         betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay,
+                         rolling_interval_length=OPT.rolling_interval_length,
+                         sigma_factor=int(OPT.sigma_factor), foreach=True)
+
+
+def _oc_steps(model, opt, batches, first_step=1, docs=None, t_max=SCHED.t_max):
+    """OLMo-core's training steps ``first_step, first_step + 1, ...`` on ``batches`` (the LR of
+    ``CosWithWarmup`` at each step number): ``(losses, skipped, grad norms)``."""
+    from olmo_core.data.utils import get_labels
+    from olmo_core.optim.scheduler import CosWithWarmup
+
+    model.train()
     sched = CosWithWarmup(warmup=WARMUP, alpha_f=0.1)
     losses, skipped, norms = [], [], []
-    for step, (tokens, mask) in enumerate(batches, start=1):
+    for step, (tokens, mask) in enumerate(batches, start=first_step):
         ids = torch.tensor(tokens, dtype=torch.long)
         im = torch.tensor(mask)
         labels = get_labels({"input_ids": ids, "instance_mask": im})
@@ -189,13 +180,13 @@ def _run_olmo_core(params, batches, model=None, docs=None):
         opt.latest_grad_norm = norm
         opt.latest_loss = ce_total
         for g in opt.param_groups:
-            g["lr"] = sched.get_lr(PEAK_LR, step, SCHED.t_max)
+            g["lr"] = sched.get_lr(PEAK_LR, step, t_max)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(ce_total))
         skipped.append(float(opt.step_skipped))
         norms.append(float(norm))
-    return losses, skipped, norms, _to_olmax_layout(model)
+    return losses, skipped, norms
 
 
 def _run_olmax(params, batches, profile="cpu", remat="none", chunk_size=8, docs=None):

@@ -179,6 +179,36 @@ def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfi
     return Path(directory)
 
 
+def save_train_state(directory: str | os.PathLike, step: int, params: Any, opt_state: Any,
+                     model_cfg: ModelConfig, *, extra_meta: Mapping[str, Any] | None = None) -> Path:
+    """Write a training checkpoint outside training: ``directory/<step>/`` with ``params``,
+    ``opt_state`` and ``meta`` (leaves: numpy or :class:`StreamedArray`, written chunk by chunk),
+    as :class:`olmax.checkpoint.checkpointer.Checkpointer` lays a step out, so ``directory`` reads
+    as a ``checkpoints/`` dir. Atomic; refuses an existing non-empty ``directory``."""
+    meta = dict(extra_meta or {})
+    for key in ("model", "format_version", "step"):
+        meta.pop(key, None)
+    meta = stamp_meta(meta, model=to_dict(model_cfg), step=int(step))
+
+    def args(tree: Any) -> Any:
+        save_args = jax.tree.map(lambda x: x.save_args() if isinstance(x, StreamedArray)
+                                 else ocp.SaveArgs(), tree)
+        return ocp.args.PyTreeSave(tree, save_args=save_args)
+
+    handler = lambda: ocp.PyTreeCheckpointHandler(  # noqa: E731
+        type_handler_registry=_streaming_registry())
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(
+        **{PARAMS_ITEM: handler(), OPT_STATE_ITEM: handler(), META_ITEM: ocp.JsonCheckpointHandler()}))
+    with atomic_output_dir(directory) as tmp:
+        try:
+            checkpointer.save(tmp / str(int(step)), args=ocp.args.Composite(
+                **{PARAMS_ITEM: args(params), OPT_STATE_ITEM: args(opt_state),
+                   META_ITEM: ocp.args.JsonSave(meta)}), force=True)
+        finally:
+            checkpointer.close()
+    return Path(directory)
+
+
 # ----------------------------------------------------------------------------------------------
 # Locating and loading
 
@@ -311,13 +341,29 @@ class StoredArray:
         return out
 
 
-def stored_arrays(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
+def stored_arrays(path: str | os.PathLike, item: str = PARAMS_ITEM,
+                  prefix: str = "") -> tuple[dict, ModelConfig]:
     """``(params, ModelConfig)`` where each leaf is a :class:`StoredArray` over the checkpoint's
     array (orbax's layout: one zarr array per dotted parameter name in the item's OCDBT store),
-    for streaming a model out of a checkpoint slice by slice."""
+    for streaming a model out of a checkpoint slice by slice. ``item`` and ``prefix`` open a
+    params-shaped subtree of another item instead (``opt_state``, ``inner.0.mu.``: Adam's first
+    moment)."""
     step = resolve_step_dir(path)
     cfg, _ = _checked_config(step)
-    item = step / PARAMS_ITEM
+    opener = _ocdbt_opener(step, item)
+    tree = jax.tree_util.tree_map_with_path(lambda kp, _s: opener(prefix + _dotted(kp)),
+                                            param_shapes(cfg),
+                                            is_leaf=lambda x: isinstance(x, tuple))
+    return tree, cfg
+
+
+def stored_array(path: str | os.PathLike, item: str, name: str) -> StoredArray:
+    """One array of a step dir's item by its dotted name (e.g. ``opt_state``, ``inner.0.count``)."""
+    return _ocdbt_opener(resolve_step_dir(path), item)(name)
+
+
+def _ocdbt_opener(step: Path, item_name: str) -> Callable[[str], StoredArray]:
+    item = step / item_name
     try:
         fmt = json.loads((item / "_METADATA").read_text())
     except (OSError, ValueError) as e:
@@ -327,21 +373,18 @@ def stored_arrays(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
     context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
     driver = "zarr3" if fmt.get("use_zarr3") else "zarr"
 
-    def open_one(keypath, _shape):
-        name = _dotted(keypath)
+    def open_one(name: str) -> StoredArray:
         spec = {"driver": driver, "kvstore": {"driver": "ocdbt", "base": f"file://{item}",
                                               "path": name}}
         try:
             return StoredArray(ts.open(spec, open=True, read=True, context=context).result(), name,
                                step)
         except Exception as e:
-            raise OlmaxError(f"{item}: cannot open parameter '{name}': "
+            raise OlmaxError(f"{item}: cannot open array '{name}': "
                              f"{str(e).splitlines()[0]}") from None
 
-    tree = jax.tree_util.tree_map_with_path(open_one, param_shapes(cfg),
-                                            is_leaf=lambda x: isinstance(x, tuple))
-    return tree, cfg
+    return open_one
 
 
-__all__ = ["save_params", "load_params", "load_model_config", "load_meta",
-           "stored_param_shapes", "StreamedArray", "StoredArray", "stored_arrays"]
+__all__ = ["save_params", "save_train_state", "load_params", "load_model_config", "load_meta",
+           "stored_param_shapes", "StreamedArray", "StoredArray", "stored_arrays", "stored_array"]

@@ -1,11 +1,19 @@
-"""``olmax convert``: Hugging Face Olmo3ForCausalLM <-> olmax checkpoint.
+"""``olmax convert``: Hugging Face Olmo3ForCausalLM or OLMo-core checkpoints <-> olmax checkpoint.
 
     olmax convert hf-to-olmax HF_DIR OUT_DIR [--dtype float32|bfloat16]
     olmax convert olmax-to-hf CKPT_DIR OUT_DIR [--dtype float32|bfloat16]
+    olmax convert olmo-core-to-olmax SRC OUT [--weights-only] [--recipe NAME|FILE]
+    olmax convert olmax-to-olmo-core CKPT OUT [--weights-only]
 
 hf-to-olmax stores float32 by default (training keeps fp32 master weights); olmax-to-hf writes
 the dtype of the HF directory the checkpoint came from (else float32), so a round trip
 reproduces every tensor bit for bit. See ``olmax.interop.hf``.
+
+olmo-core-to-olmax reads an OLMo-core ``step<N>/`` folder (local, or an https/s3/gs URL) without
+torch: weights, Adam's moments and count, the trainer's step and data position; its optimizer
+settings must be the recipe's (``--recipe``; default: olmax's optimizer defaults, OLMo 3's).
+olmax-to-olmo-core writes a folder OLMo-core's Trainer loads with ``load_trainer_state=True``.
+Round trips are bit for bit. See ``olmax.interop.olmo_core``.
 """
 
 from __future__ import annotations
@@ -38,6 +46,20 @@ def add_parser(subparsers) -> None:
     b.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
                    help="safetensors dtype (default: that of the imported HF directory, else float32)")
     b.set_defaults(func=_olmax_to_hf)
+    c = sub.add_parser("olmo-core-to-olmax", help="OLMo-core checkpoint -> olmax checkpoint")
+    c.add_argument("src", metavar="SRC", help="an OLMo-core step folder: a path or an https/s3/gs URL")
+    c.add_argument("out", metavar="OUT")
+    c.add_argument("--weights-only", action="store_true", help="the model only, no optimizer state")
+    c.add_argument("--recipe", default=None,
+                   help="recipe whose optimizer the checkpoint's settings must match "
+                        "(default: olmax's optimizer defaults, OLMo 3's)")
+    c.set_defaults(func=_olmo_core_to_olmax)
+    d = sub.add_parser("olmax-to-olmo-core", help="olmax checkpoint -> OLMo-core checkpoint")
+    d.add_argument("ckpt", metavar="CKPT", help="a step dir, a run dir or a checkpoints/ dir")
+    d.add_argument("out", metavar="OUT")
+    d.add_argument("--weights-only", action="store_true",
+                   help="a model-only DCP folder (no optimizer or trainer state)")
+    d.set_defaults(func=_olmax_to_olmo_core)
 
 
 def _hf_to_olmax(args) -> int:
@@ -51,5 +73,28 @@ def _hf_to_olmax(args) -> int:
 
 def _olmax_to_hf(args) -> int:
     out = convert_olmax_to_hf(args.ckpt_dir, args.out_dir, dtype=args.dtype)
+    print(f"wrote {out}")
+    return 0
+
+
+def _olmo_core_to_olmax(args) -> int:
+    from olmax.interop.olmo_core.convert import convert_olmo_core_to_olmax
+
+    optim = model = None
+    if args.recipe:
+        from olmax.train.recipes import load_recipe
+
+        recipe = load_recipe(args.recipe, read_init=False)
+        optim, model = recipe.optim, recipe.model
+    out = convert_olmo_core_to_olmax(args.src, args.out, weights_only=args.weights_only,
+                                     optim=optim, model=model)
+    print(f"wrote {out}")
+    return 0
+
+
+def _olmax_to_olmo_core(args) -> int:
+    from olmax.interop.olmo_core.convert import convert_olmax_to_olmo_core
+
+    out = convert_olmax_to_olmo_core(args.ckpt, args.out, weights_only=args.weights_only)
     print(f"wrote {out}")
     return 0

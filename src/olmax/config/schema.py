@@ -385,8 +385,11 @@ def check_seed(value: int | None, key: str) -> None:
 class InitConfig:
     seed: int | None = None          # model init seed (None: the run seed)
     hf_dir: str | None = None        # start from HF Olmo3ForCausalLM weights
-    checkpoint: str | None = None    # warm start from an olmax checkpoint
+    checkpoint: str | None = None    # start from an olmax or OLMo-core checkpoint (path or URL)
     load_optimizer: bool = False     # with checkpoint: carry Adam moments and step count
+    # With checkpoint, as OLMo-core's flag: continue the checkpoint's run (its step + 1, its data
+    # position, seed and schedule); false restarts step, data and schedule (a warm start).
+    load_trainer_state: bool = False
     # The model comes from the checkpoint's config (olmax.interop.architecture): true lets the
     # recipe's model fields win where they differ (shapes must still agree).
     allow_architecture_override: bool = False
@@ -398,6 +401,8 @@ class InitConfig:
     def __post_init__(self) -> None:
         check_seed(self.seed, "init.seed")
         check_choices(self, "init")
+        if self.load_trainer_state and not self.checkpoint:
+            raise ConfigError("init.load_trainer_state=true needs init.checkpoint")
 
     def missing(self) -> str | None:
         """What the start this section requires lacks, as one line, or None."""

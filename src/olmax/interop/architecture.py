@@ -1,7 +1,7 @@
 """The model config stored with a run's starting weights, read once.
 
 Training that starts from ``init.hf_dir`` (the HF ``config.json``) or ``init.checkpoint`` (the
-olmax checkpoint's ``meta``) takes its architecture from that config:
+olmax checkpoint's ``meta``, or an OLMo-core checkpoint's ``config.json``) takes its architecture from that config:
 :func:`read_weights_config` reads it (the only I/O of resolving a run) and
 :func:`olmax.model.presets.resolve_model` reconciles it with the recipe's model section (the rule
 and its messages are documented there). For an HF source, which stores no padding,
@@ -17,6 +17,8 @@ import os
 from olmax.checkpoint.format import resolve_step_dir
 from olmax.checkpoint.weights import load_model_config
 from olmax.config import InitConfig
+from olmax.errors import OlmaxError
+from olmax.interop.olmo_core.checkpoint import is_olmo_core_checkpoint, read_model_config
 from olmax.interop.hf_config import model_config_from_hf, read_hf_config
 from olmax.interop.safetensors import check_safetensors_dir
 from olmax.model.presets import WeightsConfig
@@ -26,6 +28,12 @@ def read_weights_config(init: InitConfig, *, padded_vocab_size: int | None = Non
                         ) -> WeightsConfig | None:
     """The config of ``init.checkpoint`` or ``init.hf_dir`` (the trainer's order), or None when
     neither is set. ``padded_vocab_size``: the run's padding, for an HF source (None: OLMo-core's)."""
+    if init.checkpoint and is_olmo_core_checkpoint(init.checkpoint):
+        cfg, where = read_model_config(init.checkpoint)
+        if cfg is None:
+            raise OlmaxError(f"init.checkpoint {init.checkpoint}: an OLMo-core checkpoint without "
+                             "config.json: the recipe must give the model")
+        return WeightsConfig(cfg, "init.checkpoint", where)
     if init.checkpoint:
         step = resolve_step_dir(init.checkpoint)
         return WeightsConfig(load_model_config(step), "init.checkpoint", f"{step}/meta")

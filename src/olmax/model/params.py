@@ -2,17 +2,18 @@
 
 One row per weight: its shape (from the config), its logical axes (mapped to mesh axes by
 :mod:`olmax.parallel.sharding`), its initialisation, its Hugging Face tensor (name and layout),
-whether the config has it at all, and whether the "6N" FLOPs count it. Everything else is derived
-from the rows: the shapes and axes of the parameter pytree, the initial values, the parameter count,
-the N of :func:`olmax.model.flops.flops_per_token` and the HF state-dict map of
-:mod:`olmax.interop.hf`. Adding a weight is a config field, a row here and its use in the layer
+its OLMo-core name (``olmo_core``), whether the config has it at all, and whether the "6N" FLOPs
+count it. Everything else is derived from the rows: the shapes and axes of the parameter pytree,
+the initial values, the parameter count, the N of :func:`olmax.model.flops.flops_per_token`, the
+HF state-dict map of :mod:`olmax.interop.hf` and the OLMo-core map of
+:mod:`olmax.interop.olmo_core` (:func:`olmo_core_tensors`). Adding a weight is a config field, a row here and its use in the layer
 function (:mod:`olmax.model.olmo3`).
 
 The pytree: ``{"embed": [Vp, D], "layers": {name: [L, ...]}, "final_norm": [D], "lm_head": [D, Vp]}``;
 per-layer weights are stacked along a leading ``layers`` axis. Matrices are stored ``[in, out]``
-(HF's ``nn.Linear`` weights are ``[out, in]``: ``hf_transposed``). The vocabulary is padded to
-``padded_vocab_size`` (OLMo-core); the HF tensors hold the first ``vocab_size`` rows of any
-``vocab`` axis.
+(HF's and OLMo-core's ``nn.Linear`` weights are ``[out, in]``: ``hf_transposed``). The vocabulary
+is padded to ``padded_vocab_size`` (OLMo-core); the HF tensors hold the first ``vocab_size`` rows
+of any ``vocab`` axis, OLMo-core's all of them.
 
 Initialisation (OLMo-core ``InitMethod.normal``): every matrix, the embedding and LM head included,
 from a normal with std ``init_std`` truncated at +-3 std; norm weights 1; no depth scaling. Leaf
@@ -46,7 +47,8 @@ class Param:
     axes: Callable[[ModelConfig], tuple[str, ...]]
     init: Literal["normal", "ones"]
     hf: str                                         # HF name; ``{i}`` is the layer index
-    hf_transposed: bool = False                     # HF stores it [out, in]
+    olmo_core: str                                  # OLMo-core name (model state dict)
+    hf_transposed: bool = False                     # HF (and OLMo-core) store it [out, in]
     layer: bool = False
     present: Callable[[ModelConfig], bool] = _always
     in_flops: Callable[[ModelConfig], bool] = _always   # counted in N of "6N"
@@ -97,34 +99,48 @@ _ATTN, _MLP = "model.layers.{i}.self_attn", "model.layers.{i}.mlp"
 PARAMS: tuple[Param, ...] = (
     # the embedding is counted in FLOPs only when it is also the output projection (tied)
     Param("embed", lambda c: (c.padded_vocab_size, c.d_model), _fixed("vocab", "embed"), "normal",
-          "model.embed_tokens.weight", in_flops=_tied),
+          "model.embed_tokens.weight", "embeddings.weight", in_flops=_tied),
     Param("q_proj", lambda c: (c.d_model, c.q_dim), _fixed("embed", "heads"), "normal",
-          f"{_ATTN}.q_proj.weight", hf_transposed=True, layer=True),
+          f"{_ATTN}.q_proj.weight", "blocks.{i}.attention.w_q.weight",
+          hf_transposed=True, layer=True),
     Param("k_proj", lambda c: (c.d_model, c.kv_dim), _fixed("embed", "kv_heads"), "normal",
-          f"{_ATTN}.k_proj.weight", hf_transposed=True, layer=True),
+          f"{_ATTN}.k_proj.weight", "blocks.{i}.attention.w_k.weight",
+          hf_transposed=True, layer=True),
     Param("v_proj", lambda c: (c.d_model, c.kv_dim), _fixed("embed", "kv_heads"), "normal",
-          f"{_ATTN}.v_proj.weight", hf_transposed=True, layer=True),
+          f"{_ATTN}.v_proj.weight", "blocks.{i}.attention.w_v.weight",
+          hf_transposed=True, layer=True),
     Param("o_proj", lambda c: (c.q_dim, c.d_model), _fixed("heads", "embed"), "normal",
-          f"{_ATTN}.o_proj.weight", hf_transposed=True, layer=True),
+          f"{_ATTN}.o_proj.weight", "blocks.{i}.attention.w_out.weight",
+          hf_transposed=True, layer=True),
     Param("q_norm", _qk_norm_shape(lambda c: c.q_dim), _qk_norm_axes("heads"), "ones",
-          f"{_ATTN}.q_norm.weight", layer=True, present=_has_qk_norm),
+          f"{_ATTN}.q_norm.weight", "blocks.{i}.attention.q_norm.weight",
+          layer=True, present=_has_qk_norm),
     Param("k_norm", _qk_norm_shape(lambda c: c.kv_dim), _qk_norm_axes("kv_heads"), "ones",
-          f"{_ATTN}.k_norm.weight", layer=True, present=_has_qk_norm),
+          f"{_ATTN}.k_norm.weight", "blocks.{i}.attention.k_norm.weight",
+          layer=True, present=_has_qk_norm),
     # the block norms belong to neither sub-module in OLMo-core: not in its FLOPs' N
     Param("attn_norm", lambda c: (c.d_model,), _fixed("norm"), "ones",
-          "model.layers.{i}.post_attention_layernorm.weight", layer=True, in_flops=_outside_flops),
+          "model.layers.{i}.post_attention_layernorm.weight", "blocks.{i}.attention_norm.weight",
+          layer=True, in_flops=_outside_flops),
     Param("gate_proj", lambda c: (c.d_model, c.mlp_hidden), _fixed("embed", "mlp"), "normal",
-          f"{_MLP}.gate_proj.weight", hf_transposed=True, layer=True),
+          f"{_MLP}.gate_proj.weight", "blocks.{i}.feed_forward.w1.weight",
+          hf_transposed=True, layer=True),
     Param("up_proj", lambda c: (c.d_model, c.mlp_hidden), _fixed("embed", "mlp"), "normal",
-          f"{_MLP}.up_proj.weight", hf_transposed=True, layer=True),
+          f"{_MLP}.up_proj.weight", "blocks.{i}.feed_forward.w3.weight",
+          hf_transposed=True, layer=True),
     Param("down_proj", lambda c: (c.mlp_hidden, c.d_model), _fixed("mlp", "embed"), "normal",
-          f"{_MLP}.down_proj.weight", hf_transposed=True, layer=True),
+          f"{_MLP}.down_proj.weight", "blocks.{i}.feed_forward.w2.weight",
+          hf_transposed=True, layer=True),
     Param("mlp_norm", lambda c: (c.d_model,), _fixed("norm"), "ones",
-          "model.layers.{i}.post_feedforward_layernorm.weight", layer=True, in_flops=_outside_flops),
-    Param("final_norm", lambda c: (c.d_model,), _fixed("norm"), "ones", "model.norm.weight"),
+          "model.layers.{i}.post_feedforward_layernorm.weight",
+          "blocks.{i}.feed_forward_norm.weight",
+          layer=True, in_flops=_outside_flops),
+    Param("final_norm", lambda c: (c.d_model,), _fixed("norm"), "ones", "model.norm.weight",
+          "lm_head.norm.weight"),
     # the output projection counts in FLOPs whether it is stored (here) or tied (the embedding)
     Param("lm_head", lambda c: (c.d_model, c.padded_vocab_size), _fixed("embed", "vocab"), "normal",
-          "lm_head.weight", hf_transposed=True, present=_not_tied, in_flops=_not_tied),
+          "lm_head.weight", "lm_head.w_out.weight",
+          hf_transposed=True, present=_not_tied, in_flops=_not_tied),
 )
 
 
@@ -215,3 +231,25 @@ def hf_tensors(cfg: ModelConfig) -> list[HFTensor]:
     layers = [one(p, i) for i in range(cfg.n_layers) for p in rows if p.layer]
     return ([one(p, None) for p in rows[:first_layer]] + layers
             + [one(p, None) for p in rows[first_layer:] if not p.layer])
+
+
+class OLMoCoreTensor(NamedTuple):
+    """One tensor of an OLMo-core ``Transformer`` state dict and where it lives in the pytree."""
+
+    name: str
+    path: tuple[str, ...]       # the olmax parameter
+    layer: int | None           # index along the stacked ``layers`` axis
+    transposed: bool            # OLMo-core [out, in] vs olmax [in, out]
+    shape: Shape                # the OLMo-core shape (every vocabulary row)
+
+
+def olmo_core_tensors(cfg: ModelConfig) -> list[OLMoCoreTensor]:
+    """Every OLMo-core tensor of ``cfg``: the non-layer ones first, then layer by layer."""
+    def one(p: Param, i: int | None) -> OLMoCoreTensor:
+        shape = tuple(p.shape(cfg))
+        return OLMoCoreTensor(p.olmo_core.format(i=i), p.path, i, p.hf_transposed,
+                              shape[::-1] if p.hf_transposed else shape)
+
+    rows = params_of(cfg)
+    return ([one(p, None) for p in rows if not p.layer]
+            + [one(p, i) for i in range(cfg.n_layers) for p in rows if p.layer])

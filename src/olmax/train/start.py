@@ -5,11 +5,15 @@ In this order:
 1. **Resume**: the newest readable checkpoint of the run itself (``RUN_DIR/checkpoints``; corrupt ones
    are reported, moved aside and skipped). It must have been written for the same model, and its
    data fingerprint must match the run's data. The step, data position and LR schedule continue.
-2. **Warm start** from ``init.checkpoint``: its parameters, plus with ``init.load_optimizer=true``
-   Adam's moments and step count; the trainer step, data position and LR schedule restart at 0
-   and the new recipe's settings apply. The SkipStep rolling loss/grad-norm windows restart empty
-   (they describe the previous data mix), as in OLMo-core, which never saves them. A
-   parameters-only checkpoint (``olmax convert hf-to-olmax`` writes them) starts a fresh optimizer.
+2. **Warm start** from ``init.checkpoint`` (an olmax checkpoint, or an OLMo-core one read in place,
+   local or a URL): its parameters, plus with ``init.load_optimizer=true`` Adam's moments and step
+   count; the trainer step, data position and LR schedule restart at 0 and the new recipe's
+   settings apply. The SkipStep rolling loss/grad-norm windows restart empty (they describe the
+   previous data mix), as in OLMo-core, which never saves them. A parameters-only checkpoint
+   (``olmax convert hf-to-olmax`` writes them) starts a fresh optimizer. With
+   ``init.load_trainer_state=true`` (OLMo-core's flag) the checkpoint's run goes on instead: the
+   next step is its step + 1, with its data position, seed and schedule (the data position must be
+   the step, the seed and the dataset fingerprint the run's).
 3. **Hugging Face** weights from ``init.hf_dir``, with a fresh optimizer.
 4. **Fresh**: parameters initialised from ``init.seed``.
 
@@ -32,14 +36,18 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from olmax.checkpoint.checkpointer import Checkpointer, open_step_dir
 from olmax.checkpoint.format import OPT_STATE_ITEM, resolve_step_dir
-from olmax.checkpoint.weights import load_params
+from olmax.checkpoint.weights import load_meta, load_params
 from olmax.config import ModelConfig, ModelSpec, RunConfig, to_dict
 from olmax.errors import OlmaxError
 from olmax.interop.architecture import read_weights_config
+from olmax.data.fingerprint import OVERRIDE as FINGERPRINT_OVERRIDE
 from olmax.interop.hf import load_hf
+from olmax.interop.olmo_core.checkpoint import OLMoCoreCheckpoint, TrainerState, is_olmo_core_checkpoint
+from olmax.interop.olmo_core.convert import check_param_groups
 from olmax.model.finite import check_params
 from olmax.model.presets import WeightsConfig, describe_differences, differences, resolve_model
 from olmax.train.run_log import rewind_jsonl
@@ -62,7 +70,7 @@ def start_state(cfg: RunConfig, ckpt: Checkpointer, abstract_state: Any,
     with a resumed checkpoint's fingerprint. ``metrics_path``: rewound to the start step.
     """
     start = (_resume(cfg, ckpt, abstract_state, data)
-             or _warm_start(cfg, abstract_state, fresh_state, ckpt)
+             or _warm_start(cfg, abstract_state, fresh_state, ckpt, data)
              or _from_hf(cfg, abstract_state, fresh_state, ckpt)
              or Start(fresh_state(None), 0, {"kind": "fresh"}))
     if metrics_path is not None and jax.process_index() == 0:
@@ -96,15 +104,20 @@ def _resume(cfg: RunConfig, ckpt: Checkpointer, abstract_state: Any, data: Any) 
 
 
 def _warm_start(cfg: RunConfig, abstract_state: Any, fresh_state: Callable[[Any], Any],
-                ckpt: Checkpointer) -> Start | None:
+                ckpt: Checkpointer, data: Any = None) -> Start | None:
     if not cfg.init.checkpoint:
         return None
+    if is_olmo_core_checkpoint(cfg.init.checkpoint):
+        return _from_olmo_core(cfg, abstract_state, fresh_state, ckpt, data)
     where = resolve_step_dir(cfg.init.checkpoint)
     _check_architecture(cfg, read_weights_config(cfg.init), ckpt)
     load_opt = cfg.init.load_optimizer
     if load_opt and not (where / OPT_STATE_ITEM).is_dir():
         raise OlmaxError(f"init.checkpoint {where} has no optimizer state "
                          "(set init.load_optimizer=false to start a fresh optimizer)")
+    if cfg.init.load_trainer_state and not (where / OPT_STATE_ITEM).is_dir():
+        raise OlmaxError(f"init.checkpoint {where} holds parameters only: there is no trainer state "
+                         "to continue (set init.load_trainer_state=false)")
     if not (where / OPT_STATE_ITEM).is_dir():   # parameters only (olmax convert, save_params)
         target = abstract_state.params
         params, _ = load_params(where, dtype=jax.tree.leaves(target)[0].dtype,
@@ -120,6 +133,8 @@ def _warm_start(cfg: RunConfig, abstract_state: Any, fresh_state: Callable[[Any]
         raise OlmaxError(f"cannot warm-start from {where}: {' '.join(str(e).split())[:300]}") from None
     ro.close()
     check_params(state.params, f"init.checkpoint {where}")
+    if cfg.init.load_trainer_state:
+        return _continue_olmax_run(cfg, state, step, where, load_opt, fresh_state, ckpt, data)
     if load_opt:
         state = state._replace(opt_state=_restart_skip_windows(state.opt_state),
                                step=jnp.zeros_like(state.step))
@@ -129,6 +144,109 @@ def _warm_start(cfg: RunConfig, abstract_state: Any, fresh_state: Callable[[Any]
                 f"{'params + optimizer state' if load_opt else 'params, fresh optimizer'})")
     return Start(state, 0, {"kind": "checkpoint", "path": str(where), "step": step,
                             "load_optimizer": load_opt})
+
+
+def _continue_olmax_run(cfg: RunConfig, state: Any, step: int, where: Any, load_opt: bool,
+                        fresh_state: Callable[[Any], Any], ckpt: Checkpointer, data: Any) -> Start:
+    """``init.load_trainer_state=true`` on an olmax checkpoint: its step, data position and
+    schedule go on (as a resume of that run would), in this run directory."""
+    meta = load_meta(where)
+    if meta.get("data_position", step) != step:
+        raise OlmaxError(f"init.checkpoint {where}: data_position {meta.get('data_position')} != "
+                         f"step {step}")
+    if data is not None and meta.get("data_fingerprint") is not None:
+        data.check_fingerprint(meta["data_fingerprint"])
+    _same_seed(cfg, meta.get("seed"), where)
+    if not load_opt:
+        state = fresh_state(state.params)._replace(step=state.step)
+    ckpt.report(f"continuing the run of {where} from step {step}"
+                f"{'' if load_opt else ' (fresh optimizer)'}")
+    return Start(state, step, {"kind": "checkpoint", "path": str(where), "step": step,
+                               "load_optimizer": load_opt, "load_trainer_state": True})
+
+
+def _same_seed(cfg: RunConfig, seed: Any, where: Any) -> None:
+    """The data order of a continued run is its seed's: the run must have it."""
+    if seed is not None and seed != cfg.seed:
+        raise OlmaxError(f"init.checkpoint {where}: its run has seed {seed}, this run {cfg.seed}; "
+                         f"continuing it (init.load_trainer_state=true) needs seed={seed}")
+
+
+def _from_olmo_core(cfg: RunConfig, abstract_state: Any, fresh_state: Callable[[Any], Any],
+                    ckpt: Checkpointer, data: Any) -> Start:
+    """An OLMo-core checkpoint, read in place (no conversion): weights, with
+    ``init.load_optimizer`` Adam's moments and count, with ``init.load_trainer_state`` its step and
+    data position. SkipStep's windows start empty (OLMo-core never saves them)."""
+    init = cfg.init
+    ck = OLMoCoreCheckpoint(init.checkpoint)
+    if ck.model_config() is not None:   # a bare DCP folder has none: the recipe's model, checked
+        _check_architecture(cfg, read_weights_config(init), ckpt)
+    ck.check_model(cfg.model)
+    if init.load_optimizer and not ck.has_optimizer:
+        raise OlmaxError(f"init.checkpoint {ck.path} has no optimizer state "
+                         "(set init.load_optimizer=false to start a fresh optimizer)")
+    trainer = _olmo_core_position(cfg, ck, data) if init.load_trainer_state else None
+    params = _placed(ck.tree(cfg.model), abstract_state.params)
+    check_params(params, f"init.checkpoint {ck.path}")
+    state = fresh_state(params)
+    if init.load_optimizer:
+        check_param_groups(ck, cfg.model, cfg.optim)
+        state = state._replace(opt_state=_olmo_core_adam(ck, cfg, state.opt_state,
+                                                         abstract_state.opt_state))
+    step = trainer.global_step if trainer is not None else 0
+    if trainer is not None:
+        state = state._replace(step=jax.device_put(np.asarray(step, np.int32),
+                                                   abstract_state.step.sharding))
+    what = "params + optimizer state" if init.load_optimizer else "params, fresh optimizer"
+    ckpt.report(f"{'continuing' if trainer else 'warm start from'} OLMo-core checkpoint {ck.path} "
+                f"({what}{f'; from step {step}' if trainer else ''})")
+    return Start(state, step, {"kind": "olmo-core", "path": ck.path, "load_optimizer":
+                               init.load_optimizer, "load_trainer_state": init.load_trainer_state})
+
+
+def _olmo_core_position(cfg: RunConfig, ck: OLMoCoreCheckpoint, data: Any) -> TrainerState:
+    """The OLMo-core trainer state a continued run starts from, checked against this run: the data
+    position is the step, the seed and the dataset fingerprint are the run's."""
+    trainer = ck.trainer_state()
+    if trainer is None:
+        raise OlmaxError(f"init.checkpoint {ck.path} has no trainer state (train/rank0.pt); set "
+                         "init.load_trainer_state=false for a warm start")
+    t = cfg.train
+    if trainer.data_loader.get("epoch", trainer.epoch) != 1:
+        raise OlmaxError(f"init.checkpoint {ck.path}: its data loader is in epoch "
+                         f"{trainer.epoch}; olmax continues OLMo-core runs in their first epoch")
+    position = trainer.data_position(t.global_batch_size * t.seq_len)
+    if position != trainer.global_step:
+        raise OlmaxError(f"init.checkpoint {ck.path}: {trainer.data_loader.get('tokens_processed')} "
+                         f"tokens processed make {position} batches of {t.global_batch_size}x"
+                         f"{t.seq_len}, not its step {trainer.global_step}")
+    _same_seed(cfg, trainer.seed, ck.path)
+    if data is not None and trainer.fingerprint:
+        ours = (getattr(data, "fingerprint", None) or {}).get("olmo_core_sha256")
+        if ours != trainer.fingerprint and not cfg.data.ignore_fingerprint_mismatch:
+            raise OlmaxError(f"init.checkpoint {ck.path}: dataset fingerprint mismatch (the "
+                             f"checkpoint's {trainer.fingerprint[:12]}..., this run's data "
+                             f"{str(ours)[:12]}...); the data order would change (override with "
+                             f"{FINGERPRINT_OVERRIDE})")
+    return trainer
+
+
+def _placed(tree: Any, abstract: Any) -> Any:
+    """A tree of OLMo-core lazy leaves as arrays with the abstract tree's shardings and dtypes."""
+    return jax.tree.map(
+        lambda leaf, t: jax.make_array_from_callback(
+            t.shape, t.sharding, lambda idx: leaf.read(idx).astype(t.dtype)),
+        tree, abstract, is_leaf=lambda x: hasattr(x, "tensors"))
+
+
+def _olmo_core_adam(ck: OLMoCoreCheckpoint, cfg: RunConfig, opt_state: Any, abstract: Any) -> Any:
+    """``opt_state`` (fresh) with OLMo-core's moments and count; skip windows empty."""
+    adam = opt_state.inner[0]
+    count = jax.device_put(np.asarray(ck.adam_count(cfg.model), adam.count.dtype),
+                           abstract.inner[0].count.sharding)
+    adam = adam._replace(count=count, mu=_placed(ck.tree(cfg.model, "exp_avg"), abstract.inner[0].mu),
+                         nu=_placed(ck.tree(cfg.model, "exp_avg_sq"), abstract.inner[0].nu))
+    return opt_state._replace(inner=(adam,) + tuple(opt_state.inner[1:]))
 
 
 def _from_hf(cfg: RunConfig, abstract_state: Any, fresh_state: Callable[[Any], Any],

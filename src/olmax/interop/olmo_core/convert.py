@@ -1,0 +1,335 @@
+"""OLMo-core checkpoints <-> olmax checkpoints.
+
+``olmo-core-to-olmax``: weights (every one of the padded vocabulary's rows; fp32), with Adam's
+moments in olmax's layout (the weights' transforms) and OLMo-core's per-parameter ``step`` as
+olmax's Adam count; ``param_groups`` checked against the optimizer settings the caller gives;
+meta with the trainer's step, data position, seed, epoch and dataset fingerprint, and the model
+from ``config.json``. The output is a ``checkpoints/``-style folder holding one step directory,
+``<global step>/`` (``params``, ``opt_state``, ``meta``), which ``init.checkpoint`` and every
+other command read; ``weights_only`` writes a parameters-only step directory.
+
+``olmax-to-olmo-core``: ``model_and_optim/`` (DCP, one chunk per tensor: OLMo-core reshards on
+load), ``train/rank0.pt`` (the trainer's state), ``.metadata.json`` and ``config.json`` (the one
+the checkpoint was imported with, its model section checked; else a model section written from
+the olmax config). ``weights_only``: a bare DCP folder of ``model.*`` keys.
+
+Both directions read and write one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import jax
+import numpy as np
+
+from olmax.checkpoint.format import OPT_STATE_ITEM, resolve_step_dir
+from olmax.checkpoint.weights import (StreamedArray, load_meta, save_params, save_train_state,
+                                     stored_array, stored_arrays)
+from olmax.config import ModelConfig, OptimConfig, from_dict, to_dict
+from olmax.errors import OlmaxError
+from olmax.interop import vocab_padding
+from olmax.interop.olmo_core.checkpoint import (MODEL_AND_OPTIM, PIECE_BYTES, OLMoCoreCheckpoint,
+                                                TrainerState,
+                                                model_config_from_olmo_core)
+from olmax.interop.olmo_core.dcp import write_dcp
+from olmax.interop.olmo_core.torch_zip import PiecedArray, write_torch_save
+from olmax.io import atomic_output_dir, check_output_dir
+from olmax.model.params import OLMoCoreTensor, olmo_core_tensors
+from olmax.train.optim import skip_step_adamw
+
+META_KEY = "olmo_core"
+GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr")
+# The version of OLMo-core's NumpyDatasetBase.fingerprint, which olmax's olmo_core_sha256 computes
+# (a different version makes OLMo-core skip the fingerprint check with a warning).
+OC_FINGERPRINT_VERSION = "v2.0"
+ADAM = "inner.0."     # Adam's state in olmax's optimizer state (SkipStepAdamWState.inner[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# OLMo-core -> olmax
+
+
+def streamed(tree: dict) -> dict:
+    """A tree of :class:`~olmax.interop.olmo_core.checkpoint.LazyLeaf` as StreamedArray leaves."""
+    return jax.tree.map(lambda leaf: StreamedArray(leaf.shape, leaf.dtype, leaf.read,
+                                                   stacked=leaf.stacked),
+                        tree, is_leaf=lambda x: hasattr(x, "tensors"))
+
+
+def check_param_groups(ck: OLMoCoreCheckpoint, cfg: ModelConfig, optim: OptimConfig) -> None:
+    """Betas, eps and weight decay of every parameter's group are the optimizer's (OLMo-core
+    would keep the checkpoint's on load; olmax applies its own, so a difference is refused)."""
+    no_decay = {t.name for t in olmo_core_tensors(cfg) if t.path[-1] in optim.no_decay}
+    for name, group in ck.param_groups(cfg).items():
+        want = {"betas": tuple(optim.betas), "eps": optim.eps,
+                "weight_decay": 0.0 if name in no_decay else optim.weight_decay}
+        for key, value in want.items():
+            got = group.get(key)
+            if got is None:
+                raise OlmaxError(f"{ck.path}: no optimizer setting {key} for '{name}'")
+            got = tuple(float(x) for x in got) if key == "betas" else float(got)
+            if got != value:
+                raise OlmaxError(f"{ck.path}: '{name}' was trained with {key} {got}, the recipe "
+                                 f"says {value} (optim.{'no_decay' if key == 'weight_decay' else key})")
+
+
+def source_meta(ck: OLMoCoreCheckpoint, trainer: TrainerState | None) -> dict:
+    """What an imported checkpoint's meta records of its OLMo-core origin."""
+    info: dict[str, Any] = {"path": ck.path, "version": ck.version(),
+                            "checkpoint_id": ck.dcp.meta.checkpoint_id, "config": ck.config()}
+    if trainer is not None:
+        info.update(global_step=trainer.global_step, tokens_seen=trainer.tokens_seen,
+                    epoch=trainer.epoch, data_loader=trainer.data_loader,
+                    max_steps=trainer.max_steps, world_size=trainer.world_size)
+    return info
+
+
+def convert_olmo_core_to_olmax(src: str | os.PathLike, out: str | os.PathLike, *,
+                               weights_only: bool = False, optim: OptimConfig | None = None,
+                               model: ModelConfig | None = None) -> Path:
+    """OLMo-core checkpoint ``src`` -> olmax checkpoint at ``out`` (see the module docstring).
+    ``model``: the recipe's model, which must be ``config.json``'s (or stands for it where the
+    checkpoint has none)."""
+    check_output_dir(out)
+    ck = OLMoCoreCheckpoint(src)
+    cfg = checked_model(ck, model)
+    trainer = ck.trainer_state()
+    meta = {"source": {"kind": "olmo-core", "path": ck.path},
+            META_KEY: source_meta(ck, trainer),
+            vocab_padding.META_KEY: vocab_padding.record(cfg, in_softmax=True,
+                                                         init=vocab_padding.TRAINED)}
+    params = streamed(ck.tree(cfg))
+    if weights_only:
+        return save_params(out, params, cfg, extra_meta=meta)
+    if not ck.has_optimizer:
+        raise OlmaxError(f"{ck.path}: the checkpoint holds no optimizer state (use --weights-only)")
+    optim = optim or OptimConfig()
+    check_param_groups(ck, cfg, optim)
+    count = ck.adam_count(cfg)
+    step = trainer.global_step if trainer is not None else count
+    opt_state = olmax_opt_state(cfg, optim, streamed(ck.tree(cfg, "exp_avg")),
+                                streamed(ck.tree(cfg, "exp_avg_sq")), count)
+    meta.update(step=step, seed=trainer.seed if trainer is not None else None, optim=to_dict(optim))
+    if trainer is not None:
+        meta["olmo_core_data_position"] = dict(trainer.data_loader)
+    return save_train_state(out, step, params, opt_state, cfg, extra_meta=meta)
+
+
+def checked_model(ck: OLMoCoreCheckpoint, model: ModelConfig | None) -> ModelConfig:
+    """The checkpoint's model (``config.json``), which ``model`` (a recipe's) may not contradict;
+    its tensors checked against it."""
+    from olmax.model.presets import ModelSpec, WeightsConfig, resolve_model
+
+    stored = ck.model_config()
+    if stored is None and model is None:
+        raise OlmaxError(f"{ck.path}: no config.json; the model cannot be known")
+    cfg = stored or model
+    if stored is not None and model is not None:
+        weights = WeightsConfig(stored, "init.checkpoint", ck.files.path("config.json"))
+        cfg = resolve_model(ModelSpec.of(model), weights)
+    ck.check_model(cfg)
+    return cfg
+
+
+def olmax_opt_state(cfg: ModelConfig, optim: OptimConfig, mu: Any, nu: Any, count: int) -> Any:
+    """The optimizer state olmax's SkipStep AdamW keeps, with the given moments and count, and
+    empty skip windows (OLMo-core never saves them)."""
+    shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, np.float32), mu)
+    template = jax.eval_shape(skip_step_adamw(optim).init, shapes)
+    adam = template.inner[0]
+    adam = adam._replace(count=np.asarray(count, np.int32), mu=mu, nu=nu)
+    zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), template)
+    return zeros._replace(inner=(adam,) + tuple(zeros.inner[1:]),
+                          last_factor=np.ones((), np.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+# olmax -> OLMo-core
+
+
+def _olmax_arrays(step_dir: Path, with_optimizer: bool) -> tuple[Any, Any]:
+    """The params of an olmax step dir and (``with_optimizer``) Adam's ``(count, mu, nu)``, as
+    stored arrays read slice by slice (a layer of a tensor at a time)."""
+    params, _ = stored_arrays(step_dir)
+    if not with_optimizer:
+        return params, None
+    mu, _ = stored_arrays(step_dir, OPT_STATE_ITEM, ADAM + "mu.")
+    nu, _ = stored_arrays(step_dir, OPT_STATE_ITEM, ADAM + "nu.")
+    count = stored_array(step_dir, OPT_STATE_ITEM, ADAM + "count")[()]
+    return params, (int(count), mu, nu)
+
+
+def run_optim(meta: dict) -> OptimConfig:
+    """The optimizer a checkpoint was written with: its run's, else the one an import recorded."""
+    saved = (meta.get("config") or {}).get("optim") or meta.get("optim") or {}
+    return from_dict(OptimConfig, saved, "meta.optim")
+
+
+def _oc_value(tree: Any, t: OLMoCoreTensor) -> np.ndarray | PiecedArray:
+    """OLMo-core tensor ``t`` out of an olmax tree of arrays or stored arrays: a layer's tensor
+    read whole; an unstacked leaf (the embedding, the LM head) in pieces of rows as it is written."""
+    node = tree
+    for part in t.path:
+        node = node[part]
+    if t.layer is not None:
+        a = np.asarray(node[t.layer], np.float32)
+        return np.ascontiguousarray(a.T) if t.transposed else np.ascontiguousarray(a)
+    rows = t.shape[0]
+    step = max(1, PIECE_BYTES // max(4 * int(np.prod(t.shape[1:], dtype=np.int64)), 1))
+
+    def pieces() -> Iterator[np.ndarray]:
+        for a in range(0, rows, step):
+            b = min(a + step, rows)
+            block = node[:, a:b] if t.transposed else node[a:b]
+            block = np.asarray(block, np.float32)
+            yield block.T if t.transposed else block
+
+    return PiecedArray(t.shape, np.float32, pieces)
+
+
+def _dcp_items(cfg: ModelConfig, params: Any, opt_state: Any, optim: OptimConfig | None,
+               lr: float | None) -> Iterator[tuple[str, Any]]:
+    tensors = olmo_core_tensors(cfg)
+    for t in tensors:
+        yield f"model.{t.name}", _oc_value(params, t)
+    if opt_state is None:
+        return
+    count, mu, nu = opt_state
+    for t in tensors:
+        yield f"optim.state.{t.name}.step", np.asarray(float(count), np.float32)
+        yield f"optim.state.{t.name}.exp_avg", _oc_value(mu, t)
+        yield f"optim.state.{t.name}.exp_avg_sq", _oc_value(nu, t)
+    assert optim is not None
+    for t in tensors:
+        decay = 0.0 if t.path[-1] in optim.no_decay else optim.weight_decay
+        group = {"lr": float(lr if lr is not None else optim.lr), "betas": tuple(optim.betas),
+                 "eps": float(optim.eps), "weight_decay": float(decay),
+                 "initial_lr": float(optim.lr)}
+        for key in GROUP_KEYS:
+            yield f"optim.param_groups.{t.name}.{key}", group[key]
+
+
+def olmo_core_config(cfg: ModelConfig, base: dict | None) -> dict:
+    """``config.json`` for the export: the imported one (its model checked against ``cfg``), else
+    a model section OLMo-core's ``TransformerConfig`` reads."""
+    if base is not None:
+        got = model_config_from_olmo_core(base, "the imported config.json")
+        if got.replace(init_std=cfg.init_std, max_seq_len=cfg.max_seq_len) != cfg:
+            raise OlmaxError("the checkpoint's model differs from the config.json it was imported "
+                             "with; cannot export that config")
+        return copy.deepcopy(base)
+    window = [-1 if w is None else int(w) for w in cfg.window_pattern]
+    attn: dict[str, Any] = {
+        "name": "default", "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim, "bias": False,
+        "rope": {"name": "default", "theta": cfg.rope_theta, "full_precision": True},
+        "qk_norm": None if cfg.qk_norm == "none" else {"name": "rms", "eps": cfg.norm_eps,
+                                                       "bias": False},
+        "use_head_qk_norm": cfg.qk_norm == "head",
+        "sliding_window": {"pattern": window, "force_full_attention_on_first_layer": False,
+                           "force_full_attention_on_last_layer": True},
+    }
+    if cfg.rope_scaling is not None:
+        y = cfg.rope_scaling
+        attn["rope"]["scaling"] = {"factor": y.factor, "beta_fast": y.beta_fast,
+                                   "beta_slow": y.beta_slow,
+                                   "old_context_len": y.original_max_position_embeddings}
+    norm = {"name": "rms", "eps": cfg.norm_eps, "bias": False}
+    return {"model": {"d_model": cfg.d_model, "vocab_size": cfg.padded_vocab_size,
+                      "n_layers": cfg.n_layers,
+                      "block": {"name": "reordered_norm", "sequence_mixer": attn, "layer_norm": norm,
+                                "feed_forward": {"hidden_size": cfg.mlp_hidden, "bias": False}},
+                      "lm_head": {"layer_norm": norm, "bias": False},
+                      "init_std": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings},
+            "dataset": {"tokenizer": {"vocab_size": cfg.vocab_size}}}
+
+
+def trainer_state_dict(meta: dict, cfg: ModelConfig) -> dict:
+    """OLMo-core's ``Trainer.state_dict()`` for an olmax checkpoint's meta: the step, tokens seen
+    and the data loader's position (its fingerprint: the run's own, else the imported one's)."""
+    step = int(meta.get("step", 0))
+    train = (meta.get("config") or {}).get("train") or {}
+    imported = meta.get(META_KEY) or {}
+    tokens_per_batch = _tokens_per_batch(train, imported)
+    loader = dict(imported.get("data_loader") or {})
+    position = int(meta.get("data_position", step))
+    fingerprint = (meta.get("data_fingerprint") or {}).get("olmo_core_sha256") \
+        or loader.get("dataset_fingerprint")
+    loader.update({"dataset_fingerprint_version": loader.get("dataset_fingerprint_version",
+                                                             OC_FINGERPRINT_VERSION),
+                   "dataset_fingerprint": fingerprint or "",
+                   "batches_processed": position,
+                   "tokens_processed": position * tokens_per_batch,
+                   "seed": int(meta.get("seed") or loader.get("seed") or 0),
+                   "epoch": int(loader.get("epoch", 1)), "dataset_type": "fsl",
+                   "sequence_length": int(train.get("seq_len", loader.get("sequence_length", 0))),
+                   "max_target_sequence_length": _max_target(meta, loader)})
+    return {"global_step": step, "global_train_tokens_seen": step * tokens_per_batch,
+            "global_train_petaflops": 0.0, "max_steps": train.get("max_steps"),
+            "data_loader": loader, "epoch": loader["epoch"], "world_size": 1,
+            "rng": _NO_RNG, "callbacks": {}}
+
+
+# RNG states no library version matches: OLMo-core restores none of them (a warning; OLMo 3 has
+# no dropout, so nothing depends on them).
+_NO_RNG = {lib: {"version": (0, 0), "state": None} for lib in ("python", "numpy", "torch")}
+
+
+def _max_target(meta: dict, loader: dict) -> int | None:
+    """OLMo-core's ``max_target_sequence_length`` (its loader refuses any other): the run's
+    ``data.max_target_seq_len``, else the imported trainer state's."""
+    if meta.get("config"):
+        return ((meta["config"].get("data") or {}).get("max_target_seq_len"))
+    return loader.get("max_target_sequence_length")
+
+
+def _tokens_per_batch(train: dict, imported: dict) -> int:
+    """Tokens of one global batch: the run's, else the imported trainer state's."""
+    if train.get("global_batch_size") and train.get("seq_len"):
+        return int(train["global_batch_size"]) * int(train["seq_len"])
+    loader = imported.get("data_loader") or {}
+    if loader.get("batches_processed"):
+        return int(loader["tokens_processed"]) // int(loader["batches_processed"])
+    if imported.get("global_step"):
+        return int(imported["tokens_seen"]) // int(imported["global_step"])
+    raise OlmaxError("the checkpoint does not say how many tokens a batch holds (no run config, "
+                     "no OLMo-core trainer state)")
+
+
+def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, *,
+                               weights_only: bool = False) -> Path:
+    """olmax checkpoint -> OLMo-core checkpoint folder (see the module docstring)."""
+    check_output_dir(out)
+    step_dir = resolve_step_dir(ckpt)
+    meta = load_meta(step_dir)
+    cfg = from_dict(ModelConfig, meta["model"], "meta.model")
+    has_opt = (step_dir / OPT_STATE_ITEM).is_dir()
+    if not weights_only and not has_opt:
+        raise OlmaxError(f"{step_dir}: no optimizer state (a parameters-only checkpoint); use "
+                         "--weights-only")
+    base = (meta.get(META_KEY) or {}).get("config")
+    config = olmo_core_config(cfg, base)
+    params, opt_state = _olmax_arrays(step_dir, not weights_only)
+    optim = None if weights_only else run_optim(meta)
+    items = _dcp_items(cfg, params, opt_state, optim, meta.get("lr"))
+    with atomic_output_dir(out) as tmp:
+        if weights_only:
+            write_dcp(tmp, items, checkpoint_id=str(out))
+            return Path(out)
+        (tmp / MODEL_AND_OPTIM).mkdir()
+        write_dcp(tmp / MODEL_AND_OPTIM, items, checkpoint_id=f"{out}/{MODEL_AND_OPTIM}")
+        (tmp / "train").mkdir()
+        with open(tmp / "train" / "rank0.pt", "wb") as f:
+            write_torch_save(f, trainer_state_dict(meta, cfg))
+        (tmp / ".metadata.json").write_text(json.dumps({"version": "3.0.0"}))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    return Path(out)
+
+
+__all__ = ["convert_olmo_core_to_olmax", "convert_olmax_to_olmo_core", "olmax_opt_state",
+           "check_param_groups", "META_KEY"]

@@ -1,0 +1,168 @@
+"""The torch-free OLMo-core checkpoint reader and writer, and ``olmax convert``'s bad input.
+
+A tiny olmax training state is exported in OLMo-core's layout by olmax's own writer (OLMo-core
+itself reads such exports in ``tests/train/test_oc_checkpoints.py``); here it is read back from
+disk and from a loopback HTTP server (the file list from ``.metadata``; HTTP folders cannot be
+listed), and broken in each way the issue lists: one line, exit 2, nothing written.
+"""
+
+import pickle
+
+import jax
+import numpy as np
+import pytest
+
+from helpers.olmo_core_layout import oc_state_dict
+from helpers.remote_servers import file_server
+from helpers.tiny import tiny_cfg
+from olmax.checkpoint.weights import load_meta, load_params, save_train_state
+from olmax.cli import main
+from olmax.config import OptimConfig, to_dict
+from olmax.interop.olmo_core import pickles
+from olmax.interop.olmo_core.checkpoint import OLMoCoreCheckpoint
+from olmax.interop.olmo_core.convert import olmax_opt_state
+from olmax.interop.olmo_core.pickles import DCP_META, Call, Global, New, Pairs
+from olmax.model.params import init_params
+
+CFG = tiny_cfg()
+STEP, COUNT, SEED = 5, 4, 3
+
+
+@pytest.fixture
+def exported(tmp_path):
+    """An olmax step (params, Adam moments, count) and its OLMo-core export."""
+    params = jax.tree.map(np.asarray, init_params(CFG, jax.random.key(1)))
+    mu = jax.tree.map(lambda p: p * 0.5, params)
+    nu = jax.tree.map(lambda p: p * p, params)
+    opt = olmax_opt_state(CFG, OptimConfig(), mu, nu, COUNT)
+    meta = {"optim": to_dict(OptimConfig()), "data_position": STEP, "seed": SEED,
+            "config": {"train": {"global_batch_size": 2, "seq_len": 8}}}
+    ckpt = save_train_state(tmp_path / "olmax", STEP, params, opt, CFG, extra_meta=meta)
+    folder = tmp_path / "oc"
+    assert main(["convert", "olmax-to-olmo-core", str(ckpt), str(folder)]) == 0
+    return params, mu, nu, folder
+
+
+def test_reads_what_was_written(exported, tmp_path):
+    params, mu, nu, folder = exported
+    ck = OLMoCoreCheckpoint(folder)
+    assert ck.full and ck.has_optimizer and ck.model_config() == CFG.replace(max_seq_len=8192)
+    assert ck.adam_count(CFG) == COUNT
+    trainer = ck.trainer_state()
+    assert (trainer.global_step, trainer.seed, trainer.data_position(16)) == (STEP, SEED, STEP)
+    for kind, tree in (("model", params), ("exp_avg", mu), ("exp_avg_sq", nu)):
+        for name, want in oc_state_dict(tree, CFG).items():
+            key = f"model.{name}" if kind == "model" else f"optim.state.{name}.{kind}"
+            assert ck.dcp.tensor(key).tobytes() == want.tobytes(), key
+    out = tmp_path / "back"
+    assert main(["convert", "olmo-core-to-olmax", str(folder), str(out)]) == 0
+    back, _ = load_params(out)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+        assert np.asarray(a).tobytes() == b.tobytes()
+    assert load_meta(out)["step"] == STEP
+
+
+def test_reads_over_http_from_the_metadata_file_list(exported, tmp_path):
+    params, _, _, folder = exported
+    files = {"/ck/" + str(p.relative_to(folder)): p.read_bytes()
+             for p in folder.rglob("*") if p.is_file()}
+    with file_server(files) as srv:
+        out = tmp_path / "from_http"
+        assert main(["convert", "olmo-core-to-olmax", f"{srv.url}/ck", str(out),
+                     "--weights-only"]) == 0
+        asked = {path for _, path, _ in srv.log}
+    back, _ = load_params(out)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+        assert np.asarray(a).tobytes() == b.tobytes()
+    assert "/ck/model_and_optim/__0_0.distcp" in asked   # named by .metadata, never listed
+
+
+def _fails(capsys, argv, needle, out):
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert needle in err, err
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
+
+
+def _metadata(chunks, stored):
+    """A DCP ``.metadata`` of one [4, 2] tensor ``model.x`` with ``chunks`` (offsets, sizes) of
+    which those in ``stored`` have a data location."""
+    size = lambda t: Call(Global("torch", "Size"), (tuple(t),))  # noqa: E731
+    props = New(Global(DCP_META, "TensorProperties"), (),
+                (Global("torch", "float32"), "torch.strided", False, 0, False))
+    meta = New(Global(DCP_META, "TensorStorageMetadata"), (), {
+        "properties": props, "size": size((4, 2)),
+        "chunks": [New(Global(DCP_META, "ChunkStorageMetadata"), (),
+                       {"offsets": size(o), "sizes": size(s)}) for o, s in chunks]})
+    storage = Pairs(tuple(
+        (New(Global(DCP_META, "MetadataIndex"), (), {"fqn": "model.x", "offset": size(o), "index": 0}),
+         New(Global("olmo_core.distributed.checkpoint.filesystem", "_StorageInfo"), (),
+             {"relative_path": "__0_0.distcp", "offset": 0, "length": 10}))
+        for o, _ in stored))
+    return pickles.dumps(New(Global(DCP_META, "Metadata"), (),
+                             {"state_dict_metadata": {"model.x": meta}, "storage_data": storage}))
+
+
+def test_bad_checkpoints_are_one_line(exported, tmp_path, capsys):
+    _, _, _, folder = exported
+    out = tmp_path / "out"
+    convert = ["convert", "olmo-core-to-olmax"]
+    data = folder / "model_and_optim" / "__0_0.distcp"
+    metadata = folder / "model_and_optim" / ".metadata"
+    good_data, good_meta = data.read_bytes(), metadata.read_bytes()
+
+    data.write_bytes(good_data[:-1000])
+    _fails(capsys, convert + [str(folder), str(out)], "truncated", out)
+    data.unlink()
+    _fails(capsys, convert + [str(folder), str(out)], "__0_0.distcp: missing", out)
+    data.write_bytes(good_data)
+
+    metadata.write_bytes(pickle.dumps(Global("os", "system"), protocol=2)[:2]
+                         + b"cos\nsystem\n(S'true'\ntR.")
+    _fails(capsys, convert + [str(folder), str(out)], "names os.system", out)
+    rows = [((0, 0), (2, 2)), ((2, 0), (2, 2))]
+    metadata.write_bytes(_metadata(rows, rows[:1]))
+    _fails(capsys, convert + [str(folder), str(out)], "missing chunk", out)
+    metadata.write_bytes(_metadata(rows[:1], rows[:1]))
+    _fails(capsys, convert + [str(folder), str(out)], "missing chunk", out)
+    metadata.write_bytes(good_meta)
+
+    weights = tmp_path / "weights"
+    assert main(["convert", "olmax-to-olmo-core", str(tmp_path / "olmax"), str(weights),
+                 "--weights-only"]) == 0
+    _fails(capsys, convert + [str(weights), str(out)], "no config.json", out)
+    (weights / "config.json").write_text((folder / "config.json").read_text())
+    _fails(capsys, convert + [str(weights), str(out)], "holds no optimizer state", out)
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  preset: olmo3-tiny\ntrain:\n  seq_len: 8\n")
+    _fails(capsys, convert + [str(folder), str(out), "--recipe", str(recipe)], "d_model", out)
+    fields = ", ".join(f"{k}: {v}" for k, v in {
+        "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8,
+        "mlp_hidden": 64, "vocab_size": 100, "padded_vocab_size": 128}.items())
+    recipe.write_text(f"model: {{{fields}, window_pattern: [8, null]}}\n"
+                      "train:\n  seq_len: 8\noptim:\n  betas: [0.9, 0.99]\n")
+    _fails(capsys, convert + [str(folder), str(out), "--recipe", str(recipe)], "betas", out)
+
+
+def test_blocks_read_in_pieces(exported, monkeypatch):
+    """Any block of any leaf, its OLMo-core rows read a few at a time (the embedding's rows; the
+    LM head's, which are its columns in olmax's layout)."""
+    from olmax.interop.olmo_core import checkpoint
+
+    params, mu, _, folder = exported
+    monkeypatch.setattr(checkpoint, "PIECE_BYTES", 3 * 4 * CFG.d_model)   # 3 rows at a time
+    ck = OLMoCoreCheckpoint(folder)
+    for kind, want in (("model", params), ("exp_avg", mu)):
+        tree = ck.tree(CFG, kind)
+        for name in ("embed", "lm_head", "final_norm"):
+            leaf, full = tree[name], want[name]
+            index = (slice(5, 77),) + (slice(3, 29),) * (full.ndim - 1)
+            np.testing.assert_array_equal(leaf.read(index), full[index])
+            np.testing.assert_array_equal(leaf.read(), full)
+        index = (slice(1, 2), slice(4, 20), slice(0, 9))
+        np.testing.assert_array_equal(tree["layers"]["q_proj"].read(index),
+                                      want["layers"]["q_proj"][index])
