@@ -153,8 +153,8 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     # step is compiled with 64 MiB of scoped VMEM, the limit MaxText's OLMo 3 launcher sets on
     # Ironwood: at libtpu's default the 7B step's MLP weight gradients do not fit as reduce-scatter
     # fusions, and the compiler reduces each at full size with an all-reduce over all devices,
-    # blocking the layer loop (128 and 512 devices; benchmarks/README.md, "The original run's
-    # scale"). On v5p (checked on v5p 4x4x8 with the stage-2 step) 96 MiB changes nothing, so v5p
+    # blocking the layer loop (128 and 512 devices;
+    # benchmarks/notes/2026-12-01-the-original-run-s-scale-with-collectives-timed.md). On v5p (checked on v5p 4x4x8 with the stage-2 step) 96 MiB changes nothing, so v5p
     # keeps libtpu's default.
     Accelerator("tpu7x", "google", ("tpu7x",), 2307e12 / 2, 96 * GiB, devices_per_chip=2,
                 link_bw=100e9, dcn_bw=100e9 / 8, mxu=256, float8=True,

@@ -14,7 +14,7 @@ allocation that glibc carves out of the freed temporaries leaves a hole too smal
 step's, so the heap grows by a whole block and never shrinks. Hence opt-in, for short CPU runs with
 memory to spare; the default is glibc's own behaviour. Transparent huge pages
 (``glibc.malloc.hugetlb``) cut the faults too, but direct compaction made the step slower.
-Measurements: benchmarks/README.md ("CPU shape B, continued").
+Measurements: benchmarks/notes/2026-11-30-cpu-shape-b-continued-attention-layout-rope-tables.md.
 
 Read by the ``olmax`` command at start-up (before any thread exists), and applied only where JAX
 computes on one CPU device: no accelerator plugin is installed or ``JAX_PLATFORMS`` names ``cpu``

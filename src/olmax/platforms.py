@@ -16,14 +16,13 @@ loss chunk             256 rows of logits per host 1024 positions per sequence
 layer weights' cast    all parameters, up front    ``tpu``: in each layer, fp32 gradients
 =====================  ==========================  =======================================
 
-Why each CPU choice exists (XLA's CPU backend, measured in benchmarks/README.md, "CPU speed"): a
+Why each CPU choice exists (XLA's CPU backend, measured in benchmarks/notes/2026-11-30-cpu-shapes-a-and-b-before-and-after.md): a
 dense layer's weight gradient written by autodiff contracts over the operands' major dimension,
 which that backend runs as a slow dot; autodiff of RMSNorm keeps several fp32 copies of the input
 for the backward pass; a scanned loop's stacked residuals are copied in and out of their buffers;
 sin/cos of the RoPE tables would be evaluated inside every fused consumer.
 
-Why the TPU casts each layer's weights inside the layer (benchmarks/README.md, "The original
-run's scale"): the cast then runs on each device's FSDP shard before the weights are gathered
+Why the TPU casts each layer's weights inside the layer (benchmarks/notes/2026-12-01-the-original-run-s-scale-with-collectives-timed.md): the cast then runs on each device's FSDP shard before the weights are gathered
 (the gathers still move bf16), and the weight gradients leave the layer in fp32, the master
 weights' dtype. Cast up front, the gradients are bf16, and on 512 Ironwood devices (8 rows of a
 7B weight per device, half of a bf16 tile) libtpu reduces the MLP's with full-size all-reduces
@@ -152,7 +151,7 @@ def profile_for(name: str, backend: str) -> Profile:
 # XLA's CPU backend hands fusions to the YNNPACK library; by default reductions too, which then
 # read materialised fp32 inputs kept from the forward pass to the backward (the norms' inputs and
 # broadcast weights). Dot products alone keep the GEMMs fast without those buffers
-# (benchmarks/README.md, "CPU speed").
+# (benchmarks/notes/2026-11-30-cpu-shapes-a-and-b-before-and-after.md).
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 

@@ -66,7 +66,7 @@ def _softmax_pv(q, k, v, mask, scale):
 
     Every product is a row-major batched GEMM: the batch dimensions lead (heads before positions)
     and no operand is contracted over its major dimension, which XLA's CPU backend would hand to a
-    slower dot on operands converted to fp32 (benchmarks/README.md, "CPU speed").
+    slower dot on operands converted to fp32 (benchmarks/notes/2026-11-30-cpu-shapes-a-and-b-before-and-after.md).
 
     The backward pass is flash attention's: from q, k, v, the output and the rows' logsumexp it
     recomputes the probabilities (``exp(scores - lse)``) instead of keeping them, so a layer holds

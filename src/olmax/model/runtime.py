@@ -47,7 +47,7 @@ def _save_names_and_kernels(*names: str):
 # Per-layer rematerialisation (``jax.checkpoint`` around each layer; its input is always kept).
 # ``dots`` keeps every matmul's fp32 accumulator output; the ``save_*`` policies keep named values
 # in the compute dtype (bf16 under mixed precision: half the bytes of ``dots``). What each costs
-# and saves for OLMo 3 7B on TPU: benchmarks/README.md (the TPU study).
+# and saves for OLMo 3 7B on TPU: benchmarks/notes/2026-11-30-the-7b-tpu-study.md.
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,

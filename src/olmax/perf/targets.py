@@ -263,7 +263,7 @@ def torus_links(libtpu_name: str) -> dict:
     compiler plans collectives on the links it is told of: without the wraparound, the TPU
     compiler's all-gather decomposer rewrites an all-gather over a whole slice of 64 devices or
     more as a full-size all-reduce (on 4x8x8, FSDP over the 512 devices gathered no weight:
-    benchmarks/README.md, the 512-device layouts), which a torus does not need."""
+    benchmarks/notes/2026-12-01-512-devices-the-collectives-of-the-step-on.md), which a torus does not need."""
     _, _, shape = libtpu_name.partition(":")
     sides = [int(x) for x in shape.split("x")] if _TPU_SHAPE.fullmatch(shape) else []
     if len(sides) == 3 and all(x % 4 == 0 for x in sides):

@@ -13,7 +13,7 @@
   ``r``.
 
 The values equal :mod:`olmax.model.kernels.reference` up to fp32 summation order (tested against
-torch float64 autograd and JAX autodiff). Measurements: benchmarks/README.md, "CPU speed".
+torch float64 autograd and JAX autodiff). Measurements: benchmarks/notes/2026-11-30-cpu-shapes-a-and-b-before-and-after.md.
 """
 
 from __future__ import annotations
