@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from helpers.olmo_core_layout import oc_state_dict
+from helpers.olmo_core import oc_state_dict
 from helpers.remote_servers import file_server
 from helpers.tiny import tiny_cfg
 from olmax.checkpoint.weights import load_meta, load_params, save_train_state

@@ -26,7 +26,7 @@ from olmax.platforms import PROFILES
 from olmax.train.loss import loss_and_sums, loss_denominator, make_labels
 from helpers.reference import require
 
-import test_oc_parity as ref
+from helpers import olmo_core as ref
 
 torch = require("torch")
 require("torchao")
@@ -192,7 +192,7 @@ def test_train_float8_is_a_strict_bool_refused_without_float8_matmuls():
 def _olmo_core_loss_and_grads(params, tokens, fp8: bool):
     from olmo_core.data.utils import get_labels
     from olmo_core.float8 import AOFloat8LinearConfig, Float8Config
-    model = ref._oc_model(params)
+    model = ref.oc_model(params)
     if fp8:     # as OLMo-core's train module applies float8_config (the stage-3 script's)
         model.apply_fp8(Float8Config(enabled=True, ao=AOFloat8LinearConfig.recommended(emulate=True)))
         kinds = {n: type(m).__name__ for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -203,7 +203,7 @@ def _olmo_core_loss_and_grads(params, tokens, fp8: bool):
     out = model(ids, labels=labels, loss_reduction="sum", z_loss_multiplier=1e-5,
                 loss_div_factor=(labels != -100).sum(), return_logits=False)
     out.loss.backward()
-    grads = ref._to_olmax_layout(model, {k: p.grad.numpy() for k, p in model.named_parameters()})
+    grads = ref.to_olmax_layout(model, {k: p.grad.numpy() for k, p in model.named_parameters()})
     return out.loss.item(), grads
 
 

@@ -1,6 +1,6 @@
 """OLMo-core checkpoints in and out, against ai2-olmo-core 3.0.0 on CPU.
 
-OLMo-core trains the tiny model of :mod:`test_oc_parity` for K steps and saves a checkpoint as its
+OLMo-core trains the tiny model of :mod:`helpers.olmo_core` for K steps and saves a checkpoint as its
 ``Trainer`` lays one out (``model_and_optim/`` through its ``save_model_and_optim_state`` with the
 optimizer state flattened, as the trainer saves it; ``train/rank0.pt``; ``.metadata.json``;
 ``config.json`` with its model section). Then:
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import test_oc_parity as ref
+from helpers import olmo_core as ref
 from helpers.reference import require
 from olmax.checkpoint.checkpointer import abstract_tree, open_step_dir
 from olmax.checkpoint.weights import load_meta, save_train_state
@@ -68,7 +68,7 @@ def _save_oc_checkpoint(folder, model, opt, step):
     (folder / "train").mkdir()
     torch.save(_trainer_state(step), folder / "train" / "rank0.pt")
     (folder / ".metadata.json").write_text(json.dumps({"version": VERSION}))
-    config = {"model": ref._oc_config().as_config_dict(),
+    config = {"model": ref.oc_config().as_config_dict(),
               "dataset": {"tokenizer": {"vocab_size": ref.CFG.vocab_size}}}
     (folder / "config.json").write_text(json.dumps(config))
 
@@ -77,8 +77,8 @@ def _oc_load(folder):
     """A fresh OLMo-core model and optimizer, loaded strictly from ``folder``."""
     from olmo_core.distributed.checkpoint import load_model_and_optim_state
 
-    model = ref._oc_model(init_params(ref.CFG, jax.random.key(99)))
-    opt = ref._oc_optimizer(model)
+    model = ref.oc_model(init_params(ref.CFG, jax.random.key(99)))
+    opt = ref.oc_optimizer(model)
     load_model_and_optim_state(folder, model, opt, flatten_optimizer_state=True)
     return model, opt
 
@@ -126,11 +126,11 @@ def _same_steps(ours, theirs):
 def run(tmp_path_factory):
     """OLMo-core's K steps and checkpoint, and that checkpoint converted to olmax."""
     root = tmp_path_factory.mktemp("oc")
-    batches = ref._batches()
+    batches = ref.make_batches()
     torch.manual_seed(0)
-    model = ref._oc_model(init_params(ref.CFG, jax.random.key(3)))
-    opt = ref._oc_optimizer(model)
-    ref._oc_steps(model, opt, batches[:K])
+    model = ref.oc_model(init_params(ref.CFG, jax.random.key(3)))
+    opt = ref.oc_optimizer(model)
+    ref.oc_steps(model, opt, batches[:K])
     folder = root / f"step{K}"
     folder.mkdir()
     _save_oc_checkpoint(folder, model, opt, K)
@@ -146,7 +146,7 @@ def test_resume_matches_olmo_core(run):
     assert meta["olmo_core"]["data_loader"]["dataset_fingerprint"] == FINGERPRINT
     assert meta["olmo_core"]["data_loader"]["tokens_processed"] // (ref.B * ref.T) == K
     model, opt = _oc_load(folder / "model_and_optim")
-    theirs = ref._oc_steps(model, opt, batches[K:K + M], first_step=K + 1)
+    theirs = ref.oc_steps(model, opt, batches[K:K + M], first_step=K + 1)
     state, _ = _olmax_state(converted / str(K))
     assert int(state.opt_state.inner[0].count) == K
     _, ours = _olmax_steps(state, batches[K:K + M], first_step=K + 1)
@@ -158,7 +158,7 @@ def test_warm_start_matches_olmo_core(run):
     """Weights and Adam's state carried, the schedule and the data restarted."""
     folder, converted, batches = run
     model, opt = _oc_load(folder / "model_and_optim")
-    theirs = ref._oc_steps(model, opt, batches[:M], first_step=1)
+    theirs = ref.oc_steps(model, opt, batches[:M], first_step=1)
     state, _ = _olmax_state(converted / str(K))
     _, ours = _olmax_steps(state._replace(step=jnp.zeros_like(state.step)), batches[:M], 1)
     _same_steps(ours, theirs)
@@ -180,7 +180,7 @@ def test_export_resumed_by_olmo_core_matches_olmax(run, tmp_path):
     assert trainer["data_loader"]["seed"] == SEED
     model, opt = _oc_load(exported / "model_and_optim")
     nxt = batches[K + M:K + 2 * M]
-    theirs = ref._oc_steps(model, opt, nxt, first_step=K + M + 1)
+    theirs = ref.oc_steps(model, opt, nxt, first_step=K + M + 1)
     _, ours = _olmax_steps(state, nxt, first_step=K + M + 1)
     _same_steps(ours, theirs)
 
@@ -238,20 +238,20 @@ def run(rank, world, folder, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     import jax
-    import test_oc_parity as ref
+    from helpers import olmo_core as ref
     from olmax.model.params import init_params
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
 
     torch.manual_seed(0)
-    model = ref._oc_model(init_params(ref.CFG, jax.random.key(3)))
+    model = ref.oc_model(init_params(ref.CFG, jax.random.key(3)))
     mesh = init_device_mesh("cpu", (world,))
     for block in model.blocks.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = ref._oc_optimizer(model)
-    ref._oc_steps(model, opt, ref._batches()[:3])
+    opt = ref.oc_optimizer(model)
+    ref.oc_steps(model, opt, ref.make_batches()[:3])
     save_model_and_optim_state(folder, model, opt, flatten_optimizer_state=True)
     dist.destroy_process_group()
 
@@ -293,7 +293,7 @@ def test_fsdp_world_size_2_checkpoint(tmp_path):
     folder.rename(step_dir / "model_and_optim")
     torch.save(_trainer_state(3), step_dir / "train" / "rank0.pt")
     (step_dir / "config.json").write_text(json.dumps({
-        "model": ref._oc_config().as_config_dict(),
+        "model": ref.oc_config().as_config_dict(),
         "dataset": {"tokenizer": {"vocab_size": ref.CFG.vocab_size}}}))
     converted = convert_olmo_core_to_olmax(step_dir, tmp_path / "olmax", optim=ref.OPT)
     back = convert_olmax_to_olmo_core(converted, tmp_path / "back")
@@ -360,7 +360,7 @@ def test_export_loads_in_olmo_cores_trainer_checkpointer(run, tmp_path):
                                                 opts=dict(weight_decay=0.0))])
         module = TransformerTrainModuleConfig(
             rank_microbatch_size=ref.MICRO * ref.T, max_sequence_length=ref.T, optim=optim,
-        ).build(ref._oc_config().build(init_device="cpu"), device=torch.device("cpu"))
+        ).build(ref.oc_config().build(init_device="cpu"), device=torch.device("cpu"))
         state = Checkpointer(work_dir=str(tmp_path / "work")).load(exported, module,
                                                                    load_trainer_state=True)
         assert state["global_step"] == K
@@ -383,19 +383,19 @@ def test_step0_checkpoint_counts_adam_one_ahead(tmp_path):
     leaves the moments at zero and every parameter's ``step`` at 1. olmax reads that count and then
     trains exactly as OLMo-core does with its checkpointer on; a fresh olmax optimizer (count 0)
     follows OLMo-core with its checkpointer off instead."""
-    batches = ref._batches()[:M]
+    batches = ref.make_batches()[:M]
     params = init_params(ref.CFG, jax.random.key(3))
     torch.manual_seed(0)
-    model = ref._oc_model(params)
-    opt = ref._oc_optimizer(model)
+    model = ref.oc_model(params)
+    opt = ref.oc_optimizer(model)
     folder = tmp_path / "step0"
     folder.mkdir()
     _save_oc_checkpoint(folder, model, opt, 0)
     assert all(float(s["step"]) == 1.0 for s in opt.state.values())
-    with_ckpt = ref._oc_steps(model, opt, batches)
+    with_ckpt = ref.oc_steps(model, opt, batches)
     torch.manual_seed(0)
-    model = ref._oc_model(params)
-    without = ref._oc_steps(model, ref._oc_optimizer(model), batches)
+    model = ref.oc_model(params)
+    without = ref.oc_steps(model, ref.oc_optimizer(model), batches)
     converted = convert_olmo_core_to_olmax(folder, tmp_path / "olmax", optim=ref.OPT)
     state, _ = _olmax_state(converted / "0")
     assert int(state.opt_state.inner[0].count) == 1

@@ -17,7 +17,7 @@ from olmax.model.documents import positions_in_documents, segment_ids_from_doc_l
 from olmax.model.rope import apply_rope, rope_tables
 from helpers.reference import require
 
-import test_oc_parity as ref
+from helpers import olmo_core as ref
 
 torch = require("torch")
 require("olmo_core")
@@ -27,7 +27,7 @@ def test_olmo_core_cpu_backend_refuses_documents():
     from olmax.model.params import init_params
     import jax
 
-    model = ref._oc_model(init_params(ref.CFG, jax.random.key(0)))
+    model = ref.oc_model(init_params(ref.CFG, jax.random.key(0)))
     ids = torch.zeros((1, ref.T), dtype=torch.long)
     doc_lens = torch.tensor([[10, ref.T - 10]], dtype=torch.int32)
     with torch.no_grad():

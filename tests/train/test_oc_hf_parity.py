@@ -18,7 +18,7 @@ import json
 import numpy as np
 import yaml
 
-import test_oc_parity as ref
+from helpers import olmo_core as ref
 from olmax.cli import main
 from olmax.config import from_dict, ModelConfig
 from helpers.reference import require
@@ -105,7 +105,7 @@ def test_training_from_hf_dir_matches_olmo_core_hf_init(tmp_path):
     for _ in range(ref.STEPS):
         _, host = next(it)
         batches.append((np.asarray(host["tokens"], np.int32), np.asarray(host["instance_mask"], bool)))
-    oc_loss, oc_skipped, oc_norm, _ = ref._run_olmo_core(None, batches, model=_olmo_core_from_hf(hf_dir))
+    oc_loss, oc_skipped, oc_norm, _ = ref.run_olmo_core(None, batches, model=_olmo_core_from_hf(hf_dir))
 
     ours = np.array([r["loss"] for r in rows])
     rel = np.abs(ours - np.array(oc_loss)) / np.abs(np.array(oc_loss))
