@@ -41,7 +41,7 @@ _slow: set[str] = set()
 # tier writes the units it ran). It only orders the units, longest first: a unit missing here
 # starts after the listed ones.
 DURATIONS_FILE = Path(__file__).parent / "durations.json"
-DURATIONS: dict[str, float] = json.loads(DURATIONS_FILE.read_text())
+DURATIONS: dict[str, float] = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}
 
 
 def unit_of(nodeid: str) -> str:

@@ -21,6 +21,7 @@ from olmax.config import OptimConfig, to_dict
 from olmax.interop.olmo_core import pickles
 from olmax.interop.olmo_core.checkpoint import OLMoCoreCheckpoint
 from olmax.interop.olmo_core.convert import olmax_opt_state
+from olmax.train.optim import skip_step_adamw
 from olmax.interop.olmo_core.pickles import DCP_META, Call, Global, New, Pairs
 from olmax.model.params import init_params
 
@@ -34,7 +35,7 @@ def exported(tmp_path):
     params = jax.tree.map(np.asarray, init_params(CFG, jax.random.key(1)))
     mu = jax.tree.map(lambda p: p * 0.5, params)
     nu = jax.tree.map(lambda p: p * p, params)
-    opt = olmax_opt_state(CFG, OptimConfig(), mu, nu, COUNT)
+    opt = olmax_opt_state(skip_step_adamw(OptimConfig()), mu, nu, COUNT)
     meta = {"optim": to_dict(OptimConfig()), "data_position": STEP, "seed": SEED,
             "config": {"train": {"global_batch_size": 2, "seq_len": 8}}}
     ckpt = save_train_state(tmp_path / "olmax", STEP, params, opt, CFG, extra_meta=meta)

@@ -171,7 +171,8 @@ def test_a_gpu_step_fits_against_the_share_of_memory_jax_takes():
     """The 7B recipe at 2 x 8192 per device on h100:8 peaks at 66.6 GiB: within the 72 GiB JAX may
     take in a launched job (0.90 of 80 GiB), not within the 60 GiB of JAX's default 0.75."""
     from olmax.perf.targets import MEM_FRACTION
-    from olmax.perf.targets import GiB, usable_hbm
+    from olmax.hardware import GiB
+    from olmax.perf.targets import usable_hbm
 
     peak = int(66.6 * GiB)
     hbm, fraction, source = usable_hbm("gpu", 80 * GiB, "table", environ={})

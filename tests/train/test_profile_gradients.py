@@ -81,8 +81,13 @@ def _assert_close(ours, reference, label):
     print(f"\n{label}: worst per-tensor relative gradient difference {worst:.2e}")
 
 
-@pytest.mark.parametrize("remat", sorted(REMAT_POLICIES))
-@pytest.mark.parametrize("profile", sorted(PROFILES))
+# rocm computes on a CPU the program gpu does (cuDNN's fallback there is rocm's chunked attention):
+# one cell proves its path; every remat policy is proven on the other profiles.
+CELLS = [(p, r) for p in sorted(PROFILES) if p != "rocm" for r in sorted(REMAT_POLICIES)] + [("rocm", "save_proj")]
+DOCUMENT_CELLS = [(p, r) for p in sorted(PROFILES) if p != "rocm" for r in ("none", "save_proj")] + [("rocm", "none")]
+
+
+@pytest.mark.parametrize("profile,remat", CELLS)
 def test_gradients_equal_across_profiles_and_remat(reference, profile, remat):
     _assert_close(_grads(profile, remat), reference, f"{profile}/{remat}")
 
@@ -92,8 +97,7 @@ def reference_documents():
     return _grads("cpu", "none", documents=True)
 
 
-@pytest.mark.parametrize("remat", ["none", "save_proj"])
-@pytest.mark.parametrize("profile", sorted(PROFILES))
+@pytest.mark.parametrize("profile,remat", DOCUMENT_CELLS)
 def test_gradients_with_documents_equal_across_profiles(reference_documents, reference, profile, remat):
     """The same with packed rows (segment ids from ``DOC_LENS``): every profile's attention with
     the document mask, per-document RoPE positions, the same gradients; and they are not the

@@ -79,6 +79,7 @@ def _olmax_to_hf(args) -> int:
 
 def _olmo_core_to_olmax(args) -> int:
     from olmax.interop.olmo_core.convert import convert_olmo_core_to_olmax
+    from olmax.train.optim import skip_step_adamw
 
     optim = model = None
     if args.recipe:
@@ -87,7 +88,7 @@ def _olmo_core_to_olmax(args) -> int:
         recipe = load_recipe(args.recipe, read_init=False)
         optim, model = recipe.optim, recipe.model
     out = convert_olmo_core_to_olmax(args.src, args.out, weights_only=args.weights_only,
-                                     optim=optim, model=model)
+                                     optim=optim, model=model, optimizer=skip_step_adamw)
     print(f"wrote {out}")
     return 0
 

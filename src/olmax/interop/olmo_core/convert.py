@@ -22,7 +22,7 @@ import copy
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -40,7 +40,6 @@ from olmax.interop.olmo_core.dcp import write_dcp
 from olmax.interop.olmo_core.torch_zip import PiecedArray, write_torch_save
 from olmax.io import atomic_output_dir, check_output_dir
 from olmax.model.params import OLMoCoreTensor, olmo_core_tensors
-from olmax.train.optim import skip_step_adamw
 
 META_KEY = "olmo_core"
 GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr")
@@ -91,10 +90,13 @@ def source_meta(ck: OLMoCoreCheckpoint, trainer: TrainerState | None) -> dict:
 
 def convert_olmo_core_to_olmax(src: str | os.PathLike, out: str | os.PathLike, *,
                                weights_only: bool = False, optim: OptimConfig | None = None,
-                               model: ModelConfig | None = None) -> Path:
+                               model: ModelConfig | None = None,
+                               optimizer: Callable[[OptimConfig], Any] | None = None) -> Path:
     """OLMo-core checkpoint ``src`` -> olmax checkpoint at ``out`` (see the module docstring).
     ``model``: the recipe's model, which must be ``config.json``'s (or stands for it where the
-    checkpoint has none)."""
+    checkpoint has none). ``optimizer``: olmax's optimizer of an ``optim`` section
+    (:func:`olmax.train.optim.skip_step_adamw`, which the training layer above passes in), whose
+    state the moments fill; needed unless ``weights_only``."""
     check_output_dir(out)
     ck = OLMoCoreCheckpoint(src)
     cfg = checked_model(ck, model)
@@ -108,11 +110,13 @@ def convert_olmo_core_to_olmax(src: str | os.PathLike, out: str | os.PathLike, *
         return save_params(out, params, cfg, extra_meta=meta)
     if not ck.has_optimizer:
         raise OlmaxError(f"{ck.path}: the checkpoint holds no optimizer state (use --weights-only)")
+    if optimizer is None:
+        raise ValueError("converting the optimizer state needs olmax's optimizer (optimizer=...)")
     optim = optim or OptimConfig()
     check_param_groups(ck, cfg, optim)
     count = ck.adam_count(cfg)
     step = trainer.global_step if trainer is not None else count
-    opt_state = olmax_opt_state(cfg, optim, streamed(ck.tree(cfg, "exp_avg")),
+    opt_state = olmax_opt_state(optimizer(optim), streamed(ck.tree(cfg, "exp_avg")),
                                 streamed(ck.tree(cfg, "exp_avg_sq")), count)
     meta.update(step=step, seed=trainer.seed if trainer is not None else None, optim=to_dict(optim))
     if trainer is not None:
@@ -136,11 +140,11 @@ def checked_model(ck: OLMoCoreCheckpoint, model: ModelConfig | None) -> ModelCon
     return cfg
 
 
-def olmax_opt_state(cfg: ModelConfig, optim: OptimConfig, mu: Any, nu: Any, count: int) -> Any:
-    """The optimizer state olmax's SkipStep AdamW keeps, with the given moments and count, and
-    empty skip windows (OLMo-core never saves them)."""
+def olmax_opt_state(tx: Any, mu: Any, nu: Any, count: int) -> Any:
+    """The state olmax's SkipStep AdamW ``tx`` keeps, with the given moments and count, and empty
+    skip windows (OLMo-core never saves them)."""
     shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, np.float32), mu)
-    template = jax.eval_shape(skip_step_adamw(optim).init, shapes)
+    template = jax.eval_shape(tx.init, shapes)
     adam = template.inner[0]
     adam = adam._replace(count=np.asarray(count, np.int32), mu=mu, nu=nu)
     zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), template)
