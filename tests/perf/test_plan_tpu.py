@@ -133,7 +133,7 @@ def test_cpu_plan_beside_libtpu_prints_nothing_of_libtpus(tmp_path):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "JAX_PLATFORMS"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "JAX_PLATFORMS", "XLA_FLAGS"))}
     proc = subprocess.run([sys.executable, "-m", "olmax.cli", "plan", "olmo3_tiny", "--no-parts",
                            "train.seq_len=32", "train.global_batch_size=2"], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -149,7 +149,7 @@ def test_libtpu_refusing_a_flag_is_one_line_and_its_noise_is_hidden():
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "JAX_PLATFORMS"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "JAX_PLATFORMS", "XLA_FLAGS"))}
     cmd = [sys.executable, "-m", "olmax.cli", "plan", "olmo3_tiny", "--topology", "v5e:2x2",
            "--no-parts", "train.seq_len=32", "train.global_batch_size=4"]
     bad = subprocess.run(cmd, env={**env, "LIBTPU_INIT_ARGS": "--xla_no_such_flag=1"},

@@ -337,7 +337,7 @@ class OptimConfig:
                 raise ConfigError(f"optim.betas[{i}] must be in [0, 1) (got {shown(beta)})")
         check_number(self, "optim", "eps", low=0, low_open=True)
         check_number(self, "optim", "weight_decay", low=0)
-        check_number(self, "optim", "max_grad_norm", low=0, low_open=True)
+        check_number(self, "optim", "max_grad_norm", low=0)   # 0: no clipping
         check_positive(self, "optim", "rolling_interval_length")
         check_number(self, "optim", "sigma_factor", low=0, low_open=True)
 
