@@ -16,6 +16,7 @@ from helpers.olmo_core import oc_state_dict
 from helpers.remote_servers import file_server
 from helpers.tiny import tiny_cfg
 from olmax.checkpoint.weights import load_meta, load_params, save_train_state
+from helpers.cli import refused_in_one_line
 from olmax.cli import main
 from olmax.config import OptimConfig, to_dict
 from olmax.interop.olmo_core import pickles
@@ -79,12 +80,7 @@ def test_reads_over_http_from_the_metadata_file_list(exported, tmp_path):
 
 
 def _fails(capsys, argv, needle, out):
-    capsys.readouterr()
-    rc = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert needle in err, err
+    refused_in_one_line(capsys, argv, needle)
     assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
 
 

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from helpers.cli import refused_in_one_line
 from olmax.cli import main
 
 
@@ -52,12 +53,7 @@ def test_continue_and_warm_start_from_an_olmo_core_checkpoint(exported, tmp_path
 
 
 def _fails(capsys, argv, needle):
-    capsys.readouterr()
-    rc = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert needle in err, err
+    refused_in_one_line(capsys, argv, needle)
 
 
 @pytest.mark.slow
