@@ -6,11 +6,20 @@ imports only MaxText and jax and is run with MaxText's interpreter by ``tpu_plan
     python benchmarks/maxtext_compile.py step --topology tpu7x-16 --json OUT [--hlo FILE] -- key=value ...
     python benchmarks/maxtext_compile.py parts --topology tpu7x-16 --layers 4 --json OUT [--hlo FILE] -- key=value ...
 
+The overrides name the model (``model_name=...``, required: nothing here is pinned to one model).
+
 ``step`` runs ``maxtext.trainers.pre_train.train_compile``'s ``main`` unchanged -- its ``base.yml``,
-``model_name=olmo3-7b-pt``, ``compile_topology=TOPOLOGY compile_topology_num_slices=1`` and the
-given overrides; it prints its own ``Cost analysis`` and ``Memory analysis`` lines -- and records the
-compiled object main builds (``train_compile.jit_and_compile`` is wrapped to keep it): memory and
-cost analyses, the compile time (lowering included) and, with ``--hlo``, the optimized HLO text.
+``compile_topology=TOPOLOGY compile_topology_num_slices=1`` and the given overrides; it prints its
+own ``Cost analysis`` and ``Memory analysis`` lines -- and records the compiled object main builds
+(``train_compile.jit_and_compile`` is wrapped to keep it): memory and cost analyses, the compile
+time (lowering included) and, with ``--hlo``, the optimized HLO text. It also records what an
+estimate of the step needs from MaxText's own configuration (``model``: widths, layers, each
+layer's attention type and window, splash blocks, remat policy; ``num_params``, counted from the
+abstract state), MaxText's own FLOP count per device and step (``maxtext_tflops``:
+``calculate_tflops_training_per_device``, the count behind its logged TFLOP/s/device and so behind
+an MFU quoted from its logs) and ``optimizer``: the cost analysis of MaxText's optimizer update
+(``optimizers.get_optimizer`` of the same configuration) over one device's share of the parameters
+as one flat vector, compiled for that device alone (the update is elementwise).
 
 ``parts`` compiles the pieces olmax's estimate is made of, so that both frameworks go through the
 same method: the same step, but for one device of the topology (its first; ``per_device_batch_size``
@@ -53,7 +62,9 @@ def main() -> int:
     from maxtext.trainers.pre_train import train_compile as tc
     from maxtext.utils import accelerator_to_spec_map
 
-    argv = ["train_compile", _base_yml(), "model_name=olmo3-7b-pt", "run_name=aot",
+    if not any(o.startswith("model_name=") for o in a.overrides):
+        p.error("the overrides must name the model (model_name=...)")
+    argv = ["train_compile", _base_yml(), "run_name=aot",
             "base_output_directory=/tmp/maxtext_aot", f"compile_topology={a.topology}",
             "compile_topology_num_slices=1"]
     if a.mode == "parts":
@@ -83,12 +94,19 @@ def main() -> int:
 
     captured: dict = {}
     real_compile = tc.jit_and_compile
+    real_init = tc.pyconfig.initialize
 
-    def recording(*args, **kwargs):
+    def keep_config(*args, **kwargs):
+        captured["config"] = real_init(*args, **kwargs)
+        return captured["config"]
+    tc.pyconfig.initialize = keep_config
+
+    def recording(func, func_input_args, func_input_kwargs, mesh, *args, **kwargs):
         t0 = time.perf_counter()
-        compiled = real_compile(*args, **kwargs)
+        compiled = real_compile(func, func_input_args, func_input_kwargs, mesh, *args, **kwargs)
         captured["compile_s"] = time.perf_counter() - t0
         captured["compiled"] = compiled
+        captured["state"], captured["mesh"] = func_input_args[0], mesh
         return compiled
     tc.jit_and_compile = recording
 
@@ -121,9 +139,107 @@ def main() -> int:
            "versions": {"maxtext": version("maxtext"), "jax": jax.__version__, "libtpu": version("libtpu"),
                         "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", "")},
            "custom_calls": _custom_calls(text)}
+    config = captured.get("config")
+    if config is not None:
+        out.update(_described(config, captured.get("state"), captured.get("mesh"), a.mode))
     with open(a.json_out, "w") as f:
         json.dump(out, f, indent=2)
     return 0
+
+
+MODEL_FIELDS = ("model_name", "decoder_block", "emb_dim", "num_query_heads", "num_kv_heads", "head_dim",
+                "mlp_dim", "num_decoder_layers", "vocab_size", "sliding_window_size",
+                "inhomogeneous_layer_cycle_interval", "per_device_batch_size", "max_target_length",
+                "remat_policy", "attention", "dtype", "weight_dtype", "opt_type", "mu_dtype",
+                "scan_layers", "sa_block_q", "sa_block_kv", "sa_block_kv_compute", "sa_block_q_dkv",
+                "sa_block_kv_dkv", "sa_block_kv_dkv_compute", "sa_use_fused_bwd_kernel",
+                "use_tokamax_splash", "ici_fsdp_parallelism", "ici_tensor_parallelism")
+
+
+def _plain(v):
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(getattr(v, "value", v))
+
+
+def _layer_attention(config) -> list[dict]:
+    """Each decoder layer's attention type and window, as the model's own module assigns them
+    (``maxtext.models.<decoder_block>.get_attention_type`` where the module has one, cycling over
+    ``inhomogeneous_layer_cycle_interval``); other models: causal attention over the whole
+    sequence in every layer."""
+    import importlib
+
+    block = _plain(config.decoder_block)
+    try:
+        get_type = importlib.import_module(f"maxtext.models.{block}").get_attention_type
+    except (ImportError, AttributeError):
+        get_type = None
+    out = []
+    for layer in range(int(config.num_decoder_layers)):
+        kind = _plain(get_type(layer)) if get_type else "global"
+        window = int(config.sliding_window_size) if kind == "local_sliding" else None
+        out.append({"type": kind, "window": window})
+    return out
+
+
+def _described(config, state, mesh, mode: str) -> dict:
+    """What an estimate of the step needs from MaxText's configuration (see the module)."""
+    import jax
+
+    out: dict = {"model": {k: _plain(getattr(config, k, None)) for k in MODEL_FIELDS},
+                 "layer_attention": _layer_attention(config)}
+    try:
+        from maxtext.utils import maxtext_utils
+
+        total, weights, attention = maxtext_utils.calculate_tflops_training_per_device(config, log=False)
+        out["maxtext_tflops"] = {"total": float(total), "learnable_weights": float(weights),
+                                 "attention": float(attention),
+                                 "per": "device and step (calculate_tflops_training_per_device)"}
+    except Exception as e:                       # recorded, not fatal: the compile is the point
+        out["maxtext_tflops"] = {"error": repr(e)[:300]}
+    n_params = None
+    try:
+        n_params = int(sum(x.size for x in jax.tree.leaves(state["model"])))
+    except Exception as e:
+        out["num_params_error"] = repr(e)[:300]
+    out["num_params"] = n_params
+    if mode == "step" and n_params and mesh is not None:
+        out["optimizer"] = _optimizer_part(config, n_params, mesh)
+    return out
+
+
+def _optimizer_part(config, n_params: int, mesh) -> dict:
+    """Cost analysis of MaxText's optimizer update over one device's share of the parameters (one
+    flat vector of ceil(params / devices) elements in ``weight_dtype``), for that device alone."""
+    import jax
+    import numpy as np
+    import optax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from maxtext.optimizers import optimizers
+    from maxtext.utils import maxtext_utils
+
+    try:
+        devices = list(mesh.devices.flat)
+        share = -(-n_params // len(devices))
+        one = NamedSharding(Mesh(np.asarray(devices[:1]), ("x",)), P())
+        tx = optimizers.get_optimizer(config, maxtext_utils.create_learning_rate_schedule(config))
+        dtype = jax.numpy.dtype(_plain(config.weight_dtype))
+        flat = jax.ShapeDtypeStruct((share,), dtype)
+        spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one)  # noqa: E731
+        opt = jax.tree.map(spec, jax.eval_shape(tx.init, flat))
+
+        def update(g, o, p):
+            u, o = tx.update(g, o, p)
+            return optax.apply_updates(p, u), o
+        compiled = jax.jit(update).lower(spec(flat), opt, spec(flat)).compile()
+        cost = compiled.cost_analysis()
+        cost = dict((cost[0] if isinstance(cost, (list, tuple)) else cost) or {})
+        return {"elements": share, "dtype": str(dtype),
+                "cost": {k: cost.get(k) for k in ("flops", "bytes accessed", "optimal_seconds")},
+                "custom_calls": _custom_calls(compiled.as_text())}
+    except Exception as e:                       # recorded: the estimate then says it lacks it
+        return {"error": repr(e)[:500]}
 
 
 def _custom_calls(text: str) -> dict:

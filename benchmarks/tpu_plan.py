@@ -9,6 +9,9 @@ tables made from them are ``results/tpu_plan.{md,json}`` and the README section 
 
     python benchmarks/tpu_plan.py [--only CASE,...] [--group remat,...] [--python PY] [--rerun]
     python benchmarks/tpu_plan.py --maxtext --maxtext-python /work/venvs/maxtext/bin/python
+
+MaxText's environment is not part of the repository: benchmarks/README.md, "Calibration", says how
+to create it (the default interpreter path does not exist on a fresh machine).
 """
 
 from __future__ import annotations
@@ -30,6 +33,18 @@ RESULTS = HERE / "results" / "tpu_plan"
 RECIPE = "olmo3_7b_stage1"
 # MaxText's topology names for the same slices (``accelerator_to_spec_map``): cores, not chips.
 MAXTEXT_TOPOLOGY = {"tpu7x:2x2x2": "tpu7x-16", "tpu7x:4x4x4": "tpu7x-128", "tpu7x:4x8x8": "tpu7x-512"}
+
+
+def run_niced(cmd: list[str], env: dict, timeout: float) -> tuple[int | None, str, float]:
+    """``cmd`` at nice 5 (its exit status, None on timeout; its output; its wall seconds)."""
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(["nice", "-n", "5", *cmd], env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        rc, text = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, text = None, f"timed out after {timeout} s\n" + (e.stdout or b"").decode(errors="replace")
+    return rc, text, time.perf_counter() - t0
 
 
 def _batch(devices: int, per_device: int, data: int = 1, tensor: int = 1) -> list[str]:
@@ -117,6 +132,26 @@ def cases() -> dict[str, dict]:
         "stage 1 on 8 H100s, one sequence per micro-batch")
     add("original_stage1_h100_64x8_hsdp", "original", "h100:64x8",
         ["mesh.data=64", "mesh.fsdp=8", "--no-parts"], "stage 1 on 64 nodes of 8 H100s, HSDP 64 x 8")
+    # OLMo 3 32B as packaged: stage 1 (1024 x 8192, one sequence per device) on what a lab would
+    # rent for it, 512 Ironwood chips (1024 devices) or a v5p slice of 1024 chips, FSDP over the
+    # slice; stage 3 (128 x 65,536, context 8) on 512 Ironwood devices, fsdp 64 x context 8. The
+    # parts are skipped: the question is memory and collectives, not the step-time estimate.
+    # AI2's 1024 H100s (128 nodes of 8) need JAX's CUDA plugin (`pip install 'jax[cuda12]'`) in
+    # the Python 3.12 environment: HSDP with the state sharded within a node (128 x 8), over two
+    # nodes (64 x 16), and AI2's own layout, shard degree 64 (16 x 64, the recipe's header and
+    # docs/reproduce.md).
+    add("olmo3_32b_stage1_tpu7x_1024", "32b", "tpu7x:8x8x8", ["--no-parts"],
+        "32B stage 1, 512 Ironwood chips (1024 devices)", recipe="olmo3_32b_stage1")
+    add("olmo3_32b_stage1_v5p_1024", "32b", "v5p:8x8x16", ["--no-parts"],
+        "32B stage 1, v5p 1024 chips", recipe="olmo3_32b_stage1")
+    add("olmo3_32b_stage3_tpu7x_512", "32b", "tpu7x:4x8x8", ["mesh.fsdp=64", "--no-parts"],
+        "32B stage 3, 256 Ironwood chips (512 devices), fsdp 64 x context 8", recipe="olmo3_32b_stage3")
+    add("olmo3_32b_stage1_h100_128x8_hsdp", "32b", "h100:128x8", ["mesh.data=128", "mesh.fsdp=8", "--no-parts"],
+        "32B stage 1 on 1024 H100s, HSDP 128 x 8 (sharded within a node)", recipe="olmo3_32b_stage1")
+    add("olmo3_32b_stage1_h100_64x16_hsdp", "32b", "h100:128x8", ["mesh.data=64", "mesh.fsdp=16", "--no-parts"],
+        "32B stage 1 on 1024 H100s, HSDP 64 x 16 (sharded over two nodes)", recipe="olmo3_32b_stage1")
+    add("olmo3_32b_stage1_h100_16x64_hsdp", "32b", "h100:128x8", ["mesh.data=16", "mesh.fsdp=64", "--no-parts"],
+        "32B stage 1 on AI2's 1024 H100s, HSDP 16 x 64 (AI2's shard degree 64)", recipe="olmo3_32b_stage1")
     return out
 
 
@@ -125,7 +160,7 @@ def cases() -> dict[str, dict]:
 # projection except the MLP's up projection on the device, tokamax's splash kernel with 2048-blocks
 # and the fused backward kernel, and the Ironwood libtpu flags it exports.
 MAXTEXT_REPRO_ARGS = [
-    "z_loss_multiplier=1e-5", "cast_logits_to_fp32=True", "logits_dot_in_fp32=True",
+    "model_name=olmo3-7b-pt", "z_loss_multiplier=1e-5", "cast_logits_to_fp32=True", "logits_dot_in_fp32=True",
     "skip_step_on_spikes=True", "gradient_clipping_threshold=1.0", "remat_policy=custom",
     "decoder_layer_input=device", "context=device", "query_proj=device", "key_proj=device",
     "value_proj=device", "qkv_proj=device", "out_proj=device", "mlpwi_0=device", "mlpwo=device",
@@ -149,7 +184,7 @@ def _maxtext_cases() -> dict[str, dict]:
     full remat; z-loss on, as in olmax), ``b1_full_vmem`` the same with olmax's Ironwood compiler
     option; ``b4_repro``: its OLMo 3 launcher's settings at 4 x 8192
     per device."""
-    plain = ["per_device_batch_size=1", "max_target_length=8192", "attention=flash", "remat_policy=full",
+    plain = ["model_name=olmo3-7b-pt", "per_device_batch_size=1", "max_target_length=8192", "attention=flash", "remat_policy=full",
              "z_loss_multiplier=1e-5"]
     repro = ["per_device_batch_size=4", "max_target_length=8192", *MAXTEXT_REPRO_ARGS]
     # ``b1_full_vmem``: the plain invocation with the one libtpu option olmax's Ironwood step is
@@ -187,10 +222,10 @@ def time_maxtext_collectives(text: str, topology: str) -> dict:
     from olmax.config import MeshConfig
     from olmax.parallel.mesh import make_mesh
     from olmax.perf import hlo, network
-    from olmax.perf.targets import libtpu_topology, topology_devices, torus_links
+    from olmax.perf.targets import libtpu_topology, slice_wrap, topology_devices
 
     prog = hlo.analyse(text)
-    wrap = torus_links(libtpu_topology(topology)).get("wrap", ())
+    wrap = slice_wrap(libtpu_topology(topology))
     order = list(make_mesh(MeshConfig(), topology_devices(topology)).devices.flat)
     coll = network.time_collectives(hlo.collective_ops(prog), order, wrap)
     kernels: dict[str, float] = {}   # Pallas calls per step by their op name's last part
@@ -231,7 +266,9 @@ def maxtext_estimate(tag: str, step_case: str, olmax_case: str) -> dict:
     kind = ours["device_kind"]
     peak = peak_flops(kind)
     mxu = accelerator_of(kind).mxu
-    cfg = PRESETS["olmo3-7b"]                        # MaxText's olmo3-7b-pt: the same widths
+    # the widths MaxText compiled (recorded by maxtext_compile.py; results older than that record
+    # are of model_name=olmo3-7b-pt, whose widths are olmax's olmo3-7b preset)
+    cfg = _maxtext_model(mt) or PRESETS["olmo3-7b"]
     groups = cfg.n_layers // len(cfg.window_pattern)
     group_s = l8["optimal_seconds"] - l4["optimal_seconds"]
     rest_s = 2 * l4["optimal_seconds"] - l8["optimal_seconds"]
@@ -265,6 +302,24 @@ def maxtext_estimate(tag: str, step_case: str, olmax_case: str) -> dict:
                       "at its 2048-blocks / (peak x MXU occupancy), collectives by olmax.perf.network"}
 
 
+def _maxtext_model(mt: dict):
+    """An olmax model config with the widths, layers and windows MaxText recorded compiling
+    (``maxtext_compile.py``'s ``model`` and ``layer_attention``), or None where not recorded."""
+    from olmax.model.presets import PRESETS
+
+    m, layers = mt.get("model"), mt.get("layer_attention")
+    if not m or not layers:
+        return None
+    windows = tuple(x["window"] for x in layers)
+    period = next(p for p in range(1, len(windows) + 1)
+                  if len(windows) % p == 0 and windows == windows[:p] * (len(windows) // p))
+    return PRESETS["olmo3-7b"].replace(
+        d_model=m["emb_dim"], n_heads=m["num_query_heads"], n_kv_heads=m["num_kv_heads"],
+        head_dim=m["head_dim"], mlp_hidden=m["mlp_dim"], n_layers=len(windows),
+        window_pattern=windows[:period], vocab_size=m["vocab_size"],
+        padded_vocab_size=-(-m["vocab_size"] // 128) * 128)
+
+
 def run(name: str, case: dict, python: str, maxtext_python: str, timeout: int) -> None:
     """One case in its own process; its result written to ``results/tpu_plan/<name>.json``."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -282,14 +337,7 @@ def run(name: str, case: dict, python: str, maxtext_python: str, timeout: int) -
                    case["topology"], "--json", str(out)]
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent / "src"), env.get("PYTHONPATH")]))
         print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(cmd[1:])}", flush=True)
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(["nice", "-n", "5", *cmd], env=env, capture_output=True, text=True,
-                                  timeout=timeout)
-            rc, text = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, text = None, f"timed out after {timeout} s\n" + (e.stdout or b"").decode(errors="replace")
-        wall = time.perf_counter() - t0
+        rc, text, wall = run_niced(cmd, env, timeout)
         got = json.loads(out.read_text()) if out.exists() else None
         if got is not None and hlo_text.exists():
             got["collective_time"] = time_maxtext_collectives(hlo_text.read_text(), case["topology"])
@@ -304,7 +352,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--maxtext", action="store_true", help="the MaxText cases instead of olmax's")
     p.add_argument("--only", default="", help="comma-separated case names")
-    p.add_argument("--group", default="", help="comma-separated groups (remat, mesh, heads, v5p, scale, layout, recipe, original)")
+    p.add_argument("--group", default="", help="comma-separated groups (remat, mesh, heads, v5p, scale, layout, recipe, original, 32b)")
     p.add_argument("--python", default=sys.executable, help="interpreter for olmax plan (>= 3.12, tpu extra)")
     p.add_argument("--maxtext-python", default="/work/venvs/maxtext/bin/python")
     p.add_argument("--timeout", type=int, default=5400, help="seconds per case")

@@ -52,6 +52,20 @@ def test_convert_scale_round_trip(tmp_path):
     assert not (tmp_path / "work").exists()  # cleaned up without --keep
 
 
+def test_convert_scale_sparse(tmp_path):
+    """``--sparse``: headers and holes with a first and last row per tensor, the import alone,
+    the checkpoint read back through the export's reader."""
+    out = tmp_path / "convert.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "convert_scale.py"),
+                           "--preset", "olmo3-1m", "--sparse", "--shard-gb", "0.0005", "--work",
+                           str(tmp_path / "work"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["checkpoint_equal"] and r["tensors_compared"] == r["n_tensors"] > 0
+    assert r["import"]["peak_rss_bytes"] > 0 and "export" not in r
+
+
 def test_remote_read(tmp_path):
     out = tmp_path / "remote.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "remote_read.py"),
@@ -62,3 +76,20 @@ def test_remote_read(tmp_path):
     r = json.loads(out.read_text())
     assert r["same_batches"] is True and set(r["sources"]) == {"local", "http", "s3"}
     assert all(len(s["seconds_per_round"]) == 2 and s["MB_per_s"] > 0 for s in r["sources"].values())
+
+
+def test_bucket_checkpoint(tmp_path):
+    out = tmp_path / "ckpt.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bucket_checkpoint.py"),
+                           "--gb", "0.003", "--d-model", "32", "--set=model.vocab_size=256",
+                           "--set=model.padded_vocab_size=256", "--rounds", "1", "--steps", "2",
+                           "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert 0.002e9 < r["state_bytes"] < 0.004e9
+    assert set(r["summary"]) == {"local", "s3", "gs"}
+    for s in r["summary"].values():
+        assert s["restored_equal"] is True and s["save_s"] > 0 and s["restore_s"] > 0
+        assert s["async_steps"] >= 1 and 0 < s["save_blocking_s"] <= s["save_s"]
+    assert "| s3 |" in proc.stdout and "| gs |" in proc.stdout

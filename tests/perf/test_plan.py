@@ -43,6 +43,9 @@ def test_plan_on_local_cpu(tmp_path, capsys):
     assert p["details"]["loops_with_unknown_trip_count"] == 0
     # XLA's CPU backend has no cost model: no invented estimate.
     assert p["estimate"]["step_s"] is None and p["estimate"]["method"].startswith("unavailable")
+    # no calibration case for a CPU: said so, beside the (absent) estimate
+    assert p["estimate"]["calibration"] == "uncalibrated"
+    assert "uncalibrated" in table
 
 
 def test_plan_of_packed_rows_compiles_the_masked_step(tmp_path):
@@ -124,6 +127,9 @@ def test_mistyped_topology_is_named_before_any_plugin(capsys):
              "v5e:2x2x2x2": "the shape '2x2x2x2' is not AxB or AxBxC",
              "tpu7x:0x2": "the shape '0x2' is not AxB or AxBxC",
              "v5p": "the shape '' is not AxB or AxBxC",
+             # spelt right, but no slice Cloud TPU offers
+             "tpu7x:3x3x3": "3x3x3 is no tpu7x slice",
+             "v5e:4x4x4": "a v5e shape has 2 dimensions",
              "h100:eight": "--topology h100:eight: the GPU count must be a positive whole number",
              "h100:0": "--topology h100:0: the GPU count must be a positive whole number"}
     for name, why in cases.items():

@@ -231,7 +231,8 @@ def collectives(prog: Program) -> list[dict]:
 _MESH_GROUPS_RE = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _IOTA_GROUPS_RE = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _LIST_GROUPS_RE = re.compile(r"replica_groups=\{\{([\d,]*)\}")
-_PAIRS_RE = re.compile(r"source_target_pairs=\{\{(\d+),(\d+)\}")
+_PAIRS_RE = re.compile(r"source_target_pairs=\{((?:\s*\{\s*\d+\s*,\s*\d+\s*\}\s*,?)*)\}")
+_PAIR_RE = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
 
 
 def replica_group(ins: Instruction) -> list[int] | None:
@@ -263,10 +264,17 @@ def replica_group(ins: Instruction) -> list[int] | None:
     return None
 
 
+def permute_pairs(ins: Instruction) -> list[tuple[int, int]]:
+    """Every (source, target) pair of a collective-permute, in the order the HLO lists them
+    (``source_target_pairs={{0,1},{1,2},...}``); [] where it lists none."""
+    m = _PAIRS_RE.search(ins.text)
+    return [(int(a), int(b)) for a, b in _PAIR_RE.findall(m.group(1))] if m else []
+
+
 def permute_pair(ins: Instruction) -> tuple[int, int] | None:
     """The first (source, target) pair of a collective-permute."""
-    m = _PAIRS_RE.search(ins.text)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    pairs = permute_pairs(ins)
+    return pairs[0] if pairs else None
 
 
 def _runs_async(prog: Program, ins: Instruction) -> bool:
@@ -291,14 +299,15 @@ def _runs_async(prog: Program, ins: Instruction) -> bool:
 def collective_ops(prog: Program) -> list[dict]:
     """Every collective of the program: ``kind``, ``bytes`` per execution per device (as
     :func:`collective_bytes`), ``count`` (executions per program run), ``group`` (the device ids of
-    its first replica group; None: all devices), ``pair`` (a permute's first source and target)
-    and ``async`` (:func:`_runs_async`)."""
+    its first replica group; None: all devices), ``pairs`` (a permute's every source and target:
+    :func:`permute_pairs`), ``pair`` (the first of them) and ``async`` (:func:`_runs_async`)."""
     out = []
     for ins, m in prog.instructions():
         kind = collective_kind(ins)
         if kind:
             out.append({"kind": kind, "bytes": collective_bytes(ins, kind), "count": m,
                         "group": replica_group(ins), "async": _runs_async(prog, ins),
+                        "pairs": permute_pairs(ins) if kind == "collective-permute" else [],
                         "pair": permute_pair(ins) if kind == "collective-permute" else None,
                         "name": ins.name})
     return out

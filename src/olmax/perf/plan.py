@@ -37,6 +37,11 @@ The step-time *estimate* (labelled as such, its method in ``estimate.method``):
   schedule runs the asynchronous ones beside compute), and ``step_s_no_overlap = compute_s +
   collective_s``. Tokens/s and MFU are of ``step_s``. Where the network is unknown (CPU, v4),
   collectives are not timed and ``step_s`` is the compute.
+
+``estimate.calibration`` says how far the method has been checked on the target's accelerator
+generation (:mod:`olmax.perf.calibration`: published peer runs put through the same method, their
+measured / estimated step times), or ``"uncalibrated"``; it is reported beside the estimate, never
+applied to it.
 """
 
 from __future__ import annotations
@@ -47,11 +52,11 @@ import time
 
 from olmax.config import RunConfig
 from olmax.io import write_bytes_atomic
-from olmax.perf import hlo, network
+from olmax.perf import calibration, hlo, network
 from olmax.perf.costs import DoesNotFit, compile_or_explain, cost, kernel_flops, part_costs
 from olmax.hardware import GiB, accelerator_of
 from olmax.perf.targets import (chips, filtered_stderr, hbm_bytes, libtpu_topology, parse_gpu,
-                                tell_libtpu_no_tpu, topology_devices, torus_links, usable_hbm)
+                                slice_wrap, tell_libtpu_no_tpu, topology_devices, usable_hbm)
 
 
 # The documents a packed row may hold, for the step's doc_lens input: the real width is the data's
@@ -136,13 +141,14 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
                      "loops_with_unknown_trip_count": prog.unknown_loops,
                      "compiler_options": compiler_options(backend_of(devices), devices) or {}}
     flops = _flops(model, b, t, n)
-    estimate = dict(_NO_ESTIMATE)
+    estimate: dict = dict(_NO_ESTIMATE)
     coll = _time_collectives(prog, mesh, topology, details)
     if parts:
         estimate = _estimate(cfg, st, mesh, dev, n, flops, kernel, kernel_effective, coll, details)
     else:
         estimate.update(method="not computed (parts skipped)",
                         collective_s=None if coll is None else coll["collective_s"])
+    estimate["calibration"] = calibration.for_device(dev)
 
     return Plan(topology=topology, num_devices=n, device_kind=dev.device_kind,
                 profile=st.runtime.profile_name, attn_impl=st.runtime.attn_impl,
@@ -190,17 +196,22 @@ _NO_ESTIMATE = {"method": None, "compute_s": None, "kernel_s": None, "collective
 
 def _time_collectives(prog, mesh, topology: str | None, details: dict) -> dict | None:
     """The compiled step's collectives timed by :mod:`olmax.perf.network` (into
-    ``details["collective_time"]``), or None where the target's network is unknown."""
+    ``details["collective_time"]``), or None where the target's network is unknown or a link the
+    step uses has no figure (``details["collective_time_unavailable"]`` says which)."""
     dev = mesh.devices.flat[0]
     if not network.timed(dev):
         return None
-    wrap = ()
+    wrap: tuple[bool, ...] = ()
     if topology and dev.platform == "tpu" and parse_gpu(topology) is None:
-        wrap = torus_links(libtpu_topology(topology)).get("wrap", ())
+        wrap = slice_wrap(libtpu_topology(topology))
     ops = hlo.collective_ops(prog)
     # device ids in the program's replica groups are positions in its device assignment: the
     # mesh's devices in order
-    coll = network.time_collectives(ops, list(mesh.devices.flat), wrap)
+    try:
+        coll = network.time_collectives(ops, list(mesh.devices.flat), wrap)
+    except network.Unpriced as e:     # a link the hardware table has no figure for
+        details["collective_time_unavailable"] = str(e)
+        return None
     details["collective_time"] = {"async_s": coll["async_s"], "sync_s": coll["sync_s"],
                                   "by_kind_s": coll["by_kind"], "wrap": list(wrap)}
     return coll
@@ -315,6 +326,8 @@ def format_plan(p: Plan) -> str:
             parts += [f"collectives {e['collective_s'] * 1e3:.1f} ms",
                       f"no overlap {e['step_s_no_overlap'] * 1e3:.1f} ms"]
         rows.append(("  parts", ", ".join(parts)))
+    if "calibration" in e:
+        rows.append(("  calibration", calibration.summary(e["calibration"])))
     coll = ", ".join(f"{c['kind']} {c['count']}x {_gib(c['bytes'])}" for c in p.collectives) or "none"
     rows.append(("collectives", coll))
     width = max(len(k) for k, _ in rows)

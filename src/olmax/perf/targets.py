@@ -238,7 +238,13 @@ def check_topology_name(name: str) -> None:
         why = f"no TPU generation '{gen}'; known: {', '.join(TPU_GENERATIONS)}"
     elif not colon or not _TPU_SHAPE.fullmatch(shape):
         why = f"the shape '{shape}' is not AxB or AxBxC in positive whole numbers"
-    else:
+    else:   # spelt right: a slice Cloud TPU offers (its dimensions, its sides)?
+        from olmax.topology import parse_tpu
+
+        try:
+            parse_tpu(name)
+        except ConfigError as e:
+            raise OlmaxError(str(e)) from None
         return
     raise OlmaxError(f"unknown TPU topology '{name}' ({why}); {_TOPOLOGY_EXAMPLES}")
 
@@ -255,20 +261,43 @@ def tell_libtpu_no_tpu() -> None:
             os.environ.setdefault(key, value)
 
 
-def torus_links(libtpu_name: str) -> dict:
-    """The wraparound links of a TPU slice, as libtpu's ``wrap`` option: a 3-D slice (v4, v5p,
-    tpu7x) whose every side is a multiple of 4 chips is a torus (4x4x4, 4x8x8, 8x8x8, ...);
-    smaller or other shapes (2x2x2, 2x4x4) and 2-D slices have none, libtpu's default (the 207
-    3-D slices of MaxText 0.2.5's accelerator table, which its compiles pass as ``wrap``). The
-    compiler plans collectives on the links it is told of: without the wraparound, the TPU
-    compiler's all-gather decomposer rewrites an all-gather over a whole slice of 64 devices or
-    more as a full-size all-reduce (on 4x8x8, FSDP over the 512 devices gathered no weight:
-    benchmarks/notes/2026-12-01-512-devices-the-collectives-of-the-step-on.md), which a torus does not need."""
-    _, _, shape = libtpu_name.partition(":")
+# The side of a whole pod of the 2-D TPU generations: 256 chips as a 16x16 2-D torus (Cloud TPU
+# docs, "TPU v5e" and "TPU v6e": "TPU Pod size 256 chips", "Interconnect topology 2D torus").
+POD_SIDE_2D = {"v5e": 16, "v6e": 16}
+
+
+def slice_wrap(libtpu_name: str) -> tuple[bool, ...]:
+    """Per axis of a TPU slice (libtpu's name, ``v6e:8x16``), whether it wraps around (a ring):
+
+    - **2-D slices** (v5e, v6e): an axis wraps where it spans the whole pod (16 chips): ``8x16``
+      (False, True), ``16x16`` (True, True), smaller ones none. The third entry (no z axis) is
+      False, as libtpu's ``wrap`` option takes it.
+    - **3-D slices** (v4, v5p, tpu7x): every axis wraps where every side is a multiple of 4 chips
+      (whole cubes: 4x4x4, 4x8x8, 8x8x8, ...); none otherwise (2x2x2, 2x4x4).
+
+    As the table of slices of MaxText 0.2.5 (``accelerator_to_spec_map.py``: ``v6e-128`` = 8x16
+    wraps (F, T, F), ``v5e-256`` and ``v6e-256`` (T, T, F), all 207 3-D slices as above) and the
+    JAX scaling book ("TPU v5e only has a wraparound connection when one axis has size 16").
+    ``()`` for a name that is no slice shape."""
+    gen, _, shape = libtpu_name.partition(":")
     sides = [int(x) for x in shape.split("x")] if _TPU_SHAPE.fullmatch(shape) else []
-    if len(sides) == 3 and all(x % 4 == 0 for x in sides):
-        return {"wrap": (True, True, True)}
-    return {}
+    if len(sides) == 3:
+        return (all(x % 4 == 0 for x in sides),) * 3
+    if len(sides) == 2:
+        pod = POD_SIDE_2D.get(gen.lower())
+        return (sides[0] == pod, sides[1] == pod, False)
+    return ()
+
+
+def torus_links(libtpu_name: str) -> dict:
+    """The wraparound links of a TPU slice (:func:`slice_wrap`), as libtpu's ``wrap`` option; {}
+    where none wraps (libtpu's default). The compiler plans collectives on the links it is told
+    of: without the wraparound, the TPU compiler's all-gather decomposer rewrites an all-gather
+    over a whole slice of 64 devices or more as a full-size all-reduce (on 4x8x8, FSDP over the
+    512 devices gathered no weight:
+    benchmarks/notes/2026-12-01-512-devices-the-collectives-of-the-step-on.md), which a torus does not need."""
+    wrap = slice_wrap(libtpu_name)
+    return {"wrap": wrap} if any(wrap) else {}
 
 
 def topology_devices(name: str) -> list:

@@ -1,0 +1,92 @@
+"""The calibration cases (``benchmarks/calibration/*.yaml``), the script that reads them
+(``benchmarks/calibration_cases.py``) and the table ``olmax plan`` reports as ``estimate.calibration``."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from olmax.hardware import BY_NAME
+from olmax.perf import calibration, calibration_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+CASES = ROOT / "benchmarks" / "calibration"
+
+
+def test_every_case_file_matches_the_schema():
+    files = sorted(CASES.glob("*.yaml"))
+    assert len(files) >= 5
+    for path in files:
+        case = calibration_cases.validate(yaml.safe_load(path.read_text()), path.stem)
+        assert case["measured"]["source"].strip()
+        assert any(a.startswith("model_name=") for a in case["peer"]["args"])
+    cases = calibration_cases.load_cases(CASES)     # relative_to names a case too
+    assert {"olmo3_7b_maxtext_512", "olmo3_7b_maxtext_128", "olmo3_7b_maxtext_128_heads16x256",
+            "llama31_70b_tpu7x_4x4x4", "llama2_7b_h100x8"} <= set(cases)
+
+
+def test_the_schema_refuses_what_the_script_would_not_read():
+    good = yaml.safe_load((ROOT / "benchmarks" / "calibration" / "olmo3_7b_maxtext_128.yaml").read_text())
+    calibration_cases.validate(copy.deepcopy(good))
+    bad = []
+    for path, value in ((("measured", "mfu_percent"), 44.5), (("peer", "model"), "olmo3"),
+                        (("measured", "convention"), "palm"), (("accelerator",), "tpu9"),
+                        (("parts", "layers"), [8, 4]), (("measured", "mfu"), 44.5)):
+        case = copy.deepcopy(good)
+        node = case
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        bad.append(case)
+    no_model = copy.deepcopy(good)
+    no_model["peer"]["args"] = [a for a in good["peer"]["args"] if not a.startswith("model_name=")]
+    no_source = copy.deepcopy(good)
+    del no_source["measured"]["source"]
+    for case in [*bad, no_model, no_source]:
+        with pytest.raises(calibration_cases.CaseError):
+            calibration_cases.validate(case)
+    with pytest.raises(calibration_cases.CaseError, match="file's name"):
+        calibration_cases.validate(copy.deepcopy(good), "another_name")
+
+
+def test_visited_pairs_agree_with_the_square_block_count():
+    from olmax.model.splash import visited_blocks
+
+    for t, w, b in ((8192, None, 2048), (8192, 4096, 2048), (8192, 4096, 512), (1000, 100, 128)):
+        assert calibration_cases.visited_pairs(t, w, b, b) == visited_blocks(t, w, b)
+    # rectangular blocks: causal 2048-query x 1024-key blocks over 8192 tokens
+    assert calibration_cases.visited_pairs(8192, None, 2048, 1024) == 2 + 4 + 6 + 8
+
+
+def test_plan_calibration_per_accelerator():
+    table = {"method": "m", "generated": "2026-12-04",
+             "cases": [{"case": "a", "accelerator": "tpu7x", "ratio": 1.12, "measured_step_s": 3.0,
+                        "estimated_step_s": 2.68},
+                       {"case": "b", "accelerator": "tpu7x", "ratio": 0.95, "measured_step_s": 1.0,
+                        "estimated_step_s": 1.05},
+                       {"case": "g", "accelerator": "h100", "ratio": None}]}
+    cal = calibration.for_accelerator(BY_NAME["tpu7x"], table)
+    assert cal["ratio_range"] == [0.95, 1.12] and [c["case"] for c in cal["cases"]] == ["a", "b"]
+    assert "not applied" in calibration.summary(cal)
+    # a case without an estimate does not calibrate its family; no case, no device: uncalibrated
+    assert calibration.for_accelerator(BY_NAME["h100"], table) == "uncalibrated"
+    assert calibration.for_accelerator(BY_NAME["v5p"], table) == "uncalibrated"
+    assert calibration.for_accelerator(None, table) == "uncalibrated"
+
+
+def test_shipped_table_names_existing_cases():
+    """The package's table (written by calibration_cases.py) and the case files agree on every case."""
+    shipped = json.loads((ROOT / "src" / "olmax" / "perf" / "calibration.json").read_text())
+    names = {p.stem for p in CASES.glob("*.yaml")}
+    for row in shipped["cases"]:
+        assert row["case"] in names
+        assert row["accelerator"] in BY_NAME
+        if row["ratio"] is not None:
+            assert row["ratio"] == pytest.approx(row["measured_step_s"] / row["estimated_step_s"])
+    assert calibration.table() == shipped
