@@ -13,7 +13,8 @@
 The ``reference`` marker (set below) cuts across them: see ``helpers/reference.py``.
 
 On 2 workers a test file is one unit of work (its module fixtures, e.g. a reference run, are
-computed once), ``tests/fault`` one unit as a whole (its runs share session fixtures), and the
+computed once; the fault tests' reference run is made once for both workers), a test marked
+``own_unit`` a unit by itself (a long test that shares nothing with its file), and the
 units start longest first (:data:`DURATIONS`, measured), so that the longest ones do not start
 last. The run's JAX compilation cache is shared by the workers and every process they start
 (``JAX_COMPILATION_CACHE_DIR``, set by ``scripts/test``).
@@ -35,6 +36,7 @@ MESH_DEVICES = 8
 BUDGET_S = float(os.environ.get("OLMAX_TEST_BUDGET_S", "15"))
 _spent: dict[str, float] = {}
 _slow: set[str] = set()
+_own: set[str] = set()        # tests marked own_unit (seen in the reports, as in the workers)
 
 # Seconds per unit of work (a test file, or tests/fault), measured on 2 cores: refreshed when the
 # suite changes shape by `OLMAX_TEST_DURATIONS_OUT=tests/durations.json scripts/test --all` (each
@@ -44,10 +46,14 @@ DURATIONS_FILE = Path(__file__).parent / "durations.json"
 DURATIONS: dict[str, float] = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}
 
 
-def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to on 2 workers: its file, or ``tests/fault``."""
-    path = nodeid.split("::", 1)[0]
-    return "tests/fault" if path.startswith("tests/fault/") else path
+def unit_of(nodeid: str, own: bool = False) -> str:
+    """The unit of work a test belongs to on 2 workers: its file; itself when ``own`` (marked
+    ``own_unit``: a long test whose file shares no module fixture with it)."""
+    return nodeid if own else nodeid.split("::", 1)[0]
+
+
+def _unit(item) -> str:
+    return unit_of(item.nodeid, item.get_closest_marker("own_unit") is not None)
 
 
 def _tpu_toolchain() -> str | None:
@@ -93,10 +99,10 @@ def pytest_collection_modifyitems(config, items):
 
     # Units of work for 2 workers, longest first (the module docstring). The order is the same
     # in every worker, as pytest-xdist requires.
-    order = {unit: i for i, unit in enumerate(dict.fromkeys(unit_of(item.nodeid) for item in items))}
-    items.sort(key=lambda item: (-DURATIONS.get(unit_of(item.nodeid), 0.0), order[unit_of(item.nodeid)]))
+    order = {unit: i for i, unit in enumerate(dict.fromkeys(_unit(item) for item in items))}
+    items.sort(key=lambda item: (-DURATIONS.get(_unit(item), 0.0), order[_unit(item)]))
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(unit_of(item.nodeid)))
+        item.add_marker(pytest.mark.xdist_group(_unit(item)))
 
     for marker, why in (("tpu", _tpu_toolchain), ("mesh", _mesh_devices)):
         marked = [item for item in items if item.get_closest_marker(marker)]
@@ -113,6 +119,8 @@ def pytest_runtest_logreport(report):
     _spent[report.nodeid] = _spent.get(report.nodeid, 0.0) + report.duration
     if "slow" in report.keywords:
         _slow.add(report.nodeid)
+    if "own_unit" in report.keywords:
+        _own.add(report.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -131,7 +139,8 @@ def pytest_sessionfinish(session):
         return
     per_unit: dict[str, float] = {}
     for nodeid, seconds in _spent.items():
-        per_unit[unit_of(nodeid)] = per_unit.get(unit_of(nodeid), 0.0) + seconds
+        unit = unit_of(nodeid, nodeid in _own)
+        per_unit[unit] = per_unit.get(unit, 0.0) + seconds
     path = Path(out)
     merged = {**(json.loads(path.read_text()) if path.exists() else {}),
               **{unit: round(s, 1) for unit, s in per_unit.items()}}

@@ -2,7 +2,7 @@ import typing
 
 import pytest
 
-from olmax.config import ModelConfig, apply_overrides, from_dict, to_dict
+from olmax.config import ONE_OF, ModelConfig, apply_overrides, from_dict, to_dict
 from olmax.errors import ConfigError
 from olmax.train.recipes import run_config_from_dict
 
@@ -157,3 +157,44 @@ def test_values_in_messages_are_shortened():
         run_config_from_dict({"model": {"preset": "olmo3-tiny"}, "train": {"max_steps": ["x"] * 10**6}})
     assert len(str(e.value)) < 200 and str(e.value).startswith("train.max_steps: expected int, got list ['x'")
     assert shown("tokens.npy") == "'tokens.npy'" and shown([16, None]) == "[16, None]"
+
+
+def test_the_run_length_is_one_of_steps_epochs_tokens():
+    """``train.max_steps`` | ``max_epochs`` | ``max_tokens`` (OLMo-core's max_duration), resolved
+    to steps on the data's epoch size; ``hard_stop`` ends the run earlier, the horizon unchanged."""
+    from olmax.config import TrainConfig
+
+    assert TrainConfig().max_steps == 100                     # none given: 100 steps, as before
+    t = TrainConfig(seq_len=32, global_batch_size=8, max_tokens=1000)
+    assert t.max_steps is None and t.last_step is None and t.length == "train.max_tokens=1000"
+    assert t.steps_for(batches_per_epoch=20) == 4             # ceil(1000 / (8 x 32)) = ceil(3.9)
+    assert TrainConfig(seq_len=32, global_batch_size=8, max_tokens=1024).steps_for(20) == 4
+    assert TrainConfig(seq_len=32, global_batch_size=8, max_tokens=1025).steps_for(20) == 5
+    e = TrainConfig(max_epochs=2, hard_stop=30)
+    assert e.steps_for(batches_per_epoch=20) == 40            # epochs 1 and 2
+    assert e.steps_for(batches_per_epoch=20, first_epoch=2) == 20   # data.epoch=2: epoch 2 only
+    r = e.resolved(batches_per_epoch=20)
+    assert (r.max_steps, r.max_epochs, r.max_tokens, r.hard_stop, r.last_step) == (40, None, None, 30, 30)
+    assert TrainConfig(max_steps=10, hard_stop=30).last_step == 10
+
+    for given, shown in ((dict(max_steps=5, max_epochs=1), "train.max_steps=5, train.max_epochs=1"),
+                         (dict(max_epochs=1, max_tokens=9), "train.max_epochs=1, train.max_tokens=9")):
+        with pytest.raises(ConfigError) as e_info:
+            TrainConfig(**given)
+        assert str(e_info.value) == ("set one of train.max_steps, train.max_epochs, "
+                                     f"train.max_tokens (got {shown})")
+    for key in ("max_epochs", "max_tokens", "hard_stop"):
+        with pytest.raises(ConfigError, match=f"^train.{key} must be positive"):
+            TrainConfig(**{key: 0})
+    with pytest.raises(ConfigError, match=r"^train.max_epochs \(1\) is before data.epoch \(2\)"):
+        run_config_from_dict({"model": {"preset": "olmo3-tiny"}, "train": {"max_epochs": 1, "seq_len": 64},
+                              "data": {"epoch": 2}})
+
+
+def test_an_override_of_the_run_length_replaces_the_recipe_s():
+    raw = {"model": {"preset": "olmo3-tiny"}, "train": {"max_epochs": 1, "seq_len": 64}}
+    cfg = run_config_from_dict(apply_overrides(raw, ["train.max_steps=7"], one_of=ONE_OF))
+    assert (cfg.train.max_steps, cfg.train.max_epochs, cfg.train.seq_len) == (7, None, 64)
+    with pytest.raises(ConfigError, match="set one of train.max_steps"):
+        run_config_from_dict(apply_overrides(raw, ["train.max_steps=7", "train.max_tokens=9"],
+                                             one_of=ONE_OF))

@@ -69,11 +69,12 @@ def _exercise(cfg: schema.RunConfig) -> None:
     inv = inv_frequencies(m.head_dim, m.rope_theta, m.rope_scaling)
     assert np.all(np.isfinite(inv)), "RoPE frequencies not finite"
     assert math.isfinite(attention_factor(m.rope_scaling))
-    lr = build_schedule(cfg.scheduler, cfg.optim.lr, cfg.train.max_steps)
-    for step in (1, 2, cfg.scheduler.warmup_steps + 1, cfg.train.max_steps):
+    gbs = cfg.train.global_batch_size
+    train = cfg.train.resolved(batches_per_epoch=2, first_epoch=cfg.data.epoch)   # 2 * gbs instances
+    lr = build_schedule(cfg.scheduler, cfg.optim.lr, train.max_steps)
+    for step in (1, 2, cfg.scheduler.warmup_steps + 1, train.max_steps, train.last_step):
         assert math.isfinite(lr(step)), f"learning rate not finite at step {step}"
     resolve_settings(cfg.distributed, {})
-    gbs = cfg.train.global_batch_size
     BatchPlan(2 * gbs, gbs, cfg.seed, cfg.data.epoch).instance_ids(0, 0, 1)
 
 
@@ -99,6 +100,9 @@ def test_the_walk_covers_every_field_of_the_schema():
 @pytest.mark.parametrize("base,path,name", KEYS, ids=[_dotted(p, n) for _, p, n in KEYS])
 def test_every_key_resolves_cleanly_or_is_refused_naming_it(base, path, name):
     template = _base(base)
+    if path == ("train",) and name in schema.LENGTH_KEYS:   # the run's length is one of these
+        for key in schema.LENGTH_KEYS:
+            template["train"].pop(key, None)
     for value in BOUNDARY:
         raw = copy.deepcopy(template)
         node = raw

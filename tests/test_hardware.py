@@ -57,7 +57,7 @@ def test_other_tables_derive_from_it():
     assert {a.name for a in targets.ACCELERATORS} == {"v2", "v3", "v4", "v5e", "v5p", "v6e", "tpu7x",
                                                       "h100", "h200"}
     assert targets.TPU_GENERATIONS == ("v2", "v3", "v4", "v5e", "v5p", "v6e", "tpu7x")
-    assert dict(targets.HBM_BYTES)["tpu7x"] == 96 * hardware.GiB
+    assert dict(targets.HBM_BYTES)["tpu7x"] == hardware.BY_NAME["tpu7x"].hbm == 101_723_287_552
     # compiler options by generation: Ironwood's scoped VMEM, none for v5p or a GPU
     assert compiler_options("tpu", [device("TPU7x", "tpu")]) == {"xla_tpu_scoped_vmem_limit_kib": "65536"}
     assert compiler_options("tpu", [device("TPU v5", "tpu")]) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 # The exit-status policy: every olmax command ends with one of these (olmax.reporting decides
 # which), and every launcher acts on it (olmax.launch: restart the whole job, or stop for good).
 EXIT_DONE = 0           # finished, or stopped as asked
+EXIT_DOES_NOT_FIT = 1   # olmax plan: the step does not fit (a result on stdout, not an error)
 EXIT_INPUT = 2          # a configuration or input error: a restart cannot help
 EXIT_ATTENTION = 3      # the run cannot go on without a person
 EXIT_RESTART = 75       # a restart may cure it (EX_TEMPFAIL): lost peers, hangs, storage

@@ -16,11 +16,25 @@ platform, resource and visible devices of the jobs ``olmax launch`` writes. A ne
 generation is one row here; a new vendor one :data:`VENDORS` row (plus a profile row in
 :mod:`olmax.platforms` if its devices compute differently).
 
-Sources: vendor datasheets (NVIDIA H100/H200/A100/B200/L4/L40S; AMD Instinct MI300X/MI325X/MI355X;
-Google Cloud TPU system-architecture pages: bidirectional ICI per chip v5e 1,600 Gb/s over 4
-links, v5p and TPU7x 1,200 GB/s over 6, v6e 800 GB/s over 4; DCN per chip v5p 50 Gb/s, v6e and
-TPU7x 100 Gb/s); GPUs: NVLink 4 at 900 GB/s both ways, one 400 Gb/s NIC per GPU. Sparse figures are
-halved. Memory sizes of the GPUs with a compile target are those the CUDA runtime reports.
+Sources. Peaks: vendor datasheets (NVIDIA H100/H200/A100/B200/L4/L40S; AMD Instinct
+MI300X/MI325X/MI355X; Cloud TPU docs); sparse figures are halved. Memory (``hbm``) is what a
+program may use where that is known, else the nominal size (about 1 % above what runtimes report):
+
+- TPUs that ``olmax plan`` compiles for: the limit libtpu's compiler allows one device, which its
+  compile-time out-of-memory error prints ("exceeds available HBM (15.75G)" on v5e); the figures
+  are the largest buffer a compile for the generation accepts, to 4 KiB (libtpu of jax 0.12.0.1:
+  v5e 15.75, v5p 95.73, v6e 31.24, tpu7x 94.74 GiB; nominal 16, 96, 32, 96 GiB).
+- GPUs with a compile target: the ``device_memory_size`` of that target, the memory the CUDA
+  runtime reports (H100 80GB HBM3 79.1 GiB; H200 140.4 GiB, nvidia-smi's 143,771 MiB).
+- Others: nominal.
+
+Links (``link_bw``: one direction of one link; ``dcn_bw``: one direction per chip). Cloud TPU
+docs, pages "TPU v5e" (bidirectional ICI 400 GBps per chip over 4 ICI ports: 50 GB/s per link
+per direction; 2 x 100 Gbps NICs per host of 8 chips: 25 Gb/s DCN per chip), "TPU v5p" (1,200
+GBps over 6 links; DCN 50 Gbps per chip), "TPU v6e" (800 GBps over 4; 100 Gbps), "TPU7x" (1,200
+GBps over 6; 100 Gbps). The JAX scaling book's per-link figures are about 10 % lower (4.5e10 and
+9e10 B/s one way for v5e and v5p/v6e/TPU7x). GPUs: NVLink 4 at 900 GB/s both ways, one 400 Gb/s
+NIC per GPU. A generation without a figure has ``None``: what needs it is not priced.
 """
 
 from __future__ import annotations
@@ -58,7 +72,7 @@ class Accelerator:
     vendor: str                     # a key of VENDORS
     kinds: tuple[str, ...] = ()     # lower-case substrings of jax.Device.device_kind
     peak_bf16: float | None = None  # dense bf16 FLOP/s per JAX device
-    hbm: int | None = None          # bytes per JAX device
+    hbm: int | None = None          # bytes per JAX device a program may use (module docstring)
     devices_per_chip: int = 1       # JAX devices sharing a chip (and its links)
     link_bw: float | None = None    # bytes/s one direction of one inter-chip link (TPU ICI; GPU
                                     # NVLink to the switch)
@@ -116,6 +130,8 @@ runtime_version {{
 device_description_str: "{name}"
 """
 _NVLINK4, _NIC_400G = 450e9, 400e9 / 8
+# Device memory as the CUDA runtime reports it (the compile targets' device_memory_size).
+_H100_MEMORY, _H200_MEMORY = 84_929_347_584, 150_754_820_096
 
 # Rows whose ``kinds`` overlap go most specific first ("h100 pcie" before "h100", "gh200" before
 # "h200", "tpu v5 lite" before "tpu v5"): a device is the first row one of whose kinds it contains.
@@ -124,11 +140,12 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("h100-pcie", "nvidia", ("h100 pcie",), 756e12, float8=True),
     Accelerator("h100-nvl", "nvidia", ("h100 nvl",), 835e12, float8=True),
     Accelerator("gh200", "nvidia", ("gh200",), 989e12, float8=True),
-    Accelerator("h200", "nvidia", ("h200",), 989e12, 141 * GiB, link_bw=_NVLINK4, dcn_bw=_NIC_400G,
-                float8=True, gpu_target=_HOPPER.format(bandwidth=4800000000000, memory=150754820096,
+    Accelerator("h200", "nvidia", ("h200",), 989e12, _H200_MEMORY, link_bw=_NVLINK4, dcn_bw=_NIC_400G,
+                float8=True, gpu_target=_HOPPER.format(bandwidth=4800000000000, memory=_H200_MEMORY,
                                                        name="NVIDIA H200")),
-    Accelerator("h100", "nvidia", ("h100",), 989e12, 80 * GiB, link_bw=_NVLINK4, dcn_bw=_NIC_400G,   # SXM
-                float8=True, gpu_target=_HOPPER.format(bandwidth=3352320000000, memory=84929347584,
+    Accelerator("h100", "nvidia", ("h100",), 989e12, _H100_MEMORY, link_bw=_NVLINK4,   # SXM
+                dcn_bw=_NIC_400G, float8=True,
+                gpu_target=_HOPPER.format(bandwidth=3352320000000, memory=_H100_MEMORY,
                                                        name="NVIDIA H100 80GB HBM3")),
     Accelerator("b200", "nvidia", ("b200",), 2250e12, float8=True),
     Accelerator("b300", "nvidia", ("b300",), 2250e12, float8=True),
@@ -143,12 +160,16 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     # Google
     Accelerator("v2", "google"),
     Accelerator("v3", "google"),
+    # v4: nominal 32 GiB per chip as one megacore device (libtpu's compile target lists a v4 chip
+    # as 2 devices of 15.25 GiB each)
     Accelerator("v4", "google", ("tpu v4",), 275e12, 32 * GiB, mxu=128),
-    Accelerator("v5e", "google", ("tpu v5 lite", "tpu v5e"), 197e12, 16 * GiB, link_bw=25e9, mxu=128),
-    Accelerator("v5p", "google", ("tpu v5p", "tpu v5"), 459e12, 95 * GiB,   # v5p reports "TPU v5"
-                link_bw=100e9, dcn_bw=50e9 / 8, mxu=128),
-    Accelerator("v6e", "google", ("tpu v6 lite", "tpu v6e"), 918e12, 32 * GiB, link_bw=100e9,
-                dcn_bw=100e9 / 8, mxu=256),
+    # TPU memory: libtpu's compile-time limit per device (module docstring)
+    Accelerator("v5e", "google", ("tpu v5 lite", "tpu v5e"), 197e12, 16_908_218_368,
+                link_bw=400e9 / 2 / 4, dcn_bw=2 * 100e9 / 8 / 8, mxu=128),
+    Accelerator("v5p", "google", ("tpu v5p", "tpu v5"), 459e12, 102_784_475_136,   # v5p reports "TPU v5"
+                link_bw=1200e9 / 2 / 6, dcn_bw=50e9 / 8, mxu=128),
+    Accelerator("v6e", "google", ("tpu v6 lite", "tpu v6e"), 918e12, 33_544_916_992,
+                link_bw=800e9 / 2 / 4, dcn_bw=100e9 / 8, mxu=256),
     # Ironwood: 2,307 TFLOP/s and 192 GiB per chip, whose 2 TensorCores are 2 JAX devices. Its
     # step is compiled with 64 MiB of scoped VMEM, the limit MaxText's OLMo 3 launcher sets on
     # Ironwood: at libtpu's default the 7B step's MLP weight gradients do not fit as reduce-scatter
@@ -156,8 +177,8 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     # blocking the layer loop (128 and 512 devices;
     # benchmarks/notes/2026-12-01-the-original-run-s-scale-with-collectives-timed.md). On v5p (checked on v5p 4x4x8 with the stage-2 step) 96 MiB changes nothing, so v5p
     # keeps libtpu's default.
-    Accelerator("tpu7x", "google", ("tpu7x",), 2307e12 / 2, 96 * GiB, devices_per_chip=2,
-                link_bw=100e9, dcn_bw=100e9 / 8, mxu=256, float8=True,
+    Accelerator("tpu7x", "google", ("tpu7x",), 2307e12 / 2, 101_723_287_552, devices_per_chip=2,
+                link_bw=1200e9 / 2 / 6, dcn_bw=100e9 / 8, mxu=256, float8=True,
                 compiler_options=(("xla_tpu_scoped_vmem_limit_kib", "65536"),)),
 )
 BY_NAME: dict[str, Accelerator] = {a.name: a for a in ACCELERATORS}

@@ -12,7 +12,8 @@ file. Three rules guard what is already there:
 - a file written *below* a destination folder under a name that comes from data (a mix file's line,
   a URL's path) must stay below it: :func:`contained` refuses absolute names and ``..`` segments;
 - text a user gives is read as UTF-8, and text that is not is one error naming the file
-  (:func:`read_text`).
+  (:func:`read_text`); a path whose *name* is not UTF-8 (bytes a file system allows) is refused
+  in one line naming it where a library needs UTF-8 names (:func:`require_utf8_name`).
 
 The cache (OLMES data, embedded corpus, epoch indices) lives in ``data.cache_dir`` when a run sets
 it, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``. A cache file that is expensive to make and
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
-from olmax.errors import OlmaxError, RestartableError
+from olmax.errors import ConfigError, OlmaxError, RestartableError
 from olmax.lockfile import LockFile, LockHeld, describe_holder
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,25 @@ def input_error(e: OSError) -> bool:
             or e.errno in _INPUT_ERRNOS)
 
 
+def require_utf8_name(path: str | os.PathLike, what: str, needs: str) -> None:
+    """Refuse ``path`` when its name is not UTF-8 text (bytes the file system allows, which
+    Python holds as lone surrogates): one :class:`ConfigError` naming it (``what``, e.g.
+    ``checkpoint directory``) and why (``needs``: the library that takes UTF-8 names only),
+    before any work."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{what} {text!r}: the name is not UTF-8 text, which {needs} needs; "
+                          f"rename it") from None
+
+
+def bucket_text(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a bucket path (``s3://``, ``gs://``: :mod:`olmax.store` reads and
+    writes those), which a local output cannot be."""
+    return bool(re.match(r"(?i)(s3|gs|gcs)://", str(path)))
+
+
 def write_error(path: str | os.PathLike, e: OSError) -> OlmaxError:
     """The one line for a write that failed (a full disk, a read-only file system): it names
     ``path``, the file being written, not a temporary beside it. A failure of the storage (not of
@@ -148,6 +168,9 @@ def refuse_existing(path: str | os.PathLike, overwrite: bool = False, *, flag: s
     OlmaxError, naming the command-line ``flag`` that gave it, when something exists there and not
     ``overwrite``; always when it is one of ``inputs`` (``(path, what it is)`` pairs: "the recipe")
     or exists and is not a regular file."""
+    if bucket_text(path):
+        raise OlmaxError(f"{flag + ' ' if flag else ''}{path}: a bucket path; this writes a local "
+                         f"file (write it locally, then copy it)")
     p = Path(path)
     named = f"{flag + ' ' if flag else ''}{p}"
     for source, what in inputs:
@@ -225,7 +248,12 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, *, overwrite: bool = Tr
 
 
 def check_output_dir(path: str | os.PathLike) -> Path:
-    """Refuse an existing non-empty directory (or a file) at ``path``; return it as a Path."""
+    """Refuse an existing non-empty directory (or a file) at ``path``, or a bucket path (an output
+    folder is written locally, then renamed into place); return it as a Path."""
+    if bucket_text(path):
+        raise OlmaxError(f"output directory {path}: a bucket path; this writes a local directory "
+                         f"(write it locally, then copy it: gcloud storage cp -r / aws s3 cp "
+                         f"--recursive)")
     out = Path(path)
     if out.exists():
         if not out.is_dir():

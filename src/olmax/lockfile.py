@@ -454,11 +454,14 @@ class LockFile:
         except OSError:
             pass      # a transient storage error; the next beat tries again
 
-    def release(self) -> None:
+    def _stop_heartbeat(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+    def release(self) -> None:
+        self._stop_heartbeat()
         if self.token is None:
             return
         if self.holder().get("token") == self.token:

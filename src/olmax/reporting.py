@@ -35,8 +35,10 @@ has already closed (after a failed read of a corrupt checkpoint; harmless, and t
 previous checkpoint goes on); Orbax's warnings that a checkpoint item (the optimizer state, when
 only parameters are read) "could not be restored" and that a directory opened for reading is read
 only; and the tracebacks Orbax logs from its writer threads for an olmax error raised there (a
-tensor found NaN while converting) or for a storage failure (a full disk: one traceback per
-thread and item), which the command reports itself.
+tensor found NaN while converting) or for a storage failure (a full disk, a bucket that stopped
+answering: one traceback per thread and item), which the command reports itself; and gcsfs's
+traceback when a request of a library's (Orbax's directory operations) runs out of its retries,
+which reaches olmax as that request's error.
 """
 
 from __future__ import annotations
@@ -137,7 +139,26 @@ class _DropOrbaxNoise(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None and storage_errno(exc) is not None:
             return False      # a full disk in the writer thread: the save reports it in one line
+        if exc is not None and _store_lost(exc):
+            return False      # a bucket that stopped answering: so does the save
         return not isinstance(exc, (ConfigError, OlmaxError))
+
+
+def _store_lost(exc: BaseException) -> bool:
+    """A bucket's requests that ran out of retries (TensorStore's words) or lost their
+    connection, in Orbax's writer thread."""
+    from olmax import store
+
+    return (any("retry attempts failed" in str(x) for x in store.chain(exc))
+            or store.connection_trouble(exc))
+
+
+class _DropGcsfsRetryTraceback(logging.Filter):
+    """gcsfs's ``_request out of retries on exception`` traceback (see the module docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg if isinstance(record.msg, str) else ""
+        return not (record.exc_info and "out of retries on exception" in msg)
 
 
 def _is_closed_loop_noise(exc: BaseException | None, tb) -> bool:
@@ -152,6 +173,9 @@ def quiet_libraries() -> None:
     absl = logging.getLogger("absl")
     if not any(isinstance(f, _DropOrbaxNoise) for f in absl.filters):
         absl.addFilter(_DropOrbaxNoise())
+    gcsfs = logging.getLogger("gcsfs")
+    if not any(isinstance(f, _DropGcsfsRetryTraceback) for f in gcsfs.filters):
+        gcsfs.addFilter(_DropGcsfsRetryTraceback())
     previous = sys.unraisablehook
     if getattr(previous, "_olmax_quiet", False):
         return

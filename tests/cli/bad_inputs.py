@@ -26,6 +26,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,6 +53,54 @@ class Case:
     expect: str                  # a regex the error line must match (after "error: ")
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     result: bool = False         # the answer is one line on stdout (``olmax CMD: ...``), not an error
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitStatus:
+    cause: str       # what happened, in words
+    status: int      # what ``olmax`` ends with (a constant of olmax.errors)
+    name: str        # that constant's name
+    launcher: str    # what the jobs ``olmax launch`` writes do next
+
+
+def exit_statuses() -> list[ExitStatus]:
+    """Exit status by cause: the policy of :mod:`olmax.errors` (decided by
+    :func:`olmax.reporting.exit_code`), and what the launchers (:mod:`olmax.launch`) do with each.
+    ``tests/cli/test_exit_status.py`` runs a real ``olmax`` process for every row it can trigger
+    cheaply and names the test that covers each of the others."""
+    from olmax import errors as E
+
+    return [
+        ExitStatus("finished, or stopped as asked (`olmax train` after a SIGTERM, by default)",
+                   E.EXIT_DONE, "EXIT_DONE", "done: not started again"),
+        ExitStatus("a configuration or input error: a bad key or value, a missing, malformed or "
+                   "not permitted input or output path, a run directory another trainer holds",
+                   E.EXIT_INPUT, "EXIT_INPUT", f"stops for good ({E.NO_RESTART[E.EXIT_INPUT]})"),
+        ExitStatus("the run cannot go on without a person (a non-finite loss)",
+                   E.EXIT_ATTENTION, "EXIT_ATTENTION",
+                   f"stops for good ({E.NO_RESTART[E.EXIT_ATTENTION]})"),
+        ExitStatus("storage: a full disk or quota, a file too large, a read-only file system, an "
+                   "I/O error, a lost connection, remote reads or writes that ran out of retries",
+                   E.EXIT_RESTART, "EXIT_RESTART",
+                   "started again, the whole job, up to --max-restarts times"),
+        ExitStatus("peers that did not all start within distributed.init_timeout_s, a lost or hung "
+                   "peer (the watchdog)", E.EXIT_RESTART, "EXIT_RESTART",
+                   "started again, the whole job, up to --max-restarts times"),
+        ExitStatus("an internal error (a bug in olmax, an error of the runtime): anything not "
+                   "above", E.EXIT_RESTART, "EXIT_RESTART",
+                   "started again, up to --max-restarts times: the budget bounds a bug that "
+                   "recurs"),
+        ExitStatus("preempted or stopped (SIGTERM): `olmax train` saves a checkpoint and exits "
+                   "with --exit-code-on-stop (143 in the Kubernetes jobs olmax launch writes; 0 "
+                   "by default); another command ends by the signal (128 + 15)",
+                   E.EXIT_STOPPED, "EXIT_STOPPED",
+                   "Kubernetes: the pod is started again, not counted against --max-restarts "
+                   "(Slurm and TPU VM jobs stop with 0; Slurm requeues a preempted job itself)"),
+        ExitStatus("interrupted (Ctrl-C)", E.EXIT_INTERRUPTED, "EXIT_INTERRUPTED",
+                   "like 75: started again up to --max-restarts times (not 2 or 3)"),
+        ExitStatus("`olmax plan`: the step does not fit (a result, one line on stdout)",
+                   E.EXIT_DOES_NOT_FIT, "EXIT_DOES_NOT_FIT", "not launched (a planning command)"),
+    ]
 
 
 def _render(line: str) -> str:
@@ -156,6 +205,7 @@ def make_workspace(root: Path) -> dict[str, str]:
     save_params(root / "ckpt", params, cfg)
     other = _tiny_cfg(rope_theta=10_000.0, norm_eps=1e-5, window_pattern=(8, 8, 8, None))
     _hf_dir(root / "hf-theta", other, params)
+    save_params(root / "ckpt-theta", params, other)
 
     # A training step directory (params + optimizer state), as `olmax train` writes them.
     tx = build_optimizer(OptimConfig())
@@ -262,12 +312,14 @@ def make_workspace(root: Path) -> dict[str, str]:
 
 def _servers(root: Path) -> dict[str, str]:
     """HTTP servers on 127.0.0.1 for the remote cases: one serving the token file (and answering
-    500 under /fail/), one that ignores Range; a closed port. Stopped by :func:`run_all`."""
-    from helpers.remote_servers import FileServer
+    500 under /fail/), one that ignores Range, a store that denies every request (HTTP 403, in
+    S3's words or Cloud Storage's); a closed port. Stopped by :func:`run_all`."""
+    from helpers.remote_servers import DenyingServer, FileServer
 
     data = (root / "tokens.npy").read_bytes()
     servers = {"http": FileServer({"/data/tokens.npy": data, "/fail/tokens.npy": data}),
                "norange": FileServer({"/data/tokens.npy": data})}
+    servers["denied"] = DenyingServer()
     servers["http"].fail["/fail/tokens.npy"] = -1
     servers["norange"].ignore_range = True
     for srv in servers.values():
@@ -277,7 +329,7 @@ def _servers(root: Path) -> dict[str, str]:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     return {"@HTTP": servers["http"].url, "@NORANGE": servers["norange"].url,
-            "@CLOSED": f"http://127.0.0.1:{closed}"}
+            "@DENIED": servers["denied"].url, "@CLOSED": f"http://127.0.0.1:{closed}"}
 
 
 _SERVERS: list = []
@@ -340,6 +392,9 @@ def _newer_surfaces(root: Path, cfg, params, tokens, recipe: dict) -> None:
     # Metrics that are not UTF-8.
     (root / "run-latin").mkdir()
     (root / "run-latin" / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.0, "note": "caf\xe9"}\n')
+    # Names that are not UTF-8 (bytes a file system allows): a checkpoint and a token file.
+    shutil.copytree(root / "ckpt", root / NOT_UTF8_CKPT)
+    shutil.copyfile(root / "tokens.npy", root / NOT_UTF8_TOKENS)
     # Metrics with a line that is JSON but no object, a step beyond float range, a short CSV row.
     (root / "run-list-line").mkdir()
     (root / "run-list-line" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n[2, 1.5]\n')
@@ -352,12 +407,21 @@ def _newer_surfaces(root: Path, cfg, params, tokens, recipe: dict) -> None:
     hf_cfg = json.loads((root / "hf-yarn0" / "config.json").read_text())
     hf_cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 0, "original_max_position_embeddings": 64}
     (root / "hf-yarn0" / "config.json").write_text(json.dumps(hf_cfg))
+    # An OLMo-core checkpoint whose config.json gives 1.5 layers (int() used to make it 1).
+    from olmax.interop.olmo_core.convert import convert_olmax_to_olmo_core, olmo_core_config
+
+    convert_olmax_to_olmo_core(root / "ckpt", root / "oc-half-layer", weights_only=True)
+    oc_cfg = olmo_core_config(cfg, None)
+    oc_cfg["model"]["n_layers"] = 1.5
+    (root / "oc-half-layer" / "config.json").write_text(json.dumps(oc_cfg))
 
 
 # ----------------------------------------------------------------------------------------------
 # The cases
 
 
+NOT_UTF8_CKPT = os.fsdecode(b"ckpt-caf\xe9")      # held by Python as a lone surrogate
+NOT_UTF8_TOKENS = os.fsdecode(b"tokens-caf\xe9.npy")
 TRAIN = ["train", "tiny.yaml", "--run-dir", "RUN"]
 HELDOUT = "tokenized/part-00000-0000.npy"
 
@@ -409,6 +473,12 @@ def cases() -> list[Case]:
         C("train", "unknown model preset", ["train", "olmo3_tiny", "model.preset=olmo9"],
           r"unknown model preset 'olmo9'"),
         C("train", "zero steps", [*TRAIN, "train.max_steps=0"], r"train.max_steps must be positive"),
+        C("train", "a length in epochs and in tokens", [*TRAIN, "train.max_epochs=1", "train.max_tokens=1000"],
+          r"set one of train.max_steps, train.max_epochs, train.max_tokens \(got train.max_epochs=1, "
+          r"train.max_tokens=1000\)"),
+        C("train", "a length in epochs that ends before the first epoch",
+          [*TRAIN, "train.max_epochs=1", "data.epoch=2"], r"train.max_epochs \(1\) is before data.epoch \(2\)"),
+        C("train", "a hard stop of zero", [*TRAIN, "train.hard_stop=0"], r"train.hard_stop must be positive"),
         C("train", "sequence length 1", [*TRAIN, "train.seq_len=1"], r"train.seq_len must be at least 2"),
         C("train", "sequence longer than the model allows", [*TRAIN, "train.seq_len=4096"],
           r"train.seq_len 4096 exceeds model.max_seq_len 256"),
@@ -450,6 +520,11 @@ def cases() -> list[Case]:
         C("train", "--run-dir in use by another trainer", ["train", "tiny.yaml", "--run-dir", "run-held"],
           r"run directory run-held is in use by olmax train pid \d+ on host "),
         # -- training data
+        C("data", "token file whose name is not UTF-8", INSPECT(NOT_UTF8_TOKENS),
+          r"^token file 'tokens-caf\\udce9.npy': the name is not UTF-8 text, which the data fingerprint "
+          r"\(OLMo-core's\) needs; rename it$"),
+        C("train", "run directory whose name is not UTF-8", [*TRAIN[:3], "run-caf\udce9"],
+          r"^--run-dir '\S*run-caf\\udce9' is not UTF-8 text, which the checkpoint library needs"),
         C("data", "token file that does not exist", [*TRAIN, "data.paths=[missing.npy]"],
           r"token file not found: missing.npy"),
         C("data", "a folder where a token file belongs", [*TRAIN, "data.paths=[tokenized]"],
@@ -487,6 +562,9 @@ def cases() -> list[Case]:
         # -- eval
         C("eval", "checkpoint that does not exist", EVAL("nowhere"), r"checkpoint not found: nowhere"),
         C("eval", "a file instead of a checkpoint", EVAL("afile"), r"afile is a file, not an olmax checkpoint"),
+        C("eval", "checkpoint whose name is not UTF-8", EVAL(NOT_UTF8_CKPT),
+          r"^checkpoint '\S*ckpt-caf\\udce9': the name is not UTF-8 text, which the checkpoint library "
+          r"\(TensorStore\) needs; rename it$"),
         C("eval", "HF directory with pytorch_model.bin only", EVAL("hf-bin"), r"hf-bin.*safetensors"),
         C("eval", "olmax checkpoint with NaN weights", EVAL("ckpt-nan"), r"non-finite.*up_proj"),
         C("eval", "HF directory with NaN weights", EVAL("hf-nan"), r"non-finite.*up_proj"),
@@ -505,7 +583,29 @@ def cases() -> list[Case]:
         C("eval", "tokenizer file that does not exist", EVAL("ckpt", "--tokenizer", "tok.json"), r"tok.json"),
         C("eval", "unknown compute dtype", EVAL("ckpt", "--dtype", "float16"), r"invalid choice: 'float16'"),
         # -- convert
+        C("merge", "checkpoints of two architectures", ["merge", "ckpt", "ckpt-theta", "--out", "OUT",
+                                                         "--weights-only"],
+          r"are different models: model.rope_theta is 10000.0 in \S*ckpt-theta but"),
+        C("merge", "a checkpoint without optimizer state", ["merge", "run-done", "ckpt", "--out", "OUT"],
+          r"ckpt holds no optimizer state: merge the weights alone \(--weights-only\)"),
+        C("merge", "one weight for two checkpoints", ["merge", "run-done", "ckpt", "--out", "OUT",
+                                                      "--weights-only", "--weights", "1"],
+          r"--weights: 1 weights for 2 checkpoints"),
+        C("merge", "a checkpoint with NaN weights", ["merge", "run-done", "run-nan", "--out", "OUT"],
+          r"run-nan\S*: non-finite weights"),
+        C("convert", "OLMo-core config.json with a fractional layer count",
+          ["convert", "olmo-core-to-olmax", "oc-half-layer", "OUT", "--weights-only"],
+          r"config\.json: model\.n_layers must be a whole number \(got 1\.5\)"),
         C("convert", "HF directory that does not exist", ["convert", "hf-to-olmax", "nope", "OUT"], r"nope"),
+        C("convert", "output directory whose name is not UTF-8", ["convert", "hf-to-olmax", "hf",
+                                                                  "OUT-" + NOT_UTF8_CKPT],
+          r"^checkpoint directory '\S*ckpt-caf\\udce9': the name is not UTF-8 text, which the "
+          r"checkpoint library \(TensorStore\) needs; rename it$"),
+        C("convert", "checkpoint whose name is not UTF-8", ["convert", "olmax-to-hf", NOT_UTF8_CKPT, "OUT"],
+          r"^checkpoint '\S*ckpt-caf\\udce9': the name is not UTF-8 text"),
+        C("convert", "output directory in a bucket", ["convert", "hf-to-olmax", "not-hf",
+                                                       "gs://bkt/out"],
+          r"^output directory gs://bkt/out: a bucket path; this writes a local directory"),
         C("convert", "HF config that is not JSON", ["convert", "hf-to-olmax", "not-hf", "OUT"],
           r"not-hf/config.json: invalid JSON"),
         C("convert", "config.json without a required key", ["convert", "hf-to-olmax", "hf-nohidden", "OUT"],
@@ -643,6 +743,28 @@ def cases() -> list[Case]:
           INSPECT("gs://bucket/tokens.npy"),
           r"^gs://bucket/tokens.npy: size request failed after 6 attempts: connection refused",
           env={"STORAGE_EMULATOR_HOST": "@CLOSED"}),
+        C("train", "bucket run directory without a bucket name", [*TRAIN[:3], "s3:///runs/a"],
+          r"^--run-dir s3:///runs/a: '' is not a bucket name \(expected s3://BUCKET/PATH\)$"),
+        C("train", "run directory in a store olmax does not write", [*TRAIN[:3], "az://c/runs/a"],
+          r"^--run-dir az://c/runs/a: only s3:// and gs:// bucket paths \(or a local directory\)"),
+        C("train", "bucket run directory with the S3 endpoint a closed port (exit 75)",
+          [*TRAIN[:3], "s3://olmax-runs/a"],
+          r"^run directory s3://olmax-runs/a: write failed after 5 attempts",
+          env={"AWS_ENDPOINT_URL": "@CLOSED", "AWS_ACCESS_KEY_ID": "x",
+               "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}),
+        C("train", "bucket run directory the S3 credentials may not write (HTTP 403)",
+          [*TRAIN[:3], "s3://olmax-runs/a"],
+          r"^run directory s3://olmax-runs/a: access to bucket s3://olmax-runs denied \(An error "
+          r"occurred \(AccessDenied\) when calling the PutObject operation: Access Denied\); "
+          r"check the AWS_\* variables or profile$",
+          env={"AWS_ENDPOINT_URL": "@DENIED", "AWS_ACCESS_KEY_ID": "x",
+               "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}),
+        C("train", "bucket run directory the Cloud Storage account may not write (HTTP 403)",
+          [*TRAIN[:3], "gs://olmax-runs/a"],
+          r"^run directory gs://olmax-runs/a: access to bucket gs://olmax-runs denied \(\S+ does "
+          r"not have storage.objects.create access to the Google Cloud Storage object\); check "
+          r"the application-default credentials",
+          env={"STORAGE_EMULATOR_HOST": "@DENIED"}),
         C("train", "recipe with a YAML alias bomb", ["train", "bomb.yaml", "--run-dir", "RUN"],
           r"^bomb.yaml: more than 1,000,000 values once its YAML aliases are expanded"),
         C("train", "override with a YAML alias bomb", [*TRAIN, "data.paths=@BOMB"],
@@ -687,6 +809,8 @@ def cases() -> list[Case]:
           r"^unknown TPU topology 'banana:2x2' \(no TPU generation 'banana'"),
         C("plan", "--topology with a four-part shape", ["plan", "tiny.yaml", "--topology", "v5e:2x2x2x2"],
           r"^unknown TPU topology 'v5e:2x2x2x2' \(the shape '2x2x2x2' is not AxB or AxBxC"),
+        C("plan", "--topology of a shape that is no slice", ["plan", "tiny.yaml", "--topology", "tpu7x:3x3x3"],
+          r"^--topology 'tpu7x:3x3x3': 3x3x3 is no tpu7x slice"),
         C("plan", "--topology with a GPU count in words", ["plan", "tiny.yaml", "--topology", "h100:eight"],
           r"^--topology h100:eight: the GPU count must be a positive whole number"),
         C("plan", "--topology with no GPUs", ["plan", "tiny.yaml", "--topology", "h100:0"],
@@ -796,6 +920,11 @@ def cases() -> list[Case]:
           ["train", "olmo3_7b_stage3", "--run-dir", "RUN", "data.embedded=true"],
           r"^init.checkpoint must be set: this recipe \(init.required=optimizer\) starts from a "
           r"checkpoint with its optimizer state; init.required=none trains it from fresh weights"),
+        C("init", "stage 1 part 2 in a run directory without part 1's checkpoint",
+          ["train", "olmo3_7b_stage1_part2", "--run-dir", "RUN", "data.embedded=true"],
+          r"^--run-dir must hold the checkpoint this recipe continues \(init.required=resume\): the "
+          r"run directory of the run it extends, or init.checkpoint with init.load_optimizer=true "
+          r"and init.load_trainer_state=true; init.required=none trains it from fresh weights"),
         C("init", "stage 2 without the weights it starts from",
           ["launch", "slurm", "olmo3_7b_stage2", "data.embedded=true", "--nodes", "1",
            "--gpus-per-node", "8", "--out", "OUT.sh"],
@@ -942,7 +1071,7 @@ def _destroyed(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
 
 
 def _substitute(text: str, names: dict[str, str]) -> str:
-    for key in ("@HTTP", "@NORANGE", "@CLOSED"):
+    for key in ("@HTTP", "@NORANGE", "@DENIED", "@CLOSED"):
         text = text.replace(key, names[key])
     return text.replace("@BOMB", BOMB_OVERRIDE) if "@BOMB" in text else text
 
@@ -963,7 +1092,8 @@ def run_all(workdir: Path, select: Callable[[Case], bool] = lambda c: True) -> l
             r = run_case(case)
             destroyed = _destroyed(before, _snapshot(workdir))
             pwned = sorted(p.name for p in workdir.glob("PWNED*"))
-            shown = [a.replace(BOMB_OVERRIDE, "<alias bomb: 9^10 values>") for a in case.argv]
+            shown = [a.replace(BOMB_OVERRIDE, "<alias bomb: 9^10 values>").encode(
+                "utf-8", "backslashreplace").decode("utf-8") for a in case.argv]   # a name not UTF-8
             rows.append({"group": case.group, "mistake": case.mistake,
                          "command": normalise("olmax " + " ".join(shown), workdir, names),
                          "expect": case.expect, "rc": r.rc,
@@ -1008,6 +1138,18 @@ def markdown(rows: list[dict]) -> str:
         "docs/bad-inputs.md`), which runs them; `tests/cli/test_bad_inputs.py` checks every case and that",
         "this table is current. Paths are relative to the scratch directory the cases run in; `PID`,",
         "`HOST`, `TIME`, `PORT`, `N` and `MEM` (the host's memory) stand for the values of the run.",
+        "",
+        "## Exit status by cause",
+        "",
+        "What `olmax` ends with (`olmax.errors`, decided by `olmax.reporting.exit_code`) and what the",
+        "jobs `olmax launch` writes do next. `tests/cli/test_exit_status.py` runs one real `olmax`",
+        "process for each row it can trigger cheaply and names the test that covers each of the others.",
+        "",
+        "| cause | exit | constant | the launcher |",
+        "|---|---|---|---|",
+        *[f"| {_cell(x.cause)} | {x.status} | `{x.name}` | {_cell(x.launcher)} |" for x in exit_statuses()],
+        "",
+        "## The mistakes",
         "",
         f"**{len(rows)} mistakes tried, {clean} end in one clean line.**",
         "",

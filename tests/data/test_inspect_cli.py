@@ -72,6 +72,11 @@ def test_inspect_json_matches_olmo_core(mix, capsys, filtered):
     assert got == ref
     if filtered:
         assert any(any(r["filtered"]) for r in got)
+    # without --batches: one epoch's size, the batches OLMo-core's loader gives in an epoch
+    # (700 // 32 + 450 // 32 + 1200 // 32 = 21 + 14 + 37 = 72 instances, 72 // 4 = 18 batches)
+    assert main(argv[:argv.index("--batches")] + ["--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps_per_epoch"] == len(ref) == 18 and summary["instances"] == 72
 
 
 def test_inspect_paths_and_rollover(tmp_path, capsys):
@@ -86,6 +91,14 @@ def test_inspect_paths_and_rollover(tmp_path, capsys):
     # 18 instances, 6 batches per epoch: batch 6 is the first batch of epoch 2.
     assert main(base + ["--batches", "0:1", "--epoch", "2"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["instances"] == whole[6]["instances"]
+    # without --batches: how long one epoch is (300 // 32 = 9 instances a file; 18 // 3 = 6 steps)
+    assert main(base) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "instances": 18, "files": 2, "seq_len": 32, "global_batch_size": 3, "steps_per_epoch": 6,
+        "tokens_per_epoch": 6 * 3 * 32}
+    assert main(base[:-1] + ["--global-batch-size", "4"]) == 0   # 18 // 4 = 4 steps, 2 dropped
+    assert capsys.readouterr().out.strip() == ("18 instances of 32 tokens, 2 files; one epoch = 4 "
+                                               "steps at global batch 4 = 512 tokens")
 
 
 def test_inspect_bad_input(tmp_path, capsys):

@@ -455,3 +455,54 @@ def test_gcs_without_a_network_is_one_line_within_seconds(tmp_path):
     assert proc.returncode == 75 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("olmax data: error: gs://bucket/tokens.npy: size request failed "
                                   "after 6 attempts: connection refused"), proc.stderr
+
+
+def _settled(files, urls, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline and not all(files.cache.entry(u) for u in urls):
+        time.sleep(0.05)
+
+
+def test_a_changed_file_of_the_same_size_is_never_read_from_the_cache(tmp_path, corpus, http):
+    """The server states no MD5, only an ETag: a verified copy records it, and once the file on the
+    server changes (same size, new bytes, new ETag) the copy is no longer served."""
+    local, names, blobs = corpus
+    kw = dict(seq_len=SEQ, global_batch_size=BATCH, seed=SEED, tokenizer=DOLMA2)
+    urls = [f"{http.url}/data/{n}" for n in names]
+    cache = tmp_path / "cache"
+    data = TrainData(urls, cache_dir=str(cache), **kw)
+    for b in range(4):
+        data.global_batch(b)
+    files = remote.remote_files(str(cache))
+    _settled(files, urls)
+    assert all(files.info(u)["version"] and files.info(u)["md5"] is None for u in urls)
+    assert all(files.cache.entry(u) is not None for u in urls)
+    changed = bytearray(blobs[names[0]])
+    changed[8:12] = changed[12:16]                 # same size, other tokens
+    http.files[f"/data/{names[0]}"] = bytes(changed)
+    remote._INFO.clear()                           # a new process asks the server again
+    files.cache._ready.clear()
+    assert files.cache.entry(urls[0]) is None      # the copy of the old bytes is not served
+    assert files.cache.entry(urls[1]) is not None
+    assert files.read(urls[0], 0, len(changed)) == bytes(changed)
+
+
+def test_a_server_stating_no_version_is_read_but_never_cached(tmp_path, corpus, http, caplog):
+    """No ETag, Last-Modified or MD5: nothing could tell a changed file of the same size from a
+    copy, so no copy is kept (said once) and every read goes to the server."""
+    local, names, blobs = corpus
+    http.etag = False
+    kw = dict(seq_len=SEQ, global_batch_size=BATCH, seed=SEED, tokenizer=DOLMA2)
+    ref = TrainData([str(local / n) for n in names], **kw)
+    urls = [f"{http.url}/data/{n}" for n in names]
+    cache = tmp_path / "cache"
+    with caplog.at_level("WARNING"):
+        data = TrainData(urls, cache_dir=str(cache), **kw)
+        for b in range(2):
+            assert np.array_equal(data.global_batch(b)["tokens"], ref.global_batch(b)["tokens"])
+    files = remote.remote_files(str(cache))
+    time.sleep(0.5)
+    assert not any(remote.cache_path(cache, u).exists() for u in urls)
+    assert all(files.cache.entry(u) is None for u in urls)
+    assert any("not cached: the store states neither an MD5 nor a version" in r.getMessage()
+               for r in caplog.records)

@@ -54,6 +54,7 @@ import numpy as np
 import pytest
 import yaml
 from helpers.reference import require, unavailable
+from helpers.xla import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "reproduce.md"
@@ -317,8 +318,10 @@ def test_overrides_load_with_their_recipes(blocks, tmp_path):
             if ro is None or (ro[0], tuple(ro[1])) in seen:
                 continue
             seen.add((ro[0], tuple(ro[1])))
-            # one CPU device, or a node of as many GPUs as one context group needs
-            gpus = next((o.split("=", 1)[1] for o in ro[1] if o.startswith("mesh.context=")), "0")
+            # one CPU device, or a node of as many GPUs as the mesh the overrides give needs
+            sizes = [int(o.split("=", 1)[1]) for o in ro[1]
+                     if re.fullmatch(r"mesh\.(data|fsdp|tensor|context)=\d+", o)]
+            gpus = str(np.prod(sizes)) if sizes else "0"
             # only a run needs the start its recipe declares (init.required), not a plan or a bench
             start = [] if path[0] in ("train", "launch") else ["init.required=none"]
             rc = main(["launch", "slurm", ro[0], *ro[1], *start, "--nodes", "1", "--gpus-per-node", gpus,
@@ -371,6 +374,16 @@ def test_stage_numbers_follow_from_the_recipes(guide):
         assert f"{t['global_batch_size'] * t['seq_len']:,}" in guide
     # AI2's final stage-1 checkpoint (OLMo-3-1025-7B.csv) is the end of part 2.
     assert r["olmo3_7b_stage1_part2"]["train"]["max_steps"] * 4_194_304 == 5_929_965_715_456
+    # The 32B: stage 1 stops at its hard stop; stages 2 and 3 are lengths in tokens.
+    from olmax.train.recipes import load_recipe
+
+    s1 = load_recipe("olmo3_32b_stage1", find_mix=False).train
+    assert f"{s1.hard_stop:,}" in guide and f"{s1.hard_stop * s1.global_batch_size * s1.seq_len:,}" in guide
+    for name in ("olmo3_32b_stage2_ingredient1", "olmo3_32b_stage3"):
+        t = load_recipe(name, find_mix=False).train
+        steps = t.steps_for(batches_per_epoch=1)
+        assert f"{steps:,}" in guide and f"{t.global_batch_size * t.seq_len:,}" in guide, name
+        assert f"{steps * t.global_batch_size * t.seq_len:,}" in guide, name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,7 +440,7 @@ def map_block(text: str, sandbox: Path, data_url: str, recipes: dict[str, Path])
             line = re.sub(r"(?<![\w.:/-])(%s)(?![\w.:-])" % "|".join(SIZES), lambda m: SIZES[m.group(1)], line)
             line = line.replace("--tasks fast", f"--tasks {TINY_TASK} --limit 8")
             line = line.replace("CUDA_VISIBLE_DEVICES=0,1,2,3",
-                                "XLA_FLAGS=--xla_force_host_platform_device_count=2")
+                                f"XLA_FLAGS={shlex.quote(xla_flags(2))}")
             line = line.replace("v5p:4x4x4", "v5p:2x2x1")
         out.append(line)
     return "\n".join(out) + "\n"
@@ -503,7 +516,7 @@ def sandbox_env(sandbox: Path) -> dict:
     env.update(
         PATH=f"{sandbox / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         PYTHONPATH=str(REPO / "src"),
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",   # one "node"
+        XLA_FLAGS=xla_flags(4),   # one "node"
         JAX_PLATFORMS="cpu",
         OLMAX_CACHE=str(sandbox / "cache"),
         JAX_COMPILATION_CACHE_DIR=str(sandbox / "jax-cache"),

@@ -30,7 +30,10 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--rows", type=int, default=256)
     a = ap.parse_args()
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={a.devices}"
+    # the run's XLA flags (its compile level) with this worker's device count
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+            if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join([*kept, f"--xla_force_host_platform_device_count={a.devices}"])
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

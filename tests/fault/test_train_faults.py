@@ -23,7 +23,8 @@ import pytest
 from helpers.trainrun import STEPS
 from helpers.trainrun import checkpoint_steps, log_path, metrics, series, start, train, wait_for_step
 
-pytestmark = pytest.mark.slow
+# Each test a unit of work of its own on 2 workers (they share only the reference run, made once).
+pytestmark = [pytest.mark.slow, pytest.mark.own_unit]
 
 
 def assert_exact(run_dir, reference, steps=range(1, STEPS + 1)):

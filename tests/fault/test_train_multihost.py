@@ -16,9 +16,8 @@ from helpers.trainrun import check_against, checkpoint_steps, eval_metrics, trai
 pytestmark = pytest.mark.slow
 
 
-def test_two_processes_match_one(reference_run, tmp_path):
-    d = tmp_path / "run"
-    train_multiprocess(d, [f"train.max_steps={STEPS}", "checkpoint.interval=4"])
+def test_two_processes_match_one(reference_run, two_process_run):
+    d = two_process_run       # (shared with the bucket run's 2-process test)
     diffs = check_against(reference_run, d, STEPS)
     print("2x4 vs 1x8 loss differences:", diffs)
     ref_eval, got_eval = eval_metrics(reference_run), eval_metrics(d)

@@ -202,3 +202,30 @@ def olmax_tree(sd: dict[str, np.ndarray], cfg: ModelConfig) -> dict:
             node = node.setdefault(part, {})
         node[path[-1]] = np.stack(arrays) if path[0] == "layers" else arrays[0]
     return tree
+
+
+def merge_core_checkpoints(folders) -> dict:
+    """OLMo-core's merge of ``model_and_optim/`` folders (the ``merge_checkpoints`` of its script
+    ``src/scripts/merge_core_checkpoints.py``, reimplemented with the ai2-olmo-core functions it
+    calls: the script lives in OLMo-core's repository, not in the package): every tensor key, an
+    fp32 accumulator of zeros to which each folder's tensor times ``1 / N`` is added in input order.
+    ``{key: torch tensor}`` of the tensors only: what is not a tensor is the first folder's."""
+    import torch
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_state_dict
+    from torch.distributed.checkpoint import TensorStorageMetadata
+
+    folders = [str(f) for f in folders]
+    metas = [get_checkpoint_metadata(f) for f in folders]
+    assert all(set(m.state_dict_metadata) == set(metas[0].state_dict_metadata) for m in metas)
+    merged: dict = {}
+    for path, meta in zip(folders, metas):
+        keys = [(k, m) for k, m in meta.state_dict_metadata.items()
+                if isinstance(m, TensorStorageMetadata)]
+        batch = {}
+        for k, m in keys:
+            merged.setdefault(k, torch.zeros(m.size))
+            batch[k] = torch.empty_like(merged[k])
+        load_state_dict(path, batch)
+        for k, _ in keys:
+            merged[k].add_(batch[k], alpha=1 / len(folders))
+    return merged

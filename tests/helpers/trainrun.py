@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from helpers.xla import xla_flags
+
 RECIPE = "olmo3_tiny"
 STEPS = 8                       # steps of the reference run the fault tests compare against
 # Smaller than olmo3-tiny where it costs nothing in coverage: a step takes well under a second on
@@ -23,7 +25,7 @@ SMALL = ["model.d_model=32", "model.mlp_hidden=64", "train.seq_len=32", "train.g
 
 def env_for(devices: int) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags(devices)
     env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
     env["JAX_PLATFORMS"] = "cpu"
     if os.environ.get("OLMAX_FAULT_JAX_CACHE"):  # compiled steps shared by the runs of a session
@@ -43,13 +45,14 @@ def log_path(run_dir: Path) -> Path:
     return Path(run_dir).parent / f"{Path(run_dir).name}.log"
 
 
-def start(run_dir: Path, overrides: list[str], devices: int = 8) -> subprocess.Popen:
+def start(run_dir: Path, overrides: list[str], devices: int = 8,
+          extra_env: dict | None = None) -> subprocess.Popen:
     """``olmax train`` in the background; its output is appended to :func:`log_path` (a file, so
     that a process nobody reads from never blocks on a full pipe)."""
     Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path(run_dir), "a") as log:
-        return subprocess.Popen(command(run_dir, overrides), env=env_for(devices), stdout=log,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(command(run_dir, overrides), env={**env_for(devices), **(extra_env or {})},
+                                stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
 def train(run_dir: Path, overrides: list[str], devices: int = 8, timeout: float = 900,
@@ -68,12 +71,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_multiprocess(run_dir: Path, overrides: list[str], processes: int = 2,
-                       devices_per_process: int = 4, timeout: float = 900) -> list[str]:
-    """``olmax train`` as ``processes`` jax.distributed processes on localhost; their outputs."""
+def train_multiprocess(run_dir: Path | str, overrides: list[str], processes: int = 2,
+                       devices_per_process: int = 4, timeout: float = 900,
+                       log_dir: Path | None = None) -> list[str]:
+    """``olmax train`` as ``processes`` jax.distributed processes on localhost; their outputs.
+
+    Their logs go beside ``run_dir`` (``log_dir`` instead: a run directory in a bucket)."""
     coord = f"localhost:{free_port()}"
-    Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
-    logs = [Path(run_dir).parent / f"{Path(run_dir).name}.process{i}.log" for i in range(processes)]
+    name = str(run_dir).rstrip("/").rsplit("/", 1)[-1]
+    log_dir = Path(log_dir) if log_dir is not None else Path(run_dir).parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    logs = [log_dir / f"{name}.process{i}.log" for i in range(processes)]
     procs = []
     for i, log in enumerate(logs):
         with open(log, "a") as f:

@@ -163,3 +163,53 @@ def test_blocks_read_in_pieces(exported, monkeypatch):
         index = (slice(1, 2), slice(4, 20), slice(0, 9))
         np.testing.assert_array_equal(tree["layers"]["q_proj"].read(index),
                                       want["layers"]["q_proj"][index])
+
+
+def _leaf_paths(d, prefix=()):
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from _leaf_paths(v, prefix + (k,))
+        else:
+            yield prefix + (k,)
+
+
+def _oc_config_with_yarn():
+    from olmax.config import YarnConfig
+    from olmax.interop.olmo_core.convert import olmo_core_config
+
+    cfg = CFG.replace(rope_scaling=YarnConfig(factor=8.0, original_max_position_embeddings=64))
+    return cfg, olmo_core_config(cfg, None)
+
+
+OC_BOUNDARY = [0, -1, 0.5, float("nan"), float("inf"), 10**30, "", "8", None, True, [], {}]
+
+
+@pytest.mark.parametrize("path", sorted(".".join(p) for p in _leaf_paths(_oc_config_with_yarn()[1])))
+def test_every_olmo_core_config_key_imports_cleanly_or_is_refused_in_one_line(path):
+    """``config.json`` of an OLMo-core checkpoint is checked by the rules a recipe's values are: a
+    boundary value either imports into a ModelConfig that passed them or is one OlmaxError line
+    naming the file, never another exception and never a silent truncation (0.5 layers)."""
+    import copy
+
+    from olmax.errors import OlmaxError
+    from olmax.interop.olmo_core.checkpoint import model_config_from_olmo_core
+
+    cfg, base = _oc_config_with_yarn()
+    imported = model_config_from_olmo_core(base, "config.json")
+    assert imported == cfg.replace(max_seq_len=imported.max_seq_len)   # config.json has no length
+    keys = path.split(".")
+    for value in OC_BOUNDARY:
+        config = copy.deepcopy(base)
+        node = config
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+        try:
+            got = model_config_from_olmo_core(config, "config.json")
+        except OlmaxError as e:
+            assert "\n" not in str(e) and str(e).startswith("config.json: "), (path, value, e)
+            continue
+        if isinstance(value, float) and not value.is_integer():
+            for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
+                         "vocab_size", "padded_vocab_size"):
+                assert getattr(got, name) == getattr(cfg, name), (path, value, name)

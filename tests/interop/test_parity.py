@@ -2,7 +2,8 @@
 
 Every case runs at least twice the sliding window, so windowed attention is exercised. fp32:
 KL_max <= 1e-9 and 100 % top-1 agreement, on every platform profile's code path (``cpu``,
-``tpu`` with splash in Pallas interpret mode, ``gpu`` with cuDNN's fallback; ``olmax.platforms``).
+``tpu`` with splash in Pallas interpret mode, ``gpu`` with cuDNN's fallback, ``rocm``;
+``olmax.platforms``).
 bf16: KL_mean <= 1.5e-3 (the seed's figure for the 7B at 8192 tokens); the measured noise floor
 is printed (``pytest -s``).
 """
@@ -29,6 +30,12 @@ CASES = {
     "yarn-on-full-layers": (dict(window=8, yarn={"factor": 4.0,
                                                  "original_max_position_embeddings": 32},
                                  max_pos=128), 64, 1),
+    # OLMo 3 32B's ratios (d_model 5120 = 40 heads x 128 over 8 key heads, MLP 27648 = 5.4 x
+    # d_model, windows [W, W, W, full] ending on a full layer) at width 160: five query heads per
+    # key head, QK-norm over the whole 160- and 32-wide projections. head_dim 16 rather than 128:
+    # no code path branches on it, and at 128 the 32B's ratios make a 120M-parameter model.
+    "gqa5-32b-ratios": (dict(hidden=160, inter=864, heads=10, kv_heads=2, head_dim=16, window=8),
+                        16, 1),
 }
 
 
@@ -40,8 +47,14 @@ def hf_dirs(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("profile,attn", [("cpu", "chunked"), ("tpu", "splash"), ("gpu", "cudnn")])
-@pytest.mark.parametrize("case", sorted(CASES))
+PROFILE_CELLS = [("cpu", "chunked"), ("tpu", "splash"), ("gpu", "cudnn")]
+# rocm computes on a CPU the program gpu does (cuDNN's fallback there is rocm's chunked attention):
+# one case proves its path.
+FP32_CELLS = [(c, p, a) for c in sorted(CASES) for p, a in PROFILE_CELLS] + [
+    ("gqa5-32b-ratios", "rocm", "chunked")]
+
+
+@pytest.mark.parametrize("case,profile,attn", FP32_CELLS)
 def test_fp32_parity(hf_dirs, case, profile, attn):
     kw, seq_len, batch = CASES[case]
     r = run_parity(hf_dirs / case, seq_len=seq_len, batch=batch, dtype="float32", seed=1,

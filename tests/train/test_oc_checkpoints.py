@@ -11,7 +11,10 @@ optimizer state flattened, as the trainer saves it; ``train/rank0.pt``; ``.metad
 - warm start: both restart the schedule at step 1 with Adam's state carried;
 - export: olmax's state after those M steps, written by ``olmax convert olmax-to-olmo-core`` and
   loaded strictly by OLMo-core, trains on as olmax's own state does;
-- round trip: OLMo-core -> olmax -> OLMo-core gives every weight, moment and step bit for bit.
+- round trip: OLMo-core -> olmax -> OLMo-core gives every weight, moment and step bit for bit;
+- soup: two olmax runs from one init on different data, ``olmax merge``d, and training continued
+  from the soup; OLMo-core merges the same two checkpoints (in its layout) as its merge script does
+  and continues on the same batches.
 
 Each compared step: loss within 1e-5 relative, grad norm within 1e-4, the same skipped steps.
 """
@@ -26,14 +29,16 @@ import pytest
 
 from helpers import olmo_core as ref
 from helpers.reference import require
-from olmax.checkpoint.checkpointer import abstract_tree, open_step_dir
+from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree, open_step_dir
 from olmax.checkpoint.weights import load_meta, save_train_state
-from olmax.config import TrainConfig
+from olmax.cli import main
+from olmax.config import CheckpointConfig, InitConfig, RunConfig, TrainConfig, to_dict
 from olmax.interop.olmo_core.convert import convert_olmax_to_olmo_core, convert_olmo_core_to_olmax
 from olmax.interop.olmo_core.dcp import DcpReader, Files
 from olmax.model.params import init_params
 from olmax.train.optim import skip_step_adamw
 from olmax.train.schedules import build_schedule
+from olmax.train.start import start_state
 from olmax.train.state import init_train_state
 from olmax.train.step import make_train_step
 
@@ -207,6 +212,72 @@ def test_round_trip_is_bit_identical(run, tmp_path):
         assert torch.equal(p, q), name
         for k in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(o1.state[p][k], o2.state[q][k]), (name, k)
+
+
+@pytest.mark.slow
+@pytest.mark.reference
+def test_soup_continues_as_olmo_cores(tmp_path):
+    """OLMo 3 32B's stage 2 -> 3 in small: two ingredient runs of 2 steps from one init on
+    different batches, each checkpointed; ``olmax merge`` of the two; then 12 steps from the soup
+    with its Adam state and a new schedule (``init.checkpoint=SOUP init.load_optimizer=true``,
+    through the trainer's ``start_state``). OLMo-core: the two checkpoints in its layout
+    (``olmax convert olmax-to-olmo-core``) averaged as ``merge_core_checkpoints.py`` averages them,
+    the average saved and loaded as its trainer loads a checkpoint, then its optimizer's steps on
+    the same batches. Every step as in ``_same_steps``: loss within 1e-5 relative, grad norm within
+    1e-4, the same skipped steps (the skip rule runs from the soup's 8th step)."""
+    from olmo_core.distributed.checkpoint import save_model_and_optim_state
+
+    batches = ref.make_batches()
+    after = batches[8:20]                        # the spike (step 20) is the soup's 12th step
+    params = init_params(ref.CFG, jax.random.key(3))
+    tx = skip_step_adamw(ref.OPT)
+    train_meta = {"optim": to_dict(ref.OPT), "data_position": 2, "seed": SEED,
+                  "config": {"train": {"global_batch_size": ref.B, "seq_len": ref.T}}}
+    # Committed to the device, as the restored soup is: one compilation of the step serves both
+    init = jax.device_put(init_train_state(params, tx), jax.devices()[0])
+    ingredients = []
+    for name, data in (("a", batches[:2]), ("b", batches[2:4])):
+        state, _ = _olmax_steps(init, data, first_step=1)
+        host = jax.tree.map(np.asarray, state)
+        ingredients.append(save_train_state(tmp_path / name, 2, host.params, host.opt_state, ref.CFG,
+                                            extra_meta=train_meta))
+    soup = tmp_path / "soup"
+    assert main(["merge", *map(str, ingredients), "--out", str(soup)]) == 0
+
+    cfg = RunConfig(model=ref.CFG, optim=ref.OPT,
+                    train=TrainConfig(seq_len=ref.T, global_batch_size=ref.B, max_steps=12),
+                    init=InitConfig(checkpoint=str(soup), load_optimizer=True))
+    fresh = lambda p: init_train_state(params if p is None else p, tx)  # noqa: E731
+    start = start_state(cfg, Checkpointer(tmp_path / "run" / "checkpoints", CheckpointConfig()),
+                        abstract_tree(fresh(None)), fresh)
+    assert start.step == 0 and start.origin["load_optimizer"]
+    assert int(start.state.opt_state.inner[0].count) == 2
+    _, ours = _olmax_steps(start.state, after, first_step=1)
+
+    folders = []
+    for src in ingredients:
+        out = tmp_path / f"oc-{src.name}"
+        assert main(["convert", "olmax-to-olmo-core", str(src), str(out)]) == 0
+        folders.append(out / "model_and_optim")
+    merged = ref.merge_core_checkpoints(folders)
+    # The script's output: a model (and optimizer) of the first checkpoint holding the averages
+    model, opt = _oc_load(folders[0])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(merged[f"model.{name}"])
+            for k in ("exp_avg", "exp_avg_sq", "step"):
+                opt.state[p][k].copy_(merged[f"optim.state.{name}.{k}"])
+    save_model_and_optim_state(tmp_path / "oc-soup", model, opt, flatten_optimizer_state=True)
+    model, opt = _oc_load(tmp_path / "oc-soup")
+    assert {float(s["step"]) for s in opt.state.values()} == {2.0}
+    theirs = ref.oc_steps(model, opt, after, first_step=1)
+    print(f"\nsoup, {len(after)} steps: losses {[round(x, 4) for x in theirs[0]]}, max relative "
+          f"difference {max(abs(a / b - 1) for a, b in zip(ours[0], theirs[0])):.2e}, skipped "
+          f"{[i + 1 for i, x in enumerate(theirs[1]) if x]}")
+    _same_steps(ours, theirs)
+    # Negative control: OLMo-core from the first ingredient alone is another run
+    alone = ref.oc_steps(*_oc_load(folders[0]), after[:1], first_step=1)
+    assert abs(alone[0][0] / theirs[0][0] - 1) > 1e-4
 
 
 def test_float8_weight_wrapper_reads_as_its_plain_tensor(tmp_path):

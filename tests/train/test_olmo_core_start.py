@@ -66,11 +66,14 @@ def test_bad_starts_are_one_line(exported, tmp_path, capsys, token_files):
     _fails(capsys, base + ["--run-dir", str(tmp_path / "b"), "init.load_trainer_state=true",
                            f"data.paths=[{paths[0]}]"], "fingerprint mismatch")
     _fails(capsys, base + ["--run-dir", str(tmp_path / "c"), "model.d_model=32"], "d_model")
+    _fails(capsys, base + ["--run-dir", str(tmp_path / "e"), "init.load_trainer_state=true",
+                           "init.load_optimizer=true", "optim.step_increment_bugfix=false"],
+           "needs optim.step_increment_bugfix=true")
     weights = tmp_path / "weights"
     assert main(["convert", "olmax-to-olmo-core", str(folder.parent / "run"), str(weights),
                  "--weights-only"]) == 0
     _fails(capsys, ["train", str(recipe), "--quiet", "train.max_steps=3",
                     f"init.checkpoint={weights}", "--run-dir", str(tmp_path / "d"),
                     "init.load_optimizer=true"], "no optimizer state")
-    for name in "abcd":
+    for name in "abcde":
         assert not (tmp_path / name / "metrics.jsonl").exists()

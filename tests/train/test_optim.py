@@ -22,7 +22,7 @@ oc_adamw = require("olmo_core.optim.adamw")
 SHAPES = {"embed": (11, 6), "layers": {"w": (6, 5), "norm": (5,)}, "lm_head": (6, 11)}
 
 
-def _oc_run(params0, grads_seq, losses, lrs, cfg: OptimConfig):
+def _oc_run(params0, grads_seq, losses, lrs, cfg: OptimConfig, step0_save: bool = False):
     names, tensors = [], []
     for path, v in jax.tree_util.tree_flatten_with_path(params0)[0]:
         names.append(jax.tree_util.keystr(path))
@@ -33,7 +33,12 @@ def _oc_run(params0, grads_seq, losses, lrs, cfg: OptimConfig):
     opt = oc_adamw.SkipStepAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                  weight_decay=cfg.weight_decay,
                                  rolling_interval_length=cfg.rolling_interval_length,
-                                 sigma_factor=cfg.sigma_factor, foreach=True)
+                                 sigma_factor=cfg.sigma_factor, foreach=True,
+                                 step_increment_bugfix=cfg.step_increment_bugfix)
+    if step0_save:   # what saving OLMo-core's step-0 checkpoint does to the optimizer
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+        _init_optim_state(opt)
     out, skipped = [], []
     for grads, loss, lr in zip(grads_seq, losses, lrs):
         for t, g in zip(tensors, jax.tree.leaves(grads)):
@@ -97,6 +102,28 @@ def test_adamw_updates_match_olmo_core(grad_scale):
     np.testing.assert_array_equal(ours0[0][0], np.asarray(params0["embed"]))
     np.testing.assert_allclose(ours0[0][1], np.asarray(params0["layers"]["norm"]) * (1 - 1e-2 * 0.5),
                                rtol=1e-6)
+
+
+@pytest.mark.parametrize("step0_save, initial, bugfix", [(True, 1, True), (False, 0, False),
+                                                        (True, 0, False)])
+def test_adams_count_as_olmo_cores(step0_save, initial, bugfix):
+    """``optim.initial_adam_count=1`` is OLMo-core's optimizer after its checkpointer saved step 0
+    (torch's ``_init_optim_state``: zero moments, every ``step`` 1); ``step_increment_bugfix=false``
+    is its SkipStepAdamW with the flag off (the count never advances, so a step-0 save leaves it at
+    0). Both change every update (the bias correction): parameters and counts must agree."""
+    cfg = OptimConfig(lr=1e-2, rolling_interval_length=128, initial_adam_count=initial,
+                      step_increment_bugfix=bugfix)
+    params0, grads, losses = _problem(12, seed=2, grad_scale=0.05)
+    lrs = [1e-2] * 12
+    ref, _ = _oc_run(params0, grads, losses, lrs, cfg, step0_save=step0_save)
+    ours, _, state = _ours_run(params0, grads, losses, lrs, cfg)
+    plain, _, _ = _ours_run(params0, grads, losses, lrs, OptimConfig(lr=1e-2))
+    for step, (a, b) in enumerate(zip(ours, ref)):
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-7, err_msg=f"step {step + 1}")
+    assert int(state.inner[0].count) == (initial + 12 if bugfix else initial)
+    moved = max(float(np.max(np.abs(x - y))) for x, y in zip(ours[-1], plain[-1]))
+    assert moved > 1e-4   # the count shows in the trajectory
 
 
 def test_skip_rule_matches_olmo_core():

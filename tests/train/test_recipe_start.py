@@ -1,5 +1,6 @@
 """A recipe states what it starts from (``init.required``): ``olmo3_7b_stage3`` warm-starts from
-stage 2's checkpoint with its optimizer, ``olmo3_7b_stage2`` from stage 1's weights. Without them
+stage 2's checkpoint with its optimizer, ``olmo3_7b_stage2`` from stage 1's weights,
+``olmo3_7b_stage1_part2`` continues part 1's run (its run directory holds part 1's checkpoint). Without them
 ``olmax train`` and ``olmax launch`` refuse in one line naming the key (exit 2) before anything is
 written; ``init.required=none`` is the override for experiments. A run directory whose path is
 not UTF-8 is refused at the same point, before any work."""
@@ -43,6 +44,10 @@ def started(monkeypatch, tmp_path):
      "init.load_optimizer must be true"),
     ("olmo3_7b_stage2", [], "init.checkpoint or init.hf_dir must be set: this recipe "
                             "(init.required=weights) starts from trained weights"),
+    ("olmo3_7b_stage1_part2", [], "--run-dir must hold the checkpoint this recipe continues "
+                                  "(init.required=resume)"),
+    ("olmo3_7b_stage1_part2", ["--run-dir", "part1", "init.checkpoint=ck", "init.load_optimizer=true"],
+     "--run-dir must hold the checkpoint this recipe continues"),
 ])
 def test_train_refuses_a_recipe_without_its_start(capsys, started, tmp_path, recipe, overrides,
                                                   expect):
@@ -50,6 +55,17 @@ def test_train_refuses_a_recipe_without_its_start(capsys, started, tmp_path, rec
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expect in err and "init.required=none" in err, err
     assert not started and not list(tmp_path.iterdir())
+
+
+def test_part2_starts_in_the_run_directory_of_part1(started, tmp_path):
+    """The trainer is replaced (nothing reads the checkpoint): part 1's last step dir is its layout,
+    the params/ and meta/ items a complete step has."""
+    for item in ("params", "meta"):
+        (tmp_path / "part1" / "checkpoints" / "596047" / item).mkdir(parents=True)
+    assert main(["train", "olmo3_7b_stage1_part2", DATA, "--run-dir", "part1"]) == 0
+    assert main(["train", "olmo3_7b_stage1_part2", DATA, "--run-dir", "elsewhere", "init.checkpoint=ck",
+                 "init.load_optimizer=true", "init.load_trainer_state=true"]) == 0
+    assert len(started) == 2 and started[0].init.required == "resume"
 
 
 def test_the_override_lets_an_experiment_start_fresh(capsys, started):

@@ -83,3 +83,46 @@ def test_bad_schedule_is_a_config_error():
     short = build_schedule(SchedulerConfig(name="cos_with_warmup", warmup_steps=10), 1e-3, 5)
     assert [short(c) for c in (1, 5)] == [sched.CosWithWarmup(warmup=10).get_lr(1e-3, c, 5)
                                           for c in (1, 5)]
+
+
+def test_olmo3_32b_stage1_schedule():
+    """AI2's 32B stage 1: CosWithWarmup(warmup_steps=2000) over Duration.epochs(1), whose steps
+    OLMo-core's loader counts as instances // (global batch tokens // sequence length). The epoch's
+    size depends on the data: an epoch of 733,184,700 instances here (716,000 batches of 1024, the
+    last 700 instances dropped; longer than the 679,000 steps AI2's CSV lists), stopped at step
+    656,000, where AI2's stage 2 took the run's checkpoint."""
+    from olmax.train.recipes import load_recipe
+
+    c = load_recipe("olmo3_32b_stage1")
+    instances = 733_184_700
+    batches = instances // (8 * 1024 * 1024 // 8192)
+    assert batches == 716_000
+    train = c.train.resolved(batches_per_epoch=batches)
+    assert (train.max_steps, train.last_step) == (716_000, 656_000)
+    ours = build_schedule(c.scheduler, c.optim.lr, train.max_steps)
+    ref = sched.CosWithWarmup(warmup=2000, alpha_f=0.1)
+    for s in (1, 2, 1999, 2000, 2001, 100_000, 655_999, 656_000, 715_999, 716_000, 716_001):
+        assert ours(s) == ref.get_lr(6e-4, s, 716_000), s
+    assert ours(1) == pytest.approx(3e-7) and ours(716_000) == pytest.approx(6e-5)
+
+
+def test_olmo3_32b_stage2_and_stage3_schedules():
+    """AI2's 32B mid-training and long-context schedules: OLMo-core's LinearWithWarmup over the
+    step count its trainer derives from Duration.tokens(100e9) (ceil(tokens / batch tokens))."""
+    from olmax.train.recipes import load_recipe
+
+    peak = 0.0002071235285
+    for name, batch_tokens, warmup in (("olmo3_32b_stage2_ingredient1", 512 * 8192, 0),
+                                       ("olmo3_32b_stage2_ingredient2", 512 * 8192, 0),
+                                       ("olmo3_32b_stage3", 128 * 65536, 200)):
+        c = load_recipe(name)
+        assert c.train.global_batch_size * c.train.seq_len == batch_tokens
+        t_max = math.ceil(100_000_000_000 / batch_tokens)
+        train = c.train.resolved(batches_per_epoch=1)    # a length in tokens reads no epoch
+        assert c.optim.lr == peak and train.max_steps == train.last_step == t_max
+        ours = build_schedule(c.scheduler, c.optim.lr, train.max_steps)
+        ref = sched.LinearWithWarmup(warmup=warmup, alpha_f=0.0)
+        for s in (1, 2, 199, 200, 201, 1000, t_max // 2, t_max - 1, t_max):
+            assert ours(s) == ref.get_lr(peak, s, t_max), (name, s)
+        assert ours(t_max) == 0.0
+    assert math.ceil(1e11 / (512 * 8192)) == 23842 and math.ceil(1e11 / (128 * 65536)) == 11921

@@ -2,10 +2,12 @@
 
 import hashlib
 import json
+import logging
 import os
 
 import numpy as np
 import pytest
+import yaml
 
 from olmax.cli import main
 from olmax.config import DataConfig
@@ -21,11 +23,19 @@ def _records(run_dir):
         return [json.loads(line) for line in f]
 
 
-def test_train_cli_writes_a_complete_run_dir(token_files, tmp_path, capsys):
+def test_train_cli_writes_a_complete_run_dir(token_files, tmp_path, capsys, caplog):
+    """The run's length is one epoch (``train.max_epochs=1``) over 3000 + 2200 tokens: 93 + 68 =
+    161 instances of 32 tokens, 161 // 8 = 20 steps (the last instance dropped, as OLMo-core's
+    loader drops it), the cosine's horizon; ``train.hard_stop=6`` ends the run at step 6."""
     paths, recipe = token_files
     run_dir = tmp_path / "run"
-    rc = main(["train", str(recipe), "--run-dir", str(run_dir), "train.max_steps=6", "--quiet"])
+    with caplog.at_level(logging.INFO, logger="olmax.train.trainer"):
+        rc = main(["train", str(recipe), "--run-dir", str(run_dir), "train.max_epochs=1",
+                   "train.hard_stop=6"])
     assert rc == 0
+    announced = [r.getMessage() for r in caplog.records if "olmax train:" in r.getMessage()]
+    assert len(announced) == 1 and ("train.max_epochs=1 = 20 steps (20 batches of 8 x 32 per epoch), "
+                                    "hard stop at step 6, steps 1..6") in announced[0], announced
     recs = _records(run_dir)
     assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, 6]
     for r in recs:
@@ -34,10 +44,12 @@ def test_train_cli_writes_a_complete_run_dir(token_files, tmp_path, capsys):
     assert recs[-1]["loss"] < recs[0]["loss"]
     assert [r["tokens"] for r in recs] == [8 * 32 * s for s in range(1, 7)]
 
-    # lr: the OLMo-core schedule at step s (counted from 1)
-    cfg = load_recipe(str(recipe), ["train.max_steps=6"])
-    sched = build_schedule(cfg.scheduler, cfg.optim.lr, 6)
+    # lr: the OLMo-core schedule at step s (counted from 1), over the epoch's 20 steps
+    cfg = load_recipe(str(recipe))
+    sched = build_schedule(cfg.scheduler, cfg.optim.lr, 20)
     assert [r["lr"] for r in recs] == [sched(s) for s in range(1, 7)]
+    # by hand (warmup 2, alpha_f 0.1): peak * (0.1 + 0.9 * (1 + cos(pi * (6 - 2) / 18)) / 2)
+    assert recs[5]["lr"] == pytest.approx(3e-3 * (0.1 + 0.45 * (1 + np.cos(4 * np.pi / 18))), rel=1e-12)
 
     # batch_hash: sha256 of the global batch b = step - 1 as uint32 little-endian
     from olmax.data.loader import build_train_data
@@ -47,8 +59,11 @@ def test_train_cli_writes_a_complete_run_dir(token_files, tmp_path, capsys):
         toks = data.global_batch(r["step"] - 1)["tokens"]
         assert r["batch_hash"] == hashlib.sha256(toks.astype("<u4").tobytes()).hexdigest()
 
-    assert (run_dir / "config.yaml").is_file()
+    # config.yaml: the length as a step count (a config that runs the same schedule again)
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]
+    assert (saved["max_steps"], saved["max_epochs"], saved["hard_stop"]) == (20, None, 6)
     info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["max_steps"] == 20 and info["length"].startswith("train.max_epochs=1 = 20 steps")
     assert info["olmax_version"] and "git_revision" in info
     assert info["attn_impl"] == "xla"   # the implementation the step ran (``auto`` resolved)
     assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tb").iterdir())

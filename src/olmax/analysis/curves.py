@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from olmax import store
 from olmax.config.load import shown
 from olmax.errors import OlmaxError
 from olmax.io import read_text, write_bytes_atomic
@@ -49,8 +50,20 @@ class Curve:
     source: str
 
 
-def metrics_file(path: Path) -> Path:
-    """The metrics file a source names: a run directory's ``metrics.jsonl``, else the file."""
+def metrics_file(path: Any) -> Any:
+    """The metrics file a source names: a run directory's ``metrics.jsonl``, else the file. A
+    bucket run directory (``s3://``, ``gs://``) names its metrics segments' prefix (a str)."""
+    if store.is_bucket(str(path)):
+        url = store.bucket_path(str(path), "run directory")
+        if url.endswith((".jsonl", ".csv")):
+            if store.stat(url) is None:
+                raise OlmaxError(f"metrics file not found: {url}")
+            return url
+        prefix = store.join(url, "metrics")
+        if not store.segment_names(prefix):
+            raise OlmaxError(f"{url}: run directory has no metrics (no {prefix}/NNNNNN.jsonl)")
+        return prefix
+    path = Path(path)
     if path.is_dir():
         f = path / "metrics.jsonl"
         if not f.is_file():
@@ -67,11 +80,16 @@ def read_rows(path: str | os.PathLike, columns: Mapping[str, str] | None = None,
     ``lines``, when given, receives each row's line number. A JSONL line that is not a JSON
     object, or a CSV row whose fields do not match the header, is an OlmaxError naming its line
     (a UTF-8 byte-order mark is skipped)."""
-    f = metrics_file(Path(path))
+    f = metrics_file(path)
     rename = {theirs: ours for ours, theirs in (columns or {}).items()}
     rows: list[dict[str, Any]] = []
-    text = read_text(f).removeprefix("\ufeff")
-    if f.suffix == ".csv":
+    if store.is_bucket(f):
+        text = (store.read_segments(f) if not f.endswith((".jsonl", ".csv")) else
+                (store.read(f) or b"").decode("utf-8", errors="replace"))
+    else:
+        text = read_text(f)
+    text = text.removeprefix("\ufeff")
+    if str(f).endswith(".csv"):
         with io.StringIO(text, newline="") as fh:
             reader = csv.DictReader(fh)
             header = reader.fieldnames or []
@@ -142,13 +160,13 @@ def load_curve(path: str | os.PathLike, metric: str = "loss", x: str = "step", *
         xv, yv = r.get(x), _non_finite_word(r.get(metric))
         for key, v in ((x, xv), (metric, yv)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise OlmaxError(f"{metrics_file(Path(path))}: line {line}: {key} {shown(v)} is not "
+                raise OlmaxError(f"{metrics_file(path)}: line {line}: {key} {shown(v)} is not "
                                  f"a number")
             if isinstance(v, int) and abs(v) > sys.float_info.max:
-                raise OlmaxError(f"{metrics_file(Path(path))}: line {line}: {key} {shown(v)} is "
+                raise OlmaxError(f"{metrics_file(path)}: line {line}: {key} {shown(v)} is "
                                  f"beyond the range of a float")
         if xv is not None and not math.isfinite(xv):
-            raise OlmaxError(f"{metrics_file(Path(path))}: line {line}: {x} {xv} is not finite")
+            raise OlmaxError(f"{metrics_file(path)}: line {line}: {x} {xv} is not finite")
         if xv is not None and yv is not None:
             points[float(xv)] = float(yv)
     if not points:
@@ -156,7 +174,8 @@ def load_curve(path: str | os.PathLike, metric: str = "loss", x: str = "step", *
     xs = np.array(sorted(points))
     p = Path(path)
     default = p.stem if p.is_file() and p.stem != "metrics" else (p.parent.name if p.is_file() else p.name)
-    return Curve(name or default, xs, np.array([points[v] for v in xs]), str(path))
+    # the name is for people (printed, plotted): a byte that is not UTF-8 shows as U+FFFD
+    return Curve(_display(name or default), xs, np.array([points[v] for v in xs]), str(path))
 
 
 def ema(y: np.ndarray, alpha: float | None) -> np.ndarray:
@@ -256,6 +275,12 @@ def _figure_bytes(fig) -> bytes:
     return buf.getvalue()
 
 
+def _display(name: str) -> str:
+    """A run's name as a plot can draw it: a name that is not UTF-8 (a folder's bytes, held by
+    Python as lone surrogates) with each such byte shown as U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def plot_comparison(curves: Sequence[Curve], summary: Mapping[str, Any], out: str | os.PathLike, *,
                     metric: str = "loss", x: str = "step", smooth: float | None = None,
                     overwrite: bool = False) -> Path:
@@ -269,9 +294,9 @@ def plot_comparison(curves: Sequence[Curve], summary: Mapping[str, Any], out: st
     for c in curves:
         line, = top.plot(c.x, c.y, lw=0.8, alpha=0.35 if smooth else 1.0)
         if smooth:
-            top.plot(c.x, ema(c.y, smooth), lw=1.4, color=line.get_color(), label=c.name)
+            top.plot(c.x, ema(c.y, smooth), lw=1.4, color=line.get_color(), label=_display(c.name))
         else:
-            line.set_label(c.name)
+            line.set_label(_display(c.name))
     top.set_ylabel(metric)
     top.legend(loc="upper right", fontsize=8)
     top.grid(alpha=0.3)
@@ -281,7 +306,7 @@ def plot_comparison(curves: Sequence[Curve], summary: Mapping[str, Any], out: st
         a, b = ema(a, smooth), ema(b, smooth)
         with np.errstate(divide="ignore", invalid="ignore"):
             diff = (b - a) / np.abs(a) if comp["threshold"]["relative"] else b - a
-        line, = bot.plot(xa, diff, lw=1.0, label=f"{c.name} - {curves[0].name}")
+        line, = bot.plot(xa, diff, lw=1.0, label=_display(f"{c.name} - {curves[0].name}"))
         if comp["first_divergence"] is not None:
             bot.axvline(comp["first_divergence"], color=line.get_color(), ls=":", lw=1)
             top.axvline(comp["first_divergence"], color=line.get_color(), ls=":", lw=1)
@@ -367,7 +392,7 @@ def write_dashboard(run_dir: str | os.PathLike, out: str | os.PathLike | None = 
         ax.set_xlabel("step")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(str(Path(run_dir).name), fontsize=11)
+    fig.suptitle(str(run_dir).rstrip("/").rsplit("/", 1)[-1], fontsize=11)
     data = _figure_bytes(fig)
     plt.close(fig)
-    return write_bytes_atomic(out or Path(run_dir) / "dashboard.png", data)
+    return store.write_bytes(out or store.join(run_dir, "dashboard.png"), data)

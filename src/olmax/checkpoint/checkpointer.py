@@ -39,11 +39,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from olmax.checkpoint.format import (ARRAY_ITEMS, META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, STEP_RE,
+from olmax import store
+from olmax.checkpoint import buckets
+from olmax.checkpoint.format import (ARRAY_ITEMS, CHECKPOINT_LIBRARY, META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, STEP_RE,
                                      TMP_RE, NewerFormat, check_meta, resolve_step_dir, stamp_meta)
 from olmax.config import CheckpointConfig
 from olmax.errors import OlmaxError, RestartableError
-from olmax.io import storage_errno
+from olmax.io import require_utf8_name, storage_errno
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +134,19 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, ckpt_cfg: CheckpointConfig | None = None, *,
                  read_only: bool = False, report: Report | None = None) -> None:
         self.cfg = ckpt_cfg or CheckpointConfig()
-        self.directory = Path(directory).absolute()
+        self.remote = store.is_bucket(str(directory))
+        self.directory: Any = (store.bucket_path(str(directory), "checkpoint directory")
+                               if self.remote else Path(directory).absolute())
+        if not self.remote:
+            require_utf8_name(self.directory, "checkpoint directory", CHECKPOINT_LIBRARY)
         self.report = report or _report
         self.read_only = read_only
         self.incomplete: list[str] = []   # interrupted saves found (and removed) when opening
         self.corrupt: list[str] = []      # checkpoints found unreadable by restore_latest
         if read_only:
-            if not self.directory.is_dir():
+            found = (store.listdir(str(self.directory)) if self.remote
+                     else Path(self.directory).is_dir())
+            if not found:
                 raise OlmaxError(f"checkpoint directory not found: {self.directory}")
         else:
             self._check_writable()
@@ -149,6 +157,10 @@ class Checkpointer:
     # -- setup -------------------------------------------------------------------------------
 
     def _check_writable(self) -> None:
+        if self.remote:
+            if jax.process_index() == 0:
+                store.check_bucket(self.directory, "checkpoint directory")
+            return
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             if jax.process_index() == 0:
@@ -159,6 +171,9 @@ class Checkpointer:
                              f"{e.strerror or e}") from None
 
     def _scan_incomplete(self) -> None:
+        if self.remote:
+            self._scan_uncommitted()
+            return
         names = sorted(p.name for p in self.directory.iterdir() if TMP_RE.match(p.name))
         self.incomplete = names
         for name in names:
@@ -168,8 +183,22 @@ class Checkpointer:
                 shutil.rmtree(self.directory / name, ignore_errors=True)
         _sync("olmax-checkpoint-scan")
 
+    def _scan_uncommitted(self) -> None:
+        """In a bucket: steps without their commit file (an interrupted save) are reported and
+        removed (:mod:`olmax.checkpoint.buckets`)."""
+        names = [n for n in store.listdir(self.directory) if STEP_RE.match(n)
+                 and not buckets.committed(self.step_dir(int(n)))]
+        self.incomplete = names
+        for name in names:
+            self.report(f"ignoring incomplete checkpoint {self.step_dir(int(name))} "
+                        "(an interrupted save: no commit file); removing it")
+            if jax.process_index() == 0:
+                store.delete_tree(self.step_dir(int(name)))
+        _sync("olmax-checkpoint-scan")
+
     def _manager(self) -> ocp.CheckpointManager:
         ro = self.read_only     # (orbax warns about every save setting a reader passes)
+        extra = {"atomicity_options": buckets.atomicity()} if self.remote else {}
         opts = ocp.CheckpointManagerOptions(
             max_to_keep=None if ro else self.cfg.keep,
             keep_period=None if ro else self.cfg.permanent_interval,
@@ -178,11 +207,13 @@ class Checkpointer:
             cleanup_tmp_directories=not ro,
             read_only=ro,
             create=not ro,
+            **extra,
         )
         handlers = {PARAMS_ITEM: ocp.StandardCheckpointHandler(),
                     OPT_STATE_ITEM: ocp.StandardCheckpointHandler(),
                     META_ITEM: ocp.JsonCheckpointHandler()}
-        return ocp.CheckpointManager(self.directory, options=opts, item_handlers=handlers)
+        where = buckets.orbax_path(self.directory) if self.remote else self.directory
+        return ocp.CheckpointManager(where, options=opts, item_handlers=handlers)
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -195,8 +226,9 @@ class Checkpointer:
         flight); not checked for corruption, see ``restore_latest``."""
         return self._mgr.latest_step()
 
-    def step_dir(self, step: int) -> Path:
-        return self.directory / str(step)
+    def step_dir(self, step: int) -> Any:
+        """A step's directory: a Path, or a bucket path (str)."""
+        return store.join(self.directory, str(step))
 
     def should_save(self, step: int) -> bool:
         return step % self.cfg.interval == 0
@@ -222,52 +254,59 @@ class Checkpointer:
             OPT_STATE_ITEM: ocp.args.StandardSave(_get(state, OPT_STATE_ITEM)),
             META_ITEM: ocp.args.JsonSave(meta),
         })
-        try:    # the previous save first (Orbax waits for it anyway): its error is its own step's
-            self._mgr.wait_until_finished()
-        except Exception as e:
-            raise self._save_error(self._started, e) from None
+        # the previous save first (Orbax waits for it anyway): its error is its own step's
+        self._saving(self._started, self._mgr.wait_until_finished)
         self._raise_pending()
         self._started = int(step)
-        try:
-            self._mgr.save(step, args=args, force=True)
-        except Exception as e:  # an OSError, or one wrapped by Orbax/TensorStore
-            raise self._save_error(step, e) from None
+        self._saving(step, lambda: self._mgr.save(step, args=args, force=True))
         return True
+
+    def _saving(self, step: int | None, call: Callable[[], Any]) -> Any:
+        """``call()``, a part of a save; its error (an OSError, or one wrapped by Orbax or
+        TensorStore) as the save's one line, made once that error is handled: the listing of
+        what is kept then fails (if it does) on its own, not chained to the save's error."""
+        try:
+            return call()
+        except Exception as e:
+            error = e
+        raise self._save_error(step, error) from None
 
     def _save_error(self, step: int | None, e: BaseException) -> OlmaxError:
         try:
-            kept = sorted(int(p.name) for p in self.directory.iterdir() if STEP_RE.match(p.name))
-        except OSError:
-            kept = []
+            kept = sorted(int(n) for n in self._names() if STEP_RE.match(n))
+            intact = f"previous checkpoints intact: {kept or 'none'}"
+        except (OSError, OlmaxError):   # a store that is gone cannot be listed either
+            intact = "previous checkpoints not listed (the store did not answer)"
         what = f"at step {step} " if step is not None else ""
+        if self.remote:     # a store that cannot be reached (after TensorStore's retries): 75
+            final = store.final_error(str(self.directory), e)
+            cls = OlmaxError if final is not None else RestartableError
+            return cls(f"checkpoint save {what}to {self.directory} failed "
+                       f"({_short(e) if final is None else final}); {intact}")
         code = storage_errno(e)
         if code is not None:    # the storage's trouble (a full disk, read-only): a restart can help
             return RestartableError(f"checkpoint save {what}to {self.directory} failed: "
-                                    f"{os.strerror(code)}; previous checkpoints intact: "
-                                    f"{kept or 'none'}")
+                                    f"{os.strerror(code)}; {intact}")
         return OlmaxError(f"checkpoint save {what}to {self.directory} failed ({_short(e)}); "
-                          f"previous checkpoints intact: {kept or 'none'}")
+                          f"{intact}")
+
+    def _names(self) -> list[str]:
+        if self.remote:
+            return [n for n in store.listdir(self.directory)
+                    if not STEP_RE.match(n) or buckets.committed(self.step_dir(int(n)))]
+        return [p.name for p in self.directory.iterdir()]
 
     def _raise_pending(self) -> None:
         """The error of the last save started, which ran in the background, if it failed."""
-        try:
-            self._mgr.check_for_errors()
-        except Exception as e:
-            raise self._save_error(self._started, e) from None
+        self._saving(self._started, self._mgr.check_for_errors)
 
     def wait(self) -> None:
         """Block until the pending async save (if any) is committed; raise OlmaxError if it failed."""
-        try:
-            self._mgr.wait_until_finished()
-        except Exception as e:
-            raise self._save_error(self._started, e) from None
+        self._saving(self._started, self._mgr.wait_until_finished)
         self._raise_pending()
 
     def close(self) -> None:
-        try:
-            self._mgr.close()
-        except Exception as e:
-            raise self._save_error(None, e) from None
+        self._saving(None, self._mgr.close)
 
     # -- restore -----------------------------------------------------------------------------
 
@@ -332,14 +371,18 @@ class Checkpointer:
 
     def _quarantine(self, step: int, why: str) -> None:
         src = self.step_dir(step)
-        dst = self.directory / f"{step}.corrupt"
-        if dst.exists():
-            dst = self.directory / f"{step}.corrupt-{int(time.time())}"
-        self.report(f"checkpoint {src} is corrupt ({why}); moved to {dst.name}, "
+        dst = store.join(self.directory, f"{step}.corrupt")
+        if store.exists(store.join(dst, META_ITEM) if self.remote else dst):
+            dst = store.join(self.directory, f"{step}.corrupt-{int(time.time())}")
+        name = str(dst).rsplit("/", 1)[-1]
+        self.report(f"checkpoint {src} is corrupt ({why}); moved to {name}, "
                     "using the previous one")
         self.corrupt.append(str(src))
         if jax.process_index() == 0:
-            os.replace(src, dst)
+            if self.remote:
+                store.move_tree(src, dst)
+            else:
+                os.replace(src, dst)
         _sync(f"olmax-quarantine-{step}")
         self._mgr.reload()
 
@@ -352,6 +395,8 @@ def open_step_dir(path: str | os.PathLike, report: Report | None = None) -> tupl
     """A read-only :class:`Checkpointer` over the step dir ``path`` resolves to (a step dir, a run
     dir or a ``checkpoints/`` dir: see :func:`olmax.checkpoint.format.resolve_step_dir`), and its step."""
     step_dir = resolve_step_dir(path)
-    if not STEP_RE.match(step_dir.name):
+    parent, _, name = str(step_dir).rstrip("/").rpartition("/")
+    if not STEP_RE.match(name):
         raise OlmaxError(f"{step_dir}: not a training checkpoint step dir (its name is not a step)")
-    return Checkpointer(step_dir.parent, read_only=True, report=report), int(step_dir.name)
+    return Checkpointer(parent if store.is_bucket(str(step_dir)) else Path(parent), read_only=True,
+                        report=report), int(name)

@@ -23,7 +23,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from olmax import store
 from olmax.errors import OlmaxError
+from olmax.io import require_utf8_name
+
+# Why a checkpoint's path must be UTF-8 text (olmax.io.require_utf8_name).
+CHECKPOINT_LIBRARY = "the checkpoint library (TensorStore)"
 
 FORMAT_VERSION = 1
 PARAMS_ITEM = "params"
@@ -41,8 +46,12 @@ def is_step_dir(p: Path) -> bool:
 
 def resolve_step_dir(path: str | os.PathLike) -> Path:
     """A step dir, a run dir (``<run>/checkpoints/``) or a ``checkpoints/`` dir -> the step dir
-    (for the latter two: the highest-numbered complete step)."""
+    (for the latter two: the highest-numbered complete step). A bucket path (``s3://``,
+    ``gs://``) gives a bucket path (a str) to a committed step."""
+    if store.is_bucket(str(path)):
+        return _resolve_in_bucket(store.bucket_path(str(path), "checkpoint"))
     p = Path(path).absolute()   # orbax refuses relative paths
+    require_utf8_name(p, "checkpoint", CHECKPOINT_LIBRARY)
     if not p.exists():
         raise OlmaxError(f"checkpoint not found: {path}")
     if not p.is_dir():
@@ -57,6 +66,21 @@ def resolve_step_dir(path: str | os.PathLike) -> Path:
         raise OlmaxError(f"no olmax checkpoint in {p} (expected a step dir with params/ and meta/, "
                          f"a run dir, or a checkpoints/ dir with complete steps)")
     return steps[-1][1]
+
+
+def _resolve_in_bucket(url: str) -> Any:
+    names = store.listdir(url)
+    if not names:
+        raise OlmaxError(f"checkpoint not found: {url}")
+    if PARAMS_ITEM in names and META_ITEM in names:
+        return url
+    root = store.join(url, "checkpoints") if "checkpoints" in names else url
+    steps = sorted(int(n) for n in store.listdir(root) if STEP_RE.match(n))
+    for step in reversed(steps):    # committed: Orbax's commit file (olmax.checkpoint.buckets)
+        if store.stat(store.join(root, str(step), "commit_success.txt")) is not None:
+            return store.join(root, str(step))
+    raise OlmaxError(f"no olmax checkpoint in {url} (expected a step dir with params/ and meta/, "
+                     f"a run dir, or a checkpoints/ dir with committed steps)")
 
 
 class NewerFormat(OlmaxError):

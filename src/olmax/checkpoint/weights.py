@@ -35,11 +35,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
-from olmax.checkpoint.format import (META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, check_meta, resolve_step_dir,
-                                     stamp_meta)
+from olmax import store
+from olmax.checkpoint import buckets
+from olmax.checkpoint.format import (CHECKPOINT_LIBRARY, META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, check_meta,
+                                     resolve_step_dir, stamp_meta)
 from olmax.config import ModelConfig, from_dict, to_dict
 from olmax.errors import ConfigError, OlmaxError
-from olmax.io import atomic_output_dir
+from olmax.io import atomic_output_dir, require_utf8_name
 from olmax.model.finite import check_params, raise_non_finite, tensor_problem
 from olmax.model.params import param_shapes
 
@@ -152,6 +154,7 @@ def save_params(directory: str | os.PathLike, params: Any, model_cfg: ModelConfi
     ``format_version``). Atomic; refuses an existing non-empty ``directory``. ``before_commit``
     runs once everything is written and may raise to discard it all.
     """
+    require_utf8_name(os.path.abspath(directory), "checkpoint directory", CHECKPOINT_LIBRARY)
     meta = dict(extra_meta or {})
     for key in ("model", "format_version"):
         if key in meta:
@@ -185,6 +188,7 @@ def save_train_state(directory: str | os.PathLike, step: int, params: Any, opt_s
     ``opt_state`` and ``meta`` (leaves: numpy or :class:`StreamedArray`, written chunk by chunk),
     as :class:`olmax.checkpoint.checkpointer.Checkpointer` lays a step out, so ``directory`` reads
     as a ``checkpoints/`` dir. Atomic; refuses an existing non-empty ``directory``."""
+    require_utf8_name(os.path.abspath(directory), "checkpoint directory", CHECKPOINT_LIBRARY)
     meta = dict(extra_meta or {})
     for key in ("model", "format_version", "step"):
         meta.pop(key, None)
@@ -217,11 +221,26 @@ def load_meta(path: str | os.PathLike) -> dict:
     """The meta JSON of the step dir ``path`` resolves to (format version checked). Read once per
     process while its files stay as they are (resolving a run and starting it both ask)."""
     step = resolve_step_dir(path)
-    return copy.deepcopy(_read_meta(step, _files_stamp(step / META_ITEM)))
+    return copy.deepcopy(_read_meta(step, _files_stamp(store.join(step, META_ITEM))))
 
 
-def _files_stamp(folder: Path) -> tuple:
+def _orbax_dir(step: Any) -> Any:
+    """A step dir as Orbax takes it (a bucket path through :mod:`olmax.checkpoint.buckets`)."""
+    return buckets.orbax_path(step) if store.is_bucket(str(step)) else step
+
+
+def has_item(step: Any, item: str) -> bool:
+    """Whether the step dir ``step`` (a Path or a bucket path) holds ``item`` (``opt_state``)."""
+    if store.is_bucket(str(step)):
+        return bool(store.listdir(store.join(step, item)))
+    return (Path(step) / item).is_dir()
+
+
+def _files_stamp(folder: Any) -> tuple:
     """Names, sizes and modification times of the files below ``folder``: what a rewrite changes."""
+    if store.is_bucket(str(folder)):
+        got = store.stat(store.join(folder, "metadata"))
+        return (got or {}).get("version"), (got or {}).get("size")
     try:
         return tuple(sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
                             for p in folder.rglob("*") if p.is_file()))
@@ -232,11 +251,11 @@ def _files_stamp(folder: Path) -> tuple:
 @functools.lru_cache(maxsize=16)
 def _read_meta(step: Path, _stamp: tuple) -> dict:
     try:
-        meta = _checkpointer().restore(step, args=ocp.args.Composite(
+        meta = _checkpointer().restore(_orbax_dir(step), args=ocp.args.Composite(
             **{META_ITEM: ocp.args.JsonRestore()}))[META_ITEM]
     except Exception as e:  # orbax raises assorted types for unreadable items
         raise OlmaxError(f"cannot read checkpoint meta in {step}: {str(e).splitlines()[0]}") from None
-    check_meta(meta, step / META_ITEM)
+    check_meta(meta, store.join(step, META_ITEM))
     if "model" not in meta:
         raise OlmaxError(f"{step}/{META_ITEM}: not an olmax checkpoint (no 'model' entry)")
     return meta
@@ -255,7 +274,7 @@ def stored_param_shapes(path: str | os.PathLike) -> dict:
     """{dotted name: (shape, dtype)} of the stored params, from orbax metadata (no array reads)."""
     step = resolve_step_dir(path)
     try:
-        tree = _checkpointer().metadata(step).item_metadata[PARAMS_ITEM]
+        tree = _checkpointer().metadata(_orbax_dir(step)).item_metadata[PARAMS_ITEM]
     except Exception as e:
         raise OlmaxError(f"cannot read params metadata in {step}: {str(e).splitlines()[0]}") from None
     tree = getattr(tree, "tree", tree)
@@ -309,8 +328,9 @@ def load_params(path: str | os.PathLike, *, dtype=None, shardings: Any = None,
     target = jax.tree_util.tree_unflatten(treedef, target)
     largest = max(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in jax.tree.leaves(target))
     try:
-        restored = _checkpointer(max(1, math.ceil(largest / 1e9))).restore(step, args=ocp.args.Composite(
-            **{PARAMS_ITEM: ocp.args.StandardRestore(target)}))[PARAMS_ITEM]
+        restored = _checkpointer(max(1, math.ceil(largest / 1e9))).restore(
+            _orbax_dir(step), args=ocp.args.Composite(
+                **{PARAMS_ITEM: ocp.args.StandardRestore(target)}))[PARAMS_ITEM]
     except Exception as e:
         raise OlmaxError(f"cannot restore params from {step}: {str(e).splitlines()[0]}") from None
     if check_finite:
@@ -362,20 +382,24 @@ def stored_array(path: str | os.PathLike, item: str, name: str) -> StoredArray:
     return _ocdbt_opener(resolve_step_dir(path), item)(name)
 
 
-def _ocdbt_opener(step: Path, item_name: str) -> Callable[[str], StoredArray]:
-    item = step / item_name
+def _ocdbt_opener(step: Any, item_name: str) -> Callable[[str], StoredArray]:
+    item = store.join(step, item_name)
     try:
-        fmt = json.loads((item / "_METADATA").read_text())
+        raw = store.read_bytes(store.join(item, "_METADATA"))
+        if raw is None:
+            raise FileNotFoundError(f"no {store.join(item, '_METADATA')}")
+        fmt = json.loads(raw.decode())
     except (OSError, ValueError) as e:
         raise OlmaxError(f"{item}: unreadable tree metadata ({e})") from None
+    base: Any = (store.tensorstore_kvstore(f"{item}/") if store.is_bucket(str(item))
+                 else f"file://{item}")
     if not fmt.get("use_ocdbt", False):
         raise OlmaxError(f"{item}: not an OCDBT checkpoint (written by an old orbax?)")
     context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
     driver = "zarr3" if fmt.get("use_zarr3") else "zarr"
 
     def open_one(name: str) -> StoredArray:
-        spec = {"driver": driver, "kvstore": {"driver": "ocdbt", "base": f"file://{item}",
-                                              "path": name}}
+        spec = {"driver": driver, "kvstore": {"driver": "ocdbt", "base": base, "path": name}}
         try:
             return StoredArray(ts.open(spec, open=True, read=True, context=context).result(), name,
                                step)

@@ -8,6 +8,7 @@ function that tests call directly. A new command is one module plus one entry in
 HELP: dict[str, str] = {   # in the order ``olmax --help`` lists them
     "quickstart": "train the tiny OLMo 3 recipe on the embedded corpus",
     "convert": "convert between Hugging Face and olmax checkpoints",
+    "merge": "average checkpoints (weights and Adam's state), as OLMo-core's merge script",
     "parity": "logit parity of HF transformers vs olmax",
     "tokenize": "tokenize text into OLMo token files (doc + EOS, raw uint32 LE)",
     "data": "inspect training data",

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
 from olmax.analysis.curves import compare_runs, load_curve, metrics_file, plot_comparison
 from olmax.commands import HELP
 from olmax.errors import ConfigError
 from olmax.io import refuse_existing, write_json_atomic
+from olmax.store import is_bucket
 
 
 def add_parser(subparsers) -> None:
@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     if args.label and len(args.label) != len(args.sources):
         raise ConfigError(f"--label given {len(args.label)} times for {len(args.sources)} sources")
     columns = parse_map(args.map)
-    inputs = [(metrics_file(Path(src)), "a metrics file") for src in args.sources]
+    files = [metrics_file(src) for src in args.sources]
+    inputs = [(f, "a metrics file") for f in files if not is_bucket(str(f))]
     for flag, out in (("--json", args.json_out), ("--out", args.out)):
         if out:
             refuse_existing(out, args.force, flag=flag, inputs=inputs)

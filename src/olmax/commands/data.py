@@ -2,7 +2,10 @@
 (:mod:`olmax.commands.data_overlap`).
 
 ``olmax data inspect (--mix MIXFILE --root DIR | --paths FILE...) --seq-len L --global-batch-size B
---seed S [--epoch E] --batches START:END [--repetition-filter] --json`` prints a JSON list with one
+--seed S`` without ``--batches`` says how long one epoch is: its instances, and its steps and tokens
+at that batch size (what ``train.max_epochs=1`` resolves to; ``--json``: ``{"instances", "files",
+"seq_len", "global_batch_size", "steps_per_epoch", "tokens_per_epoch"}``).
+``olmax data inspect ... [--epoch E] --batches START:END [--repetition-filter] --json`` prints a JSON list with one
 object per global batch b in [START, END): ``{"batch": b, "instances": [global instance ids in batch
 order], "sha256": hex sha256 of the batch's tokens as uint32 little-endian in batch order,
 "filtered": [true where the repetition filter rejects the instance]}``; with ``--packed``
@@ -54,7 +57,8 @@ def add_parser(subparsers) -> None:
     q.add_argument("--global-batch-size", type=int, required=True, help="sequences per global batch")
     q.add_argument("--seed", type=int, required=True)
     q.add_argument("--epoch", type=int, default=1, help="epoch of batch 0 (OLMo-core starts at 1)")
-    q.add_argument("--batches", required=True, metavar="START:END", help="global batch range, END exclusive")
+    q.add_argument("--batches", metavar="START:END",
+                   help="global batch range, END exclusive (without it: the epoch's size only)")
     q.add_argument("--repetition-filter", action="store_true", help="apply OLMo-core's repetition filter")
     q.add_argument("--packed", action="store_true",
                    help="pack whole documents (OLMo-core NumpyPackedFSLDataset); show document lengths")
@@ -110,8 +114,18 @@ def inspect_batches(data, start: int, end: int) -> list[dict]:
     return out
 
 
+def epoch_summary(data, seq_len: int, global_batch_size: int) -> dict:
+    """How long one epoch of the data is: instances, and the steps (global batches, the tail
+    dropped as OLMo-core's loader drops it) and tokens of one epoch at this batch size: what
+    ``train.max_epochs=1`` resolves to."""
+    steps = data.batches_per_epoch
+    return {"instances": data.num_instances, "files": len(data.index.paths), "seq_len": seq_len,
+            "global_batch_size": global_batch_size, "steps_per_epoch": steps,
+            "tokens_per_epoch": steps * global_batch_size * seq_len}
+
+
 def run_inspect(args: argparse.Namespace) -> int:
-    start, end = parse_range(args.batches)
+    start, end = parse_range(args.batches) if args.batches is not None else (0, 0)
     cfg = DataConfig(paths=tuple(args.paths or ()), mix=args.mix, root=args.root, remap=tuple(args.remap),
                      mix_tokenizer=args.mix_tokenizer, tokenizer=args.tokenizer, dtype=args.dtype,
                      epoch=args.epoch, repetition_filter=args.repetition_filter,
@@ -121,13 +135,15 @@ def run_inspect(args: argparse.Namespace) -> int:
                      source_permutation_seed=args.source_permutation_seed)
     data = build_train_data(cfg, seq_len=args.seq_len, global_batch_size=args.global_batch_size,
                             seed=args.seed)
+    summary = epoch_summary(data, args.seq_len, args.global_batch_size)
     records = inspect_batches(data, start, end)
     if args.json:
-        json.dump(records, sys.stdout)
+        json.dump(records if args.batches is not None else summary, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    print(f"{data.num_instances} instances, {data.batches_per_epoch} batches per epoch, "
-          f"{len(data.index.paths)} files")
+    print(f"{summary['instances']} instances of {args.seq_len} tokens, {summary['files']} files; "
+          f"one epoch = {summary['steps_per_epoch']} steps at global batch "
+          f"{args.global_batch_size} = {summary['tokens_per_epoch']:,} tokens")
     for r in records:
         ids = r["instances"]
         shown = ", ".join(map(str, ids[:6])) + (", ..." if len(ids) > 6 else "")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 
 from olmax.commands import HELP
+from olmax.errors import EXIT_DOES_NOT_FIT
 from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.perf.costs import DoesNotFit
 from olmax.perf.plan import format_plan, plan
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                                               "memory": {"peak_bytes": e.needed, "hbm_bytes": e.available,
                                                          "fits": False}, "error": str(e)},
                               overwrite=args.force)
-        return 1
+        return EXIT_DOES_NOT_FIT
     print(format_plan(result))
     if args.json_out:
         write_json_atomic(args.json_out, {**result.to_dict(), "recipe": args.recipe,

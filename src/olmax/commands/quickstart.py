@@ -18,7 +18,9 @@ from olmax.analysis.curves import read_rows
 from olmax.commands import HELP
 from olmax.commands.train import format_summary
 from olmax.model.params import count_params
+from olmax.store import exists, join, run_location
 from olmax.train.recipes import load_recipe
+from olmax.train.run_log import metrics_location
 from olmax.train.trainer import Trainer
 
 
@@ -28,7 +30,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="overrides of the olmo3_tiny recipe (e.g. train.max_steps=20)")
     p.add_argument("--run-dir", default=None,
-                   help="run directory (default: runs/quickstart-<UTC time>)")
+                   help="run directory, local or a bucket path (s3://BUCKET/PATH, gs://BUCKET/PATH; "
+                        "default: runs/quickstart-<UTC time>)")
     p.set_defaults(func=run)
 
 
@@ -45,7 +48,8 @@ def _sparkline(values: list[float], width: int = 30) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_recipe("olmo3_tiny", args.overrides)
-    run_dir = Path(args.run_dir or Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    run_dir = run_location(args.run_dir or str(
+        Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"))
     t0 = time.time()
     trainer = Trainer(cfg, run_dir)
     summary = trainer.run()
@@ -64,15 +68,15 @@ def run(args: argparse.Namespace) -> int:
           f"{list(m.window_pattern)}) on the embedded corpus")
     print(f"  loss curve  {_sparkline(losses)}  ({len(losses)} steps)")
     print(f"  {format_summary(summary)}")
-    print(f"  wall time   {time.time() - t0:.0f} s; metrics in {run_dir / 'metrics.jsonl'}, "
-          f"TensorBoard in {run_dir / 'tb'}")
+    print(f"  wall time   {time.time() - t0:.0f} s; metrics in {metrics_location(run_dir)}, "
+          f"TensorBoard in {join(run_dir, 'tb')}")
     shown = [k for k in sorted(evals) if k.endswith(("CE loss", "PPL", "(BPB v2)", "(accuracy)"))
              and "predicted tokens" not in k]
     for k in shown:
         step, v = evals[k]
         print(f"  {k.removeprefix('eval/'):<52} {v:10.4f}  (step {step})")
-    if (run_dir / "dashboard.png").is_file():
-        print(f"  dashboard   {run_dir / 'dashboard.png'}")
+    if exists(join(run_dir, "dashboard.png")):
+        print(f"  dashboard   {join(run_dir, 'dashboard.png')}")
     if summary.get("first_loss") is not None and not summary["last_loss"] < summary["first_loss"]:
         print("olmax quickstart: warning: the loss did not fall", file=sys.stderr)
         return 1

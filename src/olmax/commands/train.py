@@ -4,7 +4,11 @@ RECIPE is a YAML file or a packaged recipe name (``olmo3_7b_stage1``, ``olmo3_7b
 ``olmo3_7b_stage2``, ``olmo3_tiny``). Overrides use the config's dotted keys, e.g.
 ``train.max_steps=100 train.global_batch_size=8 train.seq_len=256 data.paths=[a.npy,b.npy]
 model.preset=olmo3-14m seed=1 optim.lr=1e-3 init.hf_dir=HF_DIR``. Re-running the same command with
-the same ``--run-dir`` resumes from ``DIR/checkpoints/``. The device count comes from the
+the same ``--run-dir`` resumes from ``DIR/checkpoints/``. The run directory may be a bucket path,
+``s3://BUCKET/PATH`` or ``gs://BUCKET/PATH``: checkpoints, metrics (rolled segments
+``DIR/metrics/NNNNNN.jsonl``, uploaded every ``logging.flush_s`` seconds and before every
+checkpoint) and the run's other files then go straight to the bucket, and no host needs a shared
+file system. The device count comes from the
 environment (e.g. ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` on CPU).
 
 SIGTERM saves a checkpoint at the step reached and stops; the exit status is then 0, or CODE with
@@ -35,9 +39,11 @@ import os
 import sys
 
 from olmax.commands import HELP
+from olmax.checkpoint.format import resolve_step_dir
 from olmax.config import check_start
-from olmax.errors import ConfigError, OlmaxError
+from olmax.errors import ConfigError, OlmaxError, RestartableError
 from olmax.lockfile import parse_attempt
+from olmax.store import run_location
 from olmax.parallel.distributed import parse_expected_devices
 from olmax.train.recipes import default_run_dir, load_recipe
 from olmax.train import trainer as training   # looked up when run (tests replace the Trainer)
@@ -49,7 +55,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("recipe", metavar="RECIPE", help="recipe YAML path or packaged recipe name")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     p.add_argument("--run-dir", default=None,
-                   help="run directory (default: runs/<recipe>-<UTC time>)")
+                   help="run directory, local or a bucket path (s3://BUCKET/PATH, gs://BUCKET/PATH; "
+                        "default: runs/<recipe>-<UTC time>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
     p.add_argument("--exit-code-on-stop", type=int, default=0, metavar="CODE",
                    help="exit status after a SIGTERM stop (checkpoint saved, run unfinished); "
@@ -62,6 +69,9 @@ def add_parser(subparsers) -> None:
                    help="refuse to train unless JAX finds N devices of PLATFORM (cpu, gpu, tpu); "
                         "set by olmax launch")
     p.set_defaults(func=run)
+
+
+RESOURCE_TRACKER_QUIET = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
 def _attempt(text: str) -> str:
@@ -77,6 +87,17 @@ def _expected_devices(text: str) -> tuple[str, int]:
         return parse_expected_devices(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--expect-devices ")) from None
+
+
+def _holds_checkpoint(run_dir: str) -> bool:
+    """Whether ``run_dir`` holds a complete checkpoint to resume from."""
+    try:
+        resolve_step_dir(run_dir)
+    except RestartableError:     # the store did not answer: a restart may see it
+        raise
+    except OlmaxError:
+        return False
+    return True
 
 
 def format_summary(summary: dict) -> str:
@@ -98,10 +119,19 @@ def run(args: argparse.Namespace) -> int:
     check_start(cfg)
     run_dir = args.run_dir or default_run_dir(args.recipe)
     try:    # TensorStore (the checkpoints) takes UTF-8 paths only: refused before any work
+        run_location(run_dir)     # a bucket path: s3:// or gs://, well formed
         os.path.abspath(run_dir).encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(f"--run-dir {os.path.abspath(run_dir)!r} is not UTF-8 text, which the "
                           f"checkpoint library needs; choose another run directory") from None
+    if cfg.init.required == "resume":    # a recipe that continues a run: its checkpoint is here
+        check_start(cfg, resumes=_holds_checkpoint(run_dir))
+    # A run the watchdog (or a signal) ends with os._exit leaves the data workers' shared memory
+    # and semaphores to multiprocessing's resource tracker, which frees them and would print a
+    # warning per kind into the job's log after olmax's one line. The tracker takes its warning
+    # filters from these options when it starts.
+    if RESOURCE_TRACKER_QUIET not in sys.warnoptions:
+        sys.warnoptions.append(RESOURCE_TRACKER_QUIET)
     trainer = training.Trainer(cfg, run_dir, quiet=args.quiet, attempt=args.attempt,
                                expect_devices=args.expect_devices)
     summary = trainer.run()

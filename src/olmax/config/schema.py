@@ -273,6 +273,10 @@ Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs", "save_a
                 "save_proj"]   # olmax.model.runtime.REMAT_POLICIES
 
 
+LENGTH_KEYS = ("max_steps", "max_epochs", "max_tokens")   # TrainConfig: one of them, the run's length
+DEFAULT_MAX_STEPS = 100
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     seq_len: int = 8192
@@ -282,7 +286,18 @@ class TrainConfig:
     # (olmax.train.step.micro_batch_size), so a recipe runs at every device count dividing its batch.
     micro_batch_size: int | Literal["auto"] | None = None
     micro_batch_max: int | None = None   # the limit of micro_batch_size=auto (None: none); a number ignores it
-    max_steps: int = 100
+    # The run's length, OLMo-core's max_duration: one of a step count, epochs of the data (epoch
+    # numbers count as data.epoch does, from 1: 1 is the first epoch's end) or tokens (ceil of
+    # tokens / (global_batch_size x seq_len) steps). None of them: 100 steps. The scheduler's
+    # horizon is the resolved step count unless scheduler.t_max says otherwise; the trainer
+    # resolves epochs and tokens when it has read the data (:meth:`TrainConfig.resolved`) and
+    # writes the step count into the run's config.yaml.
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    max_tokens: int | None = None
+    # OLMo-core's hard_stop: the run ends after this step even if its length (and the schedule's
+    # horizon) is longer. None: at the end of its length.
+    hard_stop: int | None = None
     compute_dtype: ComputeDtype = "float32"   # params and Adam state stay fp32
     attn_impl: AttnImpl = "xla"
     remat: Remat = "none"
@@ -305,7 +320,17 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "train")
-        check_positive(self, "train", "max_steps", "global_batch_size")
+        check_positive(self, "train", "global_batch_size")
+        lengths = [k for k in LENGTH_KEYS if getattr(self, k) is not None]
+        for name in lengths + ["hard_stop"] * (self.hard_stop is not None):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"train.{name} must be positive (got {getattr(self, name)})")
+        if len(lengths) > 1:
+            raise ConfigError("set one of train.max_steps, train.max_epochs, train.max_tokens "
+                              "(got " + ", ".join(f"train.{k}={getattr(self, k)}" for k in lengths)
+                              + ")")
+        if not lengths:
+            object.__setattr__(self, "max_steps", DEFAULT_MAX_STEPS)
         check_positive(self, "train", "micro_batch_max", "watchdog_s", "context_head_stride",
                        optional=True)
         if self.micro_batch_size != "auto":
@@ -314,6 +339,37 @@ class TrainConfig:
             raise ConfigError(f"train.seq_len must be at least 2 (got {self.seq_len})")
         check_number(self, "train", "z_loss_multiplier", low=0)
         check_positive(self, "train", "log_interval")
+
+    @property
+    def length(self) -> str:
+        """The length as given: ``train.max_epochs=1``, ``train.max_tokens=100000000000``, ..."""
+        key = next(k for k in LENGTH_KEYS if getattr(self, k) is not None)
+        return f"train.{key}={getattr(self, key)}"
+
+    def steps_for(self, batches_per_epoch: int, first_epoch: int = 1) -> int:
+        """The step count of the run's length, as OLMo-core's trainer derives it from its
+        max_duration on a fresh start: steps as given; epochs: ``batches_per_epoch`` for each
+        epoch from ``first_epoch`` (data.epoch) to ``max_epochs``; tokens: ceil(tokens / tokens
+        per step)."""
+        if self.max_steps is not None:
+            return self.max_steps
+        if self.max_epochs is not None:
+            return (self.max_epochs - first_epoch + 1) * batches_per_epoch
+        assert self.max_tokens is not None
+        return -(-self.max_tokens // (self.global_batch_size * self.seq_len))
+
+    def resolved(self, batches_per_epoch: int, first_epoch: int = 1) -> "TrainConfig":
+        """This section with its length as a step count (:meth:`steps_for`)."""
+        return dataclasses.replace(self, max_steps=self.steps_for(batches_per_epoch, first_epoch),
+                                   max_epochs=None, max_tokens=None)
+
+    @property
+    def last_step(self) -> int | None:
+        """The step the run ends on (its length, or the hard stop before it); None while the
+        length is in epochs or tokens."""
+        if self.max_steps is None:
+            return None
+        return min(self.max_steps, self.hard_stop) if self.hard_stop else self.max_steps
 
 
 @dataclass(frozen=True)
@@ -328,6 +384,13 @@ class OptimConfig:
     skip_steps: bool = True
     rolling_interval_length: int = 128
     sigma_factor: float = 6.0
+    # Adam's step count before the first update. 1 is what OLMo-core's trainer leaves when its
+    # checkpointer saves step 0 before training (AI2's official scripts): building the optimizer
+    # state for that save runs a zero-gradient, zero-lr step that raises every parameter's count to 1.
+    initial_adam_count: int = 0
+    # OLMo-core's flag of the same name: false keeps Adam's step count where it starts (the
+    # SkipStepAdamW bug before OLMo-core 2025-06-30: bias correction never advances).
+    step_increment_bugfix: bool = True
 
     def __post_init__(self) -> None:
         check_choices(self, "optim")
@@ -340,6 +403,9 @@ class OptimConfig:
         check_number(self, "optim", "max_grad_norm", low=0)   # 0: no clipping
         check_positive(self, "optim", "rolling_interval_length")
         check_number(self, "optim", "sigma_factor", low=0, low_open=True)
+        if not 0 <= self.initial_adam_count < 2**31:
+            raise ConfigError(f"optim.initial_adam_count must be an integer in [0, 2^31) "
+                              f"(got {self.initial_adam_count})")
 
 
 @dataclass(frozen=True)
@@ -372,7 +438,7 @@ class CheckpointConfig:
         check_positive(self, "checkpoint", "permanent_interval", optional=True)
 
 
-StartKind = Literal["none", "weights", "checkpoint", "optimizer"]
+StartKind = Literal["none", "weights", "checkpoint", "optimizer", "resume"]
 SEED_LIMIT = 2**63     # seeds are int64 for jax.random.key and non-negative for numpy's PCG64
 
 
@@ -395,7 +461,9 @@ class InitConfig:
     allow_architecture_override: bool = False
     # What the recipe must start from (checked by ``olmax train`` and ``olmax launch``,
     # :func:`check_start`): "weights" (init.checkpoint or init.hf_dir), "checkpoint"
-    # (init.checkpoint), "optimizer" (init.checkpoint with init.load_optimizer); "none" overrides.
+    # (init.checkpoint), "optimizer" (init.checkpoint with init.load_optimizer), "resume" (the
+    # run directory holds the checkpoint the recipe continues, or init.checkpoint with
+    # init.load_optimizer and init.load_trainer_state); "none" overrides.
     required: StartKind = "none"
 
     def __post_init__(self) -> None:
@@ -404,10 +472,19 @@ class InitConfig:
         if self.load_trainer_state and not self.checkpoint:
             raise ConfigError("init.load_trainer_state=true needs init.checkpoint")
 
-    def missing(self) -> str | None:
-        """What the start this section requires lacks, as one line, or None."""
+    def missing(self, resumes: bool | None = None) -> str | None:
+        """What the start this section requires lacks, as one line, or None. ``resumes``: whether
+        the run directory holds a checkpoint (None: not known here, as for ``olmax launch``)."""
         if self.required == "none":
             return None
+        if self.required == "resume":
+            if resumes is not False or (self.checkpoint and self.load_optimizer
+                                        and self.load_trainer_state):
+                return None
+            return ("--run-dir must hold the checkpoint this recipe continues (init.required="
+                    "resume): the run directory of the run it extends, or init.checkpoint with "
+                    "init.load_optimizer=true and init.load_trainer_state=true; init.required=none "
+                    "trains it from fresh weights instead")
         if self.required == "weights" and not (self.checkpoint or self.hf_dir):
             key, what = "init.checkpoint or init.hf_dir must be set", "trained weights"
         elif self.required != "weights" and not self.checkpoint:
@@ -422,9 +499,10 @@ class InitConfig:
                 f"init.required=none trains it from fresh weights instead")
 
 
-def check_start(cfg: "RunConfig") -> None:
-    """Refuse a run that lacks the start its recipe declares (``init.required``): ConfigError."""
-    problem = cfg.init.missing()
+def check_start(cfg: "RunConfig", resumes: bool | None = None) -> None:
+    """Refuse a run that lacks the start its recipe declares (``init.required``): ConfigError.
+    ``resumes``: whether the run directory holds a checkpoint (None: not known)."""
+    problem = cfg.init.missing(resumes)
     if problem is not None:
         raise ConfigError(problem)
 
@@ -517,6 +595,15 @@ class LoggingConfig:
     wandb: bool = False
     wandb_project: str | None = None
     progress: bool = True
+    # A run directory in a bucket: seconds between uploads of the metrics segment and the
+    # TensorBoard events (also flushed at every checkpoint save and at the end)
+    flush_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.flush_s, bool) or not isinstance(self.flush_s, (int, float)) \
+                or not self.flush_s > 0:
+            raise ConfigError(f"logging.flush_s must be a positive number of seconds "
+                              f"(got {self.flush_s!r})")
 
 
 @dataclass(frozen=True)
@@ -545,14 +632,18 @@ class RunConfig:
                 and not sch.warmup_min_lr < self.optim.lr):
             raise ConfigError(f"scheduler.warmup_min_lr ({sch.warmup_min_lr}) must be in "
                               f"[0, optim.lr) (optim.lr is {self.optim.lr})")
+        if t.max_epochs is not None and t.max_epochs < self.data.epoch:
+            raise ConfigError(f"train.max_epochs ({t.max_epochs}) is before data.epoch "
+                              f"({self.data.epoch}), where the run starts: epochs count from 1, "
+                              "as OLMo-core's")
         if t.seq_len % self.mesh.context:
             raise ConfigError(f"train.seq_len {t.seq_len} must be divisible by mesh.context "
                               f"{self.mesh.context} (each device holds an equal block of positions)")
 
 
 # Tagged sections: an override of one of these keys replaces what the section held
-# (olmax.config.load.apply_overrides).
-ONE_OF: dict[tuple[str, ...], tuple[str, ...]] = {("data",): DATA_SOURCES}
+# (olmax.config.load.apply_overrides): a data source, the run's length.
+ONE_OF: dict[tuple[str, ...], tuple[str, ...]] = {("data",): DATA_SOURCES, ("train",): LENGTH_KEYS}
 
 
 @dataclass(frozen=True)
@@ -616,7 +707,7 @@ class RunSpec:
 __all__ = [
     "ModelConfig", "YarnConfig", "QkNorm", "BlockType", "QK_NORM_SCOPES", "BLOCK_TYPES",
     "RunConfig", "DataConfig", "SourceMixtureConfig", "MixtureSourceConfig", "TokenDtype",
-    "DataSource", "DATA_SOURCES", "TrainConfig", "ComputeDtype", "AttnImpl", "PlatformProfile",
+    "DataSource", "DATA_SOURCES", "TrainConfig", "LENGTH_KEYS", "ComputeDtype", "AttnImpl", "PlatformProfile",
     "Remat", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig", "SEED_LIMIT",
     "check_seed", "check_coordinator", "check_start", "StartKind", "DistributedConfig",
     "MeshConfig", "EvalConfig", "LoggingConfig", "ONE_OF",

@@ -15,8 +15,12 @@ does. :meth:`TrainData.iterate` runs the reads in grain (threads, prefetch, opti
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import random
+import threading
+import time
 from typing import Any, Iterator
 
 import grain
@@ -25,6 +29,7 @@ from absl import flags
 
 from olmax.config import DataConfig
 from olmax.errors import ConfigError
+from olmax.io import require_utf8_name
 from olmax.data.filters import RepetitionFilter, instance_mask
 from olmax.data.fingerprint import check_fingerprint, make_fingerprint
 from olmax.data.instances import BatchPlan, InstanceIndex
@@ -57,6 +62,8 @@ class TrainData:
                  ignore_fingerprint_mismatch: bool = False, cache_dir: str | None = None,
                  token_limits: tuple[int, ...] | None = None,
                  max_target_seq_len: int | None = None, packing: Packing | None = None) -> None:
+        for path in paths:   # OLMo-core's fingerprint hashes each file's name as UTF-8
+            require_utf8_name(path, "token file", "the data fingerprint (OLMo-core's)")
         self.dtype = parse_dtype(dtype)
         self.tokenizer = dict(tokenizer)
         self.vocab_size = int(tokenizer["vocab_size"])
@@ -186,8 +193,22 @@ class TrainData:
         if self.num_workers > 0:
             _ensure_absl_flags()
             it = it.mp_prefetch(grain.MultiprocessingOptions(
-                num_workers=self.num_workers, per_worker_buffer_size=max(1, self.prefetch)))
+                num_workers=self.num_workers, per_worker_buffer_size=max(1, self.prefetch)),
+                worker_init_fn=functools.partial(_end_with_parent, os.getpid()))
         return iter(it)
+
+
+def _end_with_parent(parent: int, worker_index: int, worker_count: int) -> None:
+    """In a grain worker process: end it once the trainer that started it is gone (the watchdog's
+    exit, a kill -9), instead of reading on, orphaned, into the job's log."""
+    del worker_index, worker_count
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="olmax-end-with-parent", daemon=True).start()
 
 
 class _HostBatch:

@@ -30,16 +30,14 @@ import logging
 import os
 import threading
 import time
-import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
-import fsspec
-
 from olmax.data.remote_cache import (ReadThroughCache, Stopped, cache_path, download, short_error,
-                                     store_md5, url_protocol, verified_copy)
+                                     store_md5, store_version, url_protocol, verified_copy)
 from olmax.errors import OlmaxError, RestartableError
+from olmax.store import chain as _chain, http_status as _status, new_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -80,30 +78,6 @@ def _past_end(e: BaseException) -> bool:
     """A ranged request the store refused as past the end of the object (HTTP 416; S3's
     ``InvalidRange``): the object is shorter than its listed size."""
     return getattr(e, "status", None) == 416 or "InvalidRange" in str(e) or " 416" in str(e)
-
-
-def _chain(e: BaseException) -> list[BaseException]:
-    """``e`` and the exceptions it was raised from (or during), outermost first."""
-    out: list[BaseException] = []
-    while e is not None and e not in out and len(out) < 8:
-        out.append(e)
-        e = e.__cause__ or e.__context__
-    return out
-
-
-def _status(e: BaseException) -> int | None:
-    """The HTTP status a client library's exception carries (aiohttp, gcsfs, botocore)."""
-    for x in _chain(e):
-        code = None
-        if hasattr(x, "request_info"):            # aiohttp's ClientResponseError
-            code = getattr(x, "status", None)
-        elif type(x).__name__ == "HttpError":     # gcsfs
-            code = getattr(x, "code", None)
-        elif isinstance(getattr(x, "response", None), dict):   # botocore's ClientError
-            code = x.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(code, int) and 100 <= code <= 599:
-            return code
-    return None
 
 
 def _cause(e: BaseException) -> str:
@@ -265,7 +239,7 @@ class RemoteFiles:
             fs = self._fs.get(key)
             if fs is None:
                 try:
-                    fs = _filesystem(proto)
+                    fs = new_filesystem(proto)
                 except ImportError as e:   # the protocol's implementation (s3fs, gcsfs, aiohttp)
                     raise OlmaxError(f"{url}: reading {proto}:// needs {e.name} "
                                      f"(pip install 'olmax' brings it)") from None
@@ -274,7 +248,8 @@ class RemoteFiles:
 
     # -- metadata ---------------------------------------------------------------------------
     def info(self, url: str) -> dict:
-        """``{"size": bytes, "md5": hex or None}`` (remembered for the process's life)."""
+        """``{"size": bytes, "md5": hex or None, "version": str or None}`` (remembered for the
+        process's life; :func:`~olmax.data.remote_cache.store_version`)."""
         got = self._info.get(url)
         if got is None:
             raw = _with_retries(url, "size request", lambda: self.filesystem(url).info(url),
@@ -284,7 +259,9 @@ class RemoteFiles:
             size = raw.get("size")
             if size is None:
                 raise OlmaxError(f"{url}: the server states no size (no Content-Length)")
-            got = {"size": int(size), "md5": store_md5(raw, url_protocol(url))}
+            proto = url_protocol(url)
+            got = {"size": int(size), "md5": store_md5(raw, proto),
+                   "version": store_version(raw, proto)}
             self._info[url] = got
         return got
 
@@ -358,22 +335,6 @@ class RemoteFiles:
                 raise _ShortRead(f"asked for bytes {start}..{start + nbytes}, got {len(data)}")
             return bytes(data)
         return _with_retries(url, "read", get)
-
-
-def _filesystem(proto: str):
-    """A fresh fsspec filesystem for ``proto``. For GCS: gcsfs's plain ``GCSFileSystem`` (its
-    default class first looks the bucket's layout up through another API, slowly when that API
-    cannot be reached), with gcsfs's own retry loop off (it sleeps up to 31 s per request and
-    logs a traceback when it gives up; olmax's loop retries instead)."""
-    if proto != "gs":
-        return fsspec.filesystem(proto, skip_instance_cache=True)
-    from gcsfs.core import GCSFileSystem   # the package's name is the layout-looking subclass
-
-    fs = GCSFileSystem(skip_instance_cache=True)
-    once = getattr(GCSFileSystem._request, "__wrapped__", None)
-    if once is not None:
-        fs._request = types.MethodType(once, fs)
-    return fs
 
 
 def _pread(path: Path, start: int, n: int, url: str) -> bytes:

@@ -74,6 +74,24 @@ def store_md5(info: dict, proto: str) -> str | None:
     return None
 
 
+# The metadata fields that change when an object's bytes do, per store: an S3 version id, ETag
+# and modification time; a GCS generation (a new one per write of the object); an HTTP ETag,
+# Last-Modified and Digest (as fsspec's HTTP filesystem reports the headers).
+_VERSION_FIELDS = {"s3": ("VersionId", "ETag", "LastModified"),
+                   "gs": ("generation", "md5Hash", "updated"),
+                   "http": ("ETag", "Last-Modified", "Digest"),
+                   "https": ("ETag", "Last-Modified", "Digest")}
+
+
+def store_version(info: dict, proto: str) -> str | None:
+    """What the store says of the object's version (see ``_VERSION_FIELDS``), as one string, or
+    None where it says nothing that would change with the bytes (then only an MD5 can tell a
+    changed object of the same size from the copy)."""
+    parts = [f"{k}={info[k]}" for k in _VERSION_FIELDS.get(proto, ())
+             if info.get(k) not in (None, "", "null")]
+    return ";".join(parts) or None
+
+
 # ----------------------------------------------------------------------------------------------
 # Verified, resumable copies
 
@@ -87,16 +105,25 @@ def _record_path(path: Path) -> Path:
 
 
 def _record(url: str, info: dict, st: os.stat_result) -> dict:
-    return {"url": url, "size": info["size"], "md5": info["md5"],
+    return {"url": url, "size": info["size"], "md5": info["md5"], "version": info.get("version"),
             "file": [st.st_size, st.st_ino, st.st_mtime_ns]}
+
+
+def checkable(info: dict) -> bool:
+    """Whether a copy of the object can be told from a changed object of the same size: the store
+    states its MD5 or a version (:func:`store_version`)."""
+    return info.get("md5") is not None or info.get("version") is not None
 
 
 def verified_copy(files: Store, url: str, path: str | os.PathLike) -> bool:
     """Whether ``path`` holds the store's ``url``: a regular file of the store's size, described by
     its verification record (see the module notes), or, lacking a valid record, whose MD5 is the
-    one the store states (the record is then written). Never by its size alone."""
+    one the store states (the record is then written). Never by its size alone: an object whose
+    store states neither an MD5 nor a version has no verified copy."""
     path = Path(path)
     info = files.info(url)
+    if not checkable(info):
+        return False
     try:
         st = os.stat(path)
     except OSError:
@@ -240,11 +267,17 @@ class ReadThroughCache:
         return path
 
     def want(self, url: str) -> None:
-        """Queue a background copy of ``url`` (once per process)."""
+        """Queue a background copy of ``url`` (once per process); never for an object whose store
+        states neither an MD5 nor a version (a changed object could not be told from the copy)."""
         with self._lock:
             if url in self._queued or url in self._ready:
                 return
             self._queued.add(url)
+            if not checkable(self.files.info(url)):
+                log.warning("%s: not cached: the store states neither an MD5 nor a version "
+                            "(ETag, Last-Modified) of it, so a changed file could not be told "
+                            "from the copy; reading the store", url)
+                return
             if self._queue is None or self._owner != os.getpid():
                 self._queue, self._owner = queue.Queue(), os.getpid()
                 threading.Thread(target=self._run, args=(self._queue,), daemon=True,
@@ -264,4 +297,5 @@ class ReadThroughCache:
 
 
 __all__ = ["COPY_CHUNK_ENV", "ReadThroughCache", "Stopped", "Store", "cache_path", "download",
-           "store_md5", "url_protocol", "short_error", "verified_copy"]
+           "checkable", "store_md5", "store_version", "url_protocol", "short_error",
+           "verified_copy"]

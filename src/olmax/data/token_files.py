@@ -52,11 +52,11 @@ def file_size(path: str, cache_dir: str | os.PathLike | None = None) -> int:
 
 def file_identity(path: str) -> list:
     """What a cache built from a token file is keyed by: for a local file its resolved absolute
-    path, size and modification time (ns); for a remote one its URL, size and the MD5 the store
-    states (None where it states none)."""
+    path, size and modification time (ns); for a remote one its URL, size, and the MD5 and version
+    the store states (ETag, generation, Last-Modified...; None where it states none)."""
     if is_remote(path):
         info = remote_files().info(path)
-        return [path, info["size"], info.get("md5")]
+        return [path, info["size"], info.get("md5"), info.get("version")]
     try:
         st = os.stat(path)
     except OSError as e:

@@ -32,6 +32,7 @@ from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
 from olmax.interop.hf import load_hf
 from olmax.interop.vocab_padding import softmax_vocab
+from olmax.store import is_bucket
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ class LoadedModel:
 
 def load_model(path: str | os.PathLike) -> LoadedModel:
     """An olmax checkpoint (step/run/checkpoints dir) or an HF ``Olmo3ForCausalLM`` directory."""
+    if is_bucket(str(path)):        # an olmax checkpoint in a bucket (s3://, gs://)
+        params, cfg = load_params(path)
+        return LoadedModel(params, cfg, "olmax", softmax_vocab(load_meta(path), cfg))
     p = Path(path)
     if not p.exists():
         raise OlmaxError(f"checkpoint not found: {p}")

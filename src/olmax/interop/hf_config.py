@@ -65,7 +65,7 @@ def _given(params: Mapping[str, Any], key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def _whole(value: Any, key: str, where: str) -> int:
+def whole_number(value: Any, key: str, where: str) -> int:
     """A JSON whole number as an int; anything else (0.5, "8", true, NaN, 1e400) is an OlmaxError
     naming ``key`` (``int()`` truncated some and raised an internal error for others)."""
     if (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -75,7 +75,7 @@ def _whole(value: Any, key: str, where: str) -> int:
     return int(value)
 
 
-def _number(value: Any) -> Any:
+def json_number(value: Any) -> Any:
     """A JSON number as a float; anything else as it is, for the config's check to name."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
@@ -87,7 +87,7 @@ def _rope_type(params: Mapping[str, Any]) -> str:
 def _rope_from_hf(hf: Mapping[str, Any], used_types: set[str], where: str
                   ) -> tuple[float, YarnConfig | None]:
     """(theta, YaRN or None) from v5 ``rope_parameters`` or v4.57 ``rope_theta``/``rope_scaling``."""
-    top_theta = _number(_given(hf, "rope_theta", DEFAULT_ROPE_THETA))
+    top_theta = json_number(_given(hf, "rope_theta", DEFAULT_ROPE_THETA))
     rp = hf.get("rope_parameters")
     legacy_scaling = hf.get("rope_scaling")
     if rp is not None and not isinstance(rp, Mapping):
@@ -103,7 +103,7 @@ def _rope_from_hf(hf: Mapping[str, Any], used_types: set[str], where: str
             raise OlmaxError(f"{where}: rope_scaling must be an object or null")
         per["full_attention"].update(legacy_scaling)
 
-    thetas = {t: _number(_given(per[t], "rope_theta", top_theta)) for t in used_types}
+    thetas = {t: json_number(_given(per[t], "rope_theta", top_theta)) for t in used_types}
     if len(set(thetas.values())) > 1:
         raise OlmaxError(f"{where}: different rope_theta per layer type ({thetas}) is not supported")
     theta = next(iter(thetas.values())) if thetas else top_theta
@@ -125,13 +125,13 @@ def _rope_from_hf(hf: Mapping[str, Any], used_types: set[str], where: str
             raise OlmaxError(f"{where}: partial_rotary_factor != 1 is not supported")
         # A value that is there is taken as it is (0 included) and checked by YarnConfig's rules;
         # only a missing one falls back.
-        orig = _whole(_given(p, "original_max_position_embeddings", hf.get("max_position_embeddings")),
+        orig = whole_number(_given(p, "original_max_position_embeddings", hf.get("max_position_embeddings")),
                       "original_max_position_embeddings", where)
         factor = p.get("factor")
         if factor is None:
             factor = hf["max_position_embeddings"] / orig if orig else 0.0
-        yarns[t] = YarnConfig(factor=_number(factor), beta_fast=_number(_given(p, "beta_fast", 32.0)),
-                              beta_slow=_number(_given(p, "beta_slow", 1.0)),
+        yarns[t] = YarnConfig(factor=json_number(factor), beta_fast=json_number(_given(p, "beta_fast", 32.0)),
+                              beta_slow=json_number(_given(p, "beta_slow", 1.0)),
                               original_max_position_embeddings=orig,
                               attention_factor=(None if p.get("attention_factor") is None
                                                 else float(p["attention_factor"])))
@@ -173,7 +173,7 @@ def _model_config_from_hf(hf: Mapping[str, Any], where: str,
         if key in hf and hf[key] != ok:
             raise OlmaxError(f"{where}: {key}={hf[key]!r} is not supported (Olmo3 uses {ok!r})")
     def whole(key: str, default: Any = None) -> int:
-        return _whole(req(key) if default is None else _given(hf, key, default), key, where)
+        return whole_number(req(key) if default is None else _given(hf, key, default), key, where)
 
     d_model, n_layers = whole("hidden_size"), whole("num_hidden_layers")
     n_heads = whole("num_attention_heads")
@@ -192,7 +192,7 @@ def _model_config_from_hf(hf: Mapping[str, Any], where: str,
         raise OlmaxError(f"{where}: unknown layer type(s) {sorted(bad_types)}")
     window = hf.get("sliding_window")
     if "sliding_attention" in layer_types:
-        window = _whole(window, "sliding_window", where) if window is not None else 0
+        window = whole_number(window, "sliding_window", where) if window is not None else 0
         if window <= 0:
             raise OlmaxError(f"{where}: sliding_attention layers need a positive sliding_window")
     windows = [window if t == "sliding_attention" else None for t in layer_types]
@@ -201,7 +201,7 @@ def _model_config_from_hf(hf: Mapping[str, Any], where: str,
         d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=head_dim, mlp_hidden=whole("intermediate_size"), vocab_size=vocab,
         padded_vocab_size=padded_vocab_size or VOCAB_MULTIPLE * math.ceil(vocab / VOCAB_MULTIPLE),
-        rope_theta=theta, rope_scaling=yarn, norm_eps=_number(hf.get("rms_norm_eps", 1e-5)),
+        rope_theta=theta, rope_scaling=yarn, norm_eps=json_number(hf.get("rms_norm_eps", 1e-5)),
         qk_norm="full", block_type="reordered_norm", window_pattern=_minimal_period(windows),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_seq_len=whole("max_position_embeddings", 8192))

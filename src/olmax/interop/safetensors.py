@@ -184,13 +184,9 @@ class SafetensorsDir:
         raise_non_finite(", ".join(files), sorted(self.non_finite, key=order))
 
 
-def write_safetensors(path: Path, layout: list[tuple[str, tuple[int, ...], np.dtype]],
-                       arrays: Iterable[tuple[str, np.ndarray]]) -> int:
-    """Write one safetensors file tensor by tensor: the header (from ``layout``: name, shape,
-    dtype in file order) first, then each array of ``arrays`` as it comes, so only one tensor is
-    in memory. Format: u64 little-endian header length, the JSON header (``data_offsets`` relative
-    to the data section, padded with spaces to 8 bytes), the tensors' bytes back to back.
-    Returns the data bytes written."""
+def safetensors_header(layout: list[tuple[str, tuple[int, ...], np.dtype]]) -> tuple[bytes, int]:
+    """The bytes a safetensors file of ``layout`` (name, shape, dtype in file order) starts with
+    (see :func:`write_safetensors`), and the length of its data section."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape, dt in layout:
@@ -200,9 +196,19 @@ def write_safetensors(path: Path, layout: list[tuple[str, tuple[int, ...], np.dt
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw, offset
+
+
+def write_safetensors(path: Path, layout: list[tuple[str, tuple[int, ...], np.dtype]],
+                       arrays: Iterable[tuple[str, np.ndarray]]) -> int:
+    """Write one safetensors file tensor by tensor: the header (from ``layout``: name, shape,
+    dtype in file order) first, then each array of ``arrays`` as it comes, so only one tensor is
+    in memory. Format: u64 little-endian header length, the JSON header (``data_offsets`` relative
+    to the data section, padded with spaces to 8 bytes), the tensors' bytes back to back.
+    Returns the data bytes written."""
+    head, offset = safetensors_header(layout)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
+        f.write(head)
         it = iter(arrays)
         for name, shape, dt in layout:
             got_name, a = next(it)

@@ -38,6 +38,7 @@ from typing import Sequence
 import olmax
 from olmax.config import MeshConfig, RunConfig, check_start
 from olmax.errors import ConfigError
+from olmax.store import is_bucket
 from olmax.io import as_inputs, refuse_existing, write_bytes_atomic
 from olmax.hardware import VENDORS, Vendor
 from olmax.parallel.mesh import resolve_mesh_shape
@@ -103,8 +104,9 @@ class Job:
     def environment(self) -> dict[str, str]:
         """What every process of the job gets, the user's ``--env`` last (it wins); XLA_FLAGS is
         added to whatever the process environment holds."""
-        env = {"JAX_PLATFORMS": self.jax_platforms, "PYTHONUNBUFFERED": "1",
-               "OLMAX_CACHE": f"{self.run_dir.rstrip('/')}/cache"}
+        env = {"JAX_PLATFORMS": self.jax_platforms, "PYTHONUNBUFFERED": "1"}
+        if not is_bucket(self.run_dir):     # a bucket run dir: caches stay node-local
+            env["OLMAX_CACHE"] = f"{self.run_dir.rstrip('/')}/cache"
         if self.platform == "gpu":
             env[MEM_FRACTION_ENV] = f"{MEM_FRACTION:.2f}"
             env["XLA_FLAGS"] = GPU_XLA_FLAGS
@@ -128,7 +130,10 @@ class Fit:
         t = self.cfg.train
         d, f, c, tp = self.mesh
         ctx = f"context {c} x " if c > 1 else ""
-        return (f"batch {t.global_batch_size} x {t.seq_len}, {t.max_steps} steps, mesh data {d} x "
+        length = f"{t.max_steps} steps" if t.max_steps is not None else t.length
+        if t.hard_stop is not None:
+            length += f" (hard stop at step {t.hard_stop})"
+        return (f"batch {t.global_batch_size} x {t.seq_len}, {length}, mesh data {d} x "
                 f"fsdp {f} x {ctx}tensor {tp} over {job.devices} {job.platform.upper()} devices, "
                 f"{self.micro_batches} micro-batch(es)")
 

@@ -43,6 +43,7 @@ import yaml
 from olmax.config import MAX_YAML_BYTES, check_yaml_size, safe_load_strict
 from olmax.errors import EXIT_STOPPED, NO_RESTART, ConfigError
 from olmax.io import read_text
+from olmax.store import is_bucket
 from olmax.launch.job import SET_ME, Fit, Job, check_label, comment, provenance, train_argv
 from olmax.topology import TpuSlice
 
@@ -191,8 +192,11 @@ def render(job: Job, fit: Fit, *, tpu: TpuSlice | None = None, controller: str =
         raise ConfigError(f"--controller {controller!r}: one of {', '.join(CONTROLLERS)}")
     if not posixpath.isabs(mount_path):
         raise ConfigError(f"--mount-path {mount_path!r} must be an absolute path")
+    bucket = is_bucket(job.run_dir)      # a bucket run dir: no shared volume, unless one is named
+    volume = not bucket or volume_claim is not None     # (for the inputs: data, weights)
     inside = posixpath.relpath(posixpath.normpath(job.run_dir), posixpath.normpath(mount_path))
-    if not posixpath.isabs(job.run_dir) or inside == ".." or inside.startswith("../"):
+    if not bucket and (not posixpath.isabs(job.run_dir) or inside == ".."
+                       or inside.startswith("../")):
         raise ConfigError(f"--run-dir {job.run_dir} must lie on the shared volume mounted at "
                           f"{mount_path} (--mount-path)")
     if not 1 <= port <= 65535:
@@ -266,7 +270,7 @@ def render(job: Job, fit: Fit, *, tpu: TpuSlice | None = None, controller: str =
         "env": env,
         "ports": [{"name": "coordinator", "containerPort": port}],
         **({"resources": resources_spec} if resources_spec else {}),
-        "volumeMounts": [{"name": "runs", "mountPath": mount_path},
+        "volumeMounts": [*([{"name": "runs", "mountPath": mount_path}] if volume else []),
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
     pod_spec = {
@@ -278,8 +282,8 @@ def render(job: Job, fit: Fit, *, tpu: TpuSlice | None = None, controller: str =
         **({"tolerations": tolerations} if tolerations else {}),
         "containers": [container],
         "volumes": [
-            {"name": "runs", "persistentVolumeClaim": {
-                "claimName": volume_claim or f"{SET_ME}-shared-volume-claim"}},
+            *([{"name": "runs", "persistentVolumeClaim": {
+                "claimName": volume_claim or f"{SET_ME}-shared-volume-claim"}}] if volume else []),
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         ],
     }
@@ -364,8 +368,13 @@ def _header(job: Job, fit: Fit, tpu: TpuSlice | None, controller: str, gpus: int
         "",
         f"Set by hand where this file says {SET_ME}:",
         "  - image: a container image with olmax installed (`olmax` on PATH);",
-        "  - the volume claim: a ReadWriteMany PersistentVolumeClaim every pod mounts (NFS,",
-        comment(f"    Filestore, Lustre, ...); the run directory {job.run_dir} lies on it;"),
+        *(["  - the run directory is a bucket path: no shared volume is needed (checkpoints,",
+           comment(f"    metrics and the run lock go straight to {job.run_dir}); every pod needs"),
+           "    credentials for it (GKE Workload Identity for gs://, the AWS_* variables or an",
+           "    IAM role for s3://; --env AWS_ENDPOINT_URL=... for an S3-compatible store);"]
+          if is_bucket(job.run_dir) else
+          ["  - the volume claim: a ReadWriteMany PersistentVolumeClaim every pod mounts (NFS,",
+           comment(f"    Filestore, Lustre, ...); the run directory {job.run_dir} lies on it;")]),
         "  - node selectors / tolerations / namespace / queue as your cluster requires",
         "    (--node-selector, --namespace, --queue); the GPU fabric (--resource, --annotation,",
         "    --host-network, --patch, --env NCCL_...=...).",

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from olmax.errors import ConfigError
+from olmax.store import is_bucket, run_location
 from olmax.launch import k8s, slurm, tpu
 from olmax.launch.job import Fit, Job, check_name, default_name, parse_env
 from olmax.topology import TpuSlice, parse_tpu
@@ -166,6 +167,10 @@ than one step plus one checkpoint save, for preemptions.
         if args.run_dir is None and nodes > 1:
             raise ConfigError(f"--run-dir DIR is required for {nodes} nodes: a directory every node "
                               "sees (a default would name a new run each time the script is written)")
+        if args.run_dir and is_bucket(args.run_dir):
+            raise ConfigError(f"--run-dir {args.run_dir}: a bucket path; the Slurm job script keeps "
+                              f"its exit files in the run directory: give a directory every node "
+                              f"sees (or use --target k8s or tpu-vm, which take bucket paths)")
         run_dir = os.path.abspath(args.run_dir or default_run_dir(args.recipe))
         return super().job(args, run_dir=run_dir, nodes=nodes, devices_per_node=per_node,
                            platform=platform, processes_per_node=per_process)
@@ -178,6 +183,13 @@ than one step plus one checkpoint save, for preemptions.
 
     def start_hint(self, out: str) -> str:
         return f"sbatch {out}"
+
+
+def _given_run_dir(args: argparse.Namespace) -> str | None:
+    """``--run-dir`` as given; a bucket path checked and normalised (``s3://``, ``gs://``)."""
+    if args.run_dir and is_bucket(args.run_dir):
+        return str(run_location(args.run_dir))
+    return args.run_dir
 
 
 class K8s(_Nodes):
@@ -230,7 +242,8 @@ namespace, node selectors, Kueue queue and requests your cluster needs (--namesp
                        help="a strategic-merge patch (YAML) of the pod template: sidecars, volumes")
 
     def job(self, args: argparse.Namespace, **_) -> Job:
-        run_dir = args.run_dir or f"{args.mount_path.rstrip('/')}/{Path(default_run_dir(args.recipe)).name}"
+        run_dir = (_given_run_dir(args) or
+                   f"{args.mount_path.rstrip('/')}/{Path(default_run_dir(args.recipe)).name}")
         if args.num_slices > 1 and args.controller != "jobset":
             raise ConfigError("--num-slices needs --controller jobset (one replicated job per slice)")
         if args.topology:
@@ -259,7 +272,10 @@ namespace, node selectors, Kueue queue and requests your cluster needs (--namesp
         return f"kubectl apply -f {out}"
 
     def todo(self, args: argparse.Namespace) -> list[str]:
-        return [o for o, v in (("--image", args.image), ("--volume-claim", args.volume_claim)) if not v]
+        need = [("--image", args.image)]
+        if not (args.run_dir and is_bucket(args.run_dir)):    # a bucket run dir needs no volume
+            need.append(("--volume-claim", args.volume_claim))
+        return [o for o, v in need if not v]
 
 
 class TpuVm(Target):
@@ -275,8 +291,10 @@ slices TPU_NAME-0 .. TPU_NAME-<N-1> of a multi-slice queued resource.
 
 Set by hand (SET-ME in the file, or the options below): the slice's name and zone (--tpu-name, --zone,
 --project; or TPU_NAME / ZONE / PROJECT in the environment); the software on every worker (`olmax` on
-PATH: --setup 'source ~/venv/bin/activate'); a run directory every worker sees (--run-dir on NFS,
-Filestore or a gcsfuse mount; required for multi-host slices). The slice is created beforehand.
+PATH: --setup 'source ~/venv/bin/activate'); a run directory every worker sees (required for
+multi-host slices): a bucket path, --run-dir gs://BUCKET/PATH (no shared file system: checkpoints,
+metrics and the run lock go to the bucket, the workers' logs stay on each worker), or a folder on
+NFS, Filestore or a gcsfuse mount. The slice is created beforehand.
 """
 
     def add_options(self, p: argparse.ArgumentParser) -> None:
@@ -293,11 +311,12 @@ Filestore or a gcsfuse mount; required for multi-host slices). The slice is crea
         if not args.topology:
             raise ConfigError("--topology NAME is required (a TPU slice, e.g. v5p-128 or v5p:4x4x4)")
         s, hosts = self.tpu_hosts(args)
-        run_dir = args.run_dir
+        run_dir = _given_run_dir(args)
         if run_dir is None:
             if hosts > 1:
                 raise ConfigError(f"--run-dir DIR is required for {s.name} ({hosts} workers): a "
-                                  "directory every worker sees (NFS, Filestore, gcsfuse)")
+                                  "bucket path (gs://BUCKET/PATH) or a directory every worker sees "
+                                  "(NFS, Filestore, gcsfuse)")
             run_dir = f"runs/{Path(default_run_dir(args.recipe)).name}"
         return super().job(args, run_dir=run_dir, nodes=hosts, platform="tpu",
                            devices_per_node=s.devices_per_host, num_slices=args.num_slices)

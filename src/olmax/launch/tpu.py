@@ -29,6 +29,7 @@ from typing import Sequence
 from olmax.errors import NO_RESTART, ConfigError, no_restart_text
 from olmax.launch.job import (LONG_ARGS, MAX_ARG_BYTES, SET_ME, Fit, Job, comment, fill, provenance,
                               shell_join, template, train_argv)
+from olmax.store import is_bucket
 from olmax.topology import TpuSlice
 
 LIBTPU_LOCK = "/tmp/libtpu_lockfile"
@@ -39,9 +40,22 @@ SUPERVISE = fill(template("tpu_supervise.sh"), libtpu_lock=LIBTPU_LOCK,
                  no_restart_codes="|".join(map(str, NO_RESTART)), no_restart_text=no_restart_text())
 
 
+def _run_dir_note(run_dir: str) -> str:
+    if is_bucket(run_dir):
+        return (f"#   - the run directory {comment(run_dir)} is a bucket path: no shared file system\n"
+                "#     is needed (checkpoints, metrics and the run lock go to the bucket); the\n"
+                "#     workers need credentials for it (the TPU VM's service account for gs://);\n"
+                "#     each worker's log stays on it, in ~/olmax-logs/.")
+    return (f"#   - the run directory {comment(run_dir)} must be storage every worker sees (NFS,\n"
+            "#     Filestore, a gcsfuse mount); relative paths start in each worker's home directory.")
+
+
 def _worker_commands(job: Job, fit: Fit, setup: Sequence[str]) -> dict[str, str]:
     """The shell commands each worker runs for ``start``, ``logs`` and ``stop``."""
-    files = [f"dir={shlex.quote(job.run_dir)}",
+    # the workers' logs and pid files: in the run directory, or node-local for a bucket run dir
+    log_dir = (f'"$HOME/olmax-logs/"{shlex.quote(job.name)}' if is_bucket(job.run_dir)
+               else shlex.quote(job.run_dir))
+    files = [f"dir={log_dir}",
              'log="$dir/logs/$(hostname).log"', 'pidfile="$dir/logs/$(hostname).pid"']
     running = ('[ -f "$pidfile" ] && tr "\\0" " " <"/proc/$(cat "$pidfile")/cmdline" 2>/dev/null'
                ' | grep -q olmax-supervisor')
@@ -110,7 +124,7 @@ def render_vm(job: Job, fit: Fit, tpu: TpuSlice, *, tpu_name: str | None = None,
         summary=comment(f"olmax: {job.recipe} on {where} ({tpu.hosts} worker(s) x {tpu.chips_per_host} "
                         f"chips each), one training process per worker; {fit.describe(job)}."),
         provenance=provenance(job), max_restarts=str(job.max_restarts),
-        run_dir_comment=comment(job.run_dir), accelerator_type=tpu.accelerator_type,
+        run_dir_note=_run_dir_note(job.run_dir), accelerator_type=tpu.accelerator_type,
         tpu_name=tpu_name or SET_ME, zone=zone or SET_ME, project=project or "",
         worker_commands="\n".join(f"{k.upper()}_COMMAND={shlex.quote(v)}" for k, v in cmds.items()),
         run=run)

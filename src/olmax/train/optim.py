@@ -16,7 +16,10 @@ Reference: OLMo-core ``optim/adamw.py`` (``adamw_step``), ``optim/skip_step_opti
    the scheduled lr (``p -= lr * wd * p``, i.e. OLMo-core's ``p *= 1 - lr * wd``) on every parameter
    except those named in ``no_decay`` (OLMo 3: the embedding only), update ``-lr * (...)``.
    A skipped step leaves parameters, moments and Adam's step count unchanged, so bias correction
-   counts applied steps only (OLMo-core ``step_increment_bugfix=True``).
+   counts applied steps only (OLMo-core ``step_increment_bugfix=True``). The count starts at
+   ``initial_adam_count`` (1 where OLMo-core's checkpointer saved step 0 before the first update);
+   with ``step_increment_bugfix=False`` it never advances (OLMo-core before 2025-06-30: every step's
+   bias correction is the first one's, about 2.2x the lr at betas 0.9/0.95 from a count of 0).
 
 Differences from OLMo-core, both deliberate: the rolling windows live in the optimizer state (so they
 are checkpointed and a resumed run skips exactly as an uninterrupted one would; OLMo-core keeps them
@@ -125,8 +128,12 @@ def skip_step_adamw(cfg: OptimConfig) -> optax.GradientTransformationExtraArgs:
         return optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=cfg.eps, eps_root=0.0), decay(params))
 
     def init(params):
-        return SkipStepAdamWState(make_inner(params).init(params), _window_init(interval + 1),
-                                  jnp.ones((), jnp.float32))
+        inner = make_inner(params).init(params)
+        if cfg.initial_adam_count:
+            adam = inner[0]
+            inner = (adam._replace(count=jnp.full_like(adam.count, cfg.initial_adam_count)),) + \
+                tuple(inner[1:])
+        return SkipStepAdamWState(inner, _window_init(interval + 1), jnp.ones((), jnp.float32))
 
     def update(grads, state, params=None, *, lr, loss, **extra):
         del extra
@@ -144,13 +151,16 @@ def skip_step_adamw(cfg: OptimConfig) -> optax.GradientTransformationExtraArgs:
         apply = factor > 0
         _, new_inner = make_inner(params).update(grads, state.inner, params)
         inner = jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_inner, state.inner)
+        bias_count = inner[0].count
+        if not cfg.step_increment_bugfix:   # the bias correction's count, then the old one kept
+            inner = (inner[0]._replace(count=state.inner[0].count),) + tuple(inner[1:])
         # The step's direction from the moments just kept (optax scale_by_adam's formula, then the
         # masked decoupled decay), not from the old moments again: the moments' buffers are updated
         # in place, and XLA would copy every moment first when a later pass still read the old
         # values.
         adam = inner[0]
-        mu_hat = optax.tree.bias_correction(adam.mu, b1, adam.count)
-        nu_hat = optax.tree.bias_correction(adam.nu, b2, adam.count)
+        mu_hat = optax.tree.bias_correction(adam.mu, b1, bias_count)
+        nu_hat = optax.tree.bias_correction(adam.nu, b2, bias_count)
         direction = jax.tree.map(lambda m, v: m / (jnp.sqrt(v + 0.0) + cfg.eps), mu_hat, nu_hat)
         direction, _ = decay(params).update(direction, inner[1], params)
         lr = jnp.asarray(lr, jnp.float32)

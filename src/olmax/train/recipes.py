@@ -2,7 +2,8 @@
 resolved into a :class:`~olmax.config.RunConfig` in one downward pass (:func:`load_recipe`):
 
 1. the recipe's plain data, with the ``key.sub=value`` overrides applied (an override of a data
-   source replaces the recipe's source: :data:`~olmax.config.ONE_OF`);
+   source replaces the recipe's source, one of the run's length replaces its length:
+   :data:`~olmax.config.ONE_OF`);
 2. a :class:`~olmax.config.RunSpec`: every section typed and checked once, the model as written;
 3. the weights' own config, read once when the run starts from weights
    (:func:`~olmax.interop.architecture.read_weights_config`);

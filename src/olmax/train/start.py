@@ -40,14 +40,14 @@ import numpy as np
 
 from olmax.checkpoint.checkpointer import Checkpointer, open_step_dir
 from olmax.checkpoint.format import OPT_STATE_ITEM, resolve_step_dir
-from olmax.checkpoint.weights import load_meta, load_params
+from olmax.checkpoint.weights import has_item, load_meta, load_params
 from olmax.config import ModelConfig, ModelSpec, RunConfig, to_dict
 from olmax.errors import OlmaxError
 from olmax.interop.architecture import read_weights_config
 from olmax.data.fingerprint import OVERRIDE as FINGERPRINT_OVERRIDE
 from olmax.interop.hf import load_hf
 from olmax.interop.olmo_core.checkpoint import OLMoCoreCheckpoint, TrainerState, is_olmo_core_checkpoint
-from olmax.interop.olmo_core.convert import check_param_groups
+from olmax.interop.olmo_core.convert import check_count_rule, check_param_groups
 from olmax.model.finite import check_params
 from olmax.model.presets import WeightsConfig, describe_differences, differences, resolve_model
 from olmax.train.run_log import rewind_jsonl
@@ -112,13 +112,14 @@ def _warm_start(cfg: RunConfig, abstract_state: Any, fresh_state: Callable[[Any]
     where = resolve_step_dir(cfg.init.checkpoint)
     _check_architecture(cfg, read_weights_config(cfg.init), ckpt)
     load_opt = cfg.init.load_optimizer
-    if load_opt and not (where / OPT_STATE_ITEM).is_dir():
+    has_opt = has_item(where, OPT_STATE_ITEM)
+    if load_opt and not has_opt:
         raise OlmaxError(f"init.checkpoint {where} has no optimizer state "
                          "(set init.load_optimizer=false to start a fresh optimizer)")
-    if cfg.init.load_trainer_state and not (where / OPT_STATE_ITEM).is_dir():
+    if cfg.init.load_trainer_state and not has_opt:
         raise OlmaxError(f"init.checkpoint {where} holds parameters only: there is no trainer state "
                          "to continue (set init.load_trainer_state=false)")
-    if not (where / OPT_STATE_ITEM).is_dir():   # parameters only (olmax convert, save_params)
+    if not has_opt:   # parameters only (olmax convert, save_params)
         target = abstract_state.params
         params, _ = load_params(where, dtype=jax.tree.leaves(target)[0].dtype,
                                 shardings=jax.tree.map(lambda t: t.sharding, target))
@@ -191,6 +192,8 @@ def _from_olmo_core(cfg: RunConfig, abstract_state: Any, fresh_state: Callable[[
     state = fresh_state(params)
     if init.load_optimizer:
         check_param_groups(ck, cfg.model, cfg.optim)
+        if trainer is not None:
+            check_count_rule(ck, cfg.optim)
         state = state._replace(opt_state=_olmo_core_adam(ck, cfg, state.opt_state,
                                                          abstract_state.opt_state))
     step = trainer.global_step if trainer is not None else 0

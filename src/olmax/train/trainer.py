@@ -22,8 +22,9 @@ are built from the config through the registry and called in order, each hook fo
 they see a :class:`~olmax.train.callbacks.base.RunView`, not the trainer.
 
 Run directory (created by process 0 if needed): ``metrics.jsonl``, ``tb/`` (TensorBoard),
-``config.yaml`` (the resolved config), ``run_info.json`` (olmax version, git revision, JAX version,
-devices, command line), ``checkpoints/``, ``hangs/`` (stacks the watchdog wrote), and
+``config.yaml`` (the resolved config: a length in epochs or tokens written as its step count),
+``run_info.json`` (olmax version, git revision, JAX version, devices, the length as given and
+resolved, command line), ``checkpoints/``, ``hangs/`` (stacks the watchdog wrote), and
 ``.olmax-lock`` while a trainer holds it (one writer per run directory:
 :mod:`olmax.train.callbacks.run_lock`).
 """
@@ -53,14 +54,15 @@ from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.config import RunConfig, to_dict
 from olmax.errors import NeedsAttentionError, OlmaxError
 from olmax.data.loader import batch_hash, build_train_data
-from olmax.io import write_json_atomic, write_text_atomic
+from olmax import store
+from olmax.store import run_location
 from olmax.model.params import count_params
 from olmax.parallel.distributed import check_devices, maybe_initialize
 from olmax.parallel.mesh import check_rows_per_process, make_mesh
 from olmax.train.callbacks import Callback, RunView, build_callbacks
 from olmax.train.callbacks.run_lock import lock_run_dir
 from olmax.train.start import start_state
-from olmax.train.run_log import MetricsLogger
+from olmax.train.run_log import MetricsLogger, metrics_location
 from olmax.train.optim import build_optimizer
 from olmax.train.schedules import build_schedule
 from olmax.train.step import build_sharded_training
@@ -109,9 +111,13 @@ def _git_revision() -> str | None:
         return None
 
 
-def create_run_dir(path: Path) -> bool:
+def create_run_dir(path: Any) -> bool:
     """Create the run directory (and its parents); True when it did not exist before. A path that
-    is a file, lies below one or cannot be created is one OlmaxError naming it."""
+    is a file, lies below one or cannot be created is one OlmaxError naming it. A bucket path is
+    checked instead (the bucket exists and takes writes; :func:`olmax.store.check_bucket`)."""
+    if store.is_bucket(path):
+        store.check_bucket(path)
+        return False
     if path.exists() and not path.is_dir():
         raise OlmaxError(f"run directory {path} exists and is not a directory")
     created = not path.exists()
@@ -134,7 +140,7 @@ class Trainer:
                  attempt: str | None = None,
                  expect_devices: tuple[str, int] | None = None) -> None:
         self.cfg = cfg
-        self.run_dir = Path(run_dir)
+        self.run_dir = run_location(run_dir)     # a Path, or a bucket path (str)
         self.extra_callbacks = list(callbacks)
         self.quiet = quiet
         self.attempt = attempt
@@ -154,27 +160,39 @@ class Trainer:
         rules between them): a data source; then the optimizer and schedule."""
         self.cfg.data.source()   # exactly one training data source (ConfigError otherwise)
         self.tx = build_optimizer(self.cfg.optim)
-        self.schedule = build_schedule(self.cfg.scheduler, self.cfg.optim.lr, self.cfg.train.max_steps)
+        # a length in epochs or tokens is a step count once the data is read (_build); a length
+        # in steps (or the scheduler's own t_max) gives the schedule now
+        t = self.cfg.train
+        if t.max_steps is not None or self.cfg.scheduler.t_max is not None:
+            self.schedule = build_schedule(self.cfg.scheduler, self.cfg.optim.lr, t.max_steps or 1)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if self.logger is not None:
             self.logger.log(step, metrics)
 
+    def _flush_logs(self) -> None:
+        if self.logger is not None:
+            self.logger.flush()
+
     def _prepare_run_dir(self) -> None:
         if not self.is_main:
             return
         cfg_yaml = yaml.safe_dump(json.loads(json.dumps(to_dict(self.cfg))), sort_keys=False)
-        path = self.run_dir / "config.yaml"
-        if path.exists() and path.read_text() != cfg_yaml:
-            path = self.run_dir / f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml"
-        if not path.exists():
-            write_text_atomic(path, cfg_yaml)
+        path = store.join(self.run_dir, "config.yaml")
+        old = store.read_bytes(path)
+        if old is not None and old.decode("utf-8", errors="replace") != cfg_yaml:
+            path = store.join(self.run_dir, f"config.{time.strftime('%Y%m%d-%H%M%S')}.yaml")
+            old = store.read_bytes(path)
+        if old is None:
+            store.write_bytes(path, cfg_yaml.encode())
         info = {"olmax_version": olmax.__version__, "git_revision": _git_revision(),
                 "jax_version": jax.__version__, "devices": jax.device_count(),
                 "device_kind": jax.devices()[0].device_kind, "processes": jax.process_count(),
                 "profile": self.runtime.profile_name, "attn_impl": self.runtime.attn_impl,
-                "command": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        write_json_atomic(self.run_dir / "run_info.json", info)
+                "length": self.length, "max_steps": self.cfg.train.max_steps, "command": sys.argv,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        store.write_bytes(store.join(self.run_dir, "run_info.json"),
+                          (json.dumps(info, indent=2) + "\n").encode())
 
     def _build(self) -> None:
         cfg, t = self.cfg, self.cfg.train
@@ -193,6 +211,18 @@ class Trainer:
         if self.data.num_instances < t.global_batch_size:
             raise OlmaxError(f"training data has {self.data.num_instances} instances of {t.seq_len} "
                              f"tokens, fewer than one global batch ({t.global_batch_size})")
+        # The run's length as a step count (train.max_epochs / max_tokens resolved on this data):
+        # config.yaml records it, and the schedule's horizon is it unless scheduler.t_max is set.
+        self.length = t.length
+        if t.max_steps is None:
+            self.length += (f" = {t.steps_for(self.data.batches_per_epoch, cfg.data.epoch)} steps"
+                            f" ({self.data.batches_per_epoch} batches of {t.global_batch_size} x "
+                            f"{t.seq_len} per epoch)")
+        train = t.resolved(self.data.batches_per_epoch, cfg.data.epoch)
+        assert train.max_steps is not None and train.last_step is not None
+        self.last_step: int = train.last_step       # the length's end, or the hard stop before it
+        self.cfg = cfg = replace(cfg, train=train)
+        self.schedule = build_schedule(cfg.scheduler, cfg.optim.lr, train.max_steps)
         self.step_fn, self._fresh_state = st.step_fn, st.fresh_state
         self.abstract_state = st.abstract_state
         self.batch_sharding, self.n_micro = st.batch_shardings, st.n_micro
@@ -220,7 +250,7 @@ class Trainer:
     # -- the run ------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Train to ``train.max_steps`` (or until stopped); returns a summary dict. The run
+        """Train to ``train.max_steps`` (or ``train.hard_stop``, or until stopped); returns a summary dict. The run
         directory is locked for the whole run (:mod:`olmax.train.callbacks.run_lock`): a second
         trainer on it stops before touching anything (a directory this trainer created for
         nothing is removed again)."""
@@ -242,17 +272,18 @@ class Trainer:
         self._prepare_run_dir()
         callbacks = build_callbacks(self.cfg, [lock, *self.extra_callbacks])   # checks eval inputs
         try:
-            ckpt = Checkpointer(self.run_dir / "checkpoints", self.cfg.checkpoint)
+            ckpt = Checkpointer(store.join(self.run_dir, "checkpoints"), self.cfg.checkpoint)
         except BaseException:
             self._close(callbacks, None, None, quietly=True)
             raise
         run = self.run_view = RunView(self.cfg, self.run_dir, self.is_main, checkpointer=ckpt,
                                   mesh=self.mesh, mesh_shape=dict(self.mesh.shape),
-                                  data_fingerprint=self.data.fingerprint, log_fn=self.log)
+                                  data_fingerprint=self.data.fingerprint, log_fn=self.log,
+                                  flush_fn=self._flush_logs)
         bar, losses, failed = None, [], True
         try:
             start = start_state(self.cfg, ckpt, self.abstract_state, self._fresh_state, self.data,
-                                  metrics_path=self.run_dir / "metrics.jsonl")
+                                  metrics_path=metrics_location(self.run_dir))
             run.state, run.step, run.origin = start.state, start.step, start.origin
             self.logger = MetricsLogger(self.run_dir, self.cfg.logging, enabled=self.is_main,
                                         run_config=to_dict(self.cfg), purge_step=start.step + 1)
@@ -281,22 +312,25 @@ class Trainer:
         t = self.cfg.train
         if not self.is_main or self.quiet:
             return None
+        last = self.last_step
+        stop = f", hard stop at step {t.hard_stop}" if last != t.max_steps else ""
         log.info(f"olmax train: {count_params(self.cfg.model) / 1e6:.1f}M params, mesh "
                  f"{dict(self.mesh.shape)}, batch {t.global_batch_size}x{t.seq_len}, "
-                 f"{self.n_micro} micro-batch(es), steps {start + 1}..{t.max_steps}, "
-                 f"run dir {self.run_dir}")
-        if not self.cfg.logging.progress or start >= t.max_steps:
+                 f"{self.n_micro} micro-batch(es), {self.length}{stop}, "
+                 f"steps {start + 1}..{last}, run dir {self.run_dir}")
+        if not self.cfg.logging.progress or start >= last:
             return None
-        return tqdm(total=t.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+        return tqdm(total=last, initial=start, desc="train", unit="step", dynamic_ncols=True,
                     file=sys.stderr)
 
     def _loop(self, run: RunView, callbacks: list[Callback], bar: tqdm | None, losses: list[float]) -> None:
         t = self.cfg.train
         for cb in callbacks:
             cb.on_train_start(run)
+        last = self.last_step
         it = (self.data.iterate(run.step, jax.process_index(), jax.process_count())
-              if run.step < t.max_steps else iter(()))
-        for step in range(run.step + 1, t.max_steps + 1):
+              if run.step < last else iter(()))
+        for step in range(run.step + 1, last + 1):
             b, host = next(it)
             if b != step - 1:
                 raise OlmaxError(f"data loader served batch {b} for step {step}")

@@ -22,8 +22,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from olmax.config import ModelConfig, YarnConfig
+from olmax.config import ModelConfig, YarnConfig, shown
 from olmax.errors import ConfigError, OlmaxError
+from olmax.interop.hf_config import json_number, whole_number
 from olmax.interop.olmo_core.dcp import METADATA, DcpReader, Files
 from olmax.interop.olmo_core.torch_zip import Archive
 from olmax.model.params import OLMoCoreTensor, olmo_core_tensors
@@ -113,6 +114,13 @@ class OLMoCoreCheckpoint:
             return json.loads(self.files.read_all("config.json"))
         except ValueError as e:
             raise OlmaxError(f"{self.files.path('config.json')}: not JSON ({e})") from None
+
+    def step_increment_bugfix(self) -> bool | None:
+        """``config.json``'s ``train_module.optim.step_increment_bugfix`` (False: the run's Adam
+        step count never advanced), or None where the config does not record it."""
+        optim = ((self.config() or {}).get("train_module") or {}).get("optim") or {}
+        value = optim.get("step_increment_bugfix") if isinstance(optim, dict) else None
+        return value if isinstance(value, bool) else None
 
     def version(self) -> str | None:
         if not self.full or not self.files.exists(".metadata.json"):
@@ -292,32 +300,74 @@ def model_config_from_olmo_core(cfg: dict, where: str) -> ModelConfig:
         raise OlmaxError(f"{where}: {e}") from None
 
 
+def _section(parent: dict, key: str, where: str, path: str, required: bool = True) -> dict:
+    value = parent.get(key)
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        what = "missing" if value is None else f"{type(value).__name__} {shown(value)}, not an object"
+        raise OlmaxError(f"{where}: {path}{key} is {what}")
+    return value
+
+
 def _model_config(model: dict, cfg: dict, where: str) -> ModelConfig:
-    block = model["block"]
-    attn = block.get("sequence_mixer") or block["attention"]
+    """Every value checked by the rules a recipe's are (a whole number where a count is meant, a
+    finite number, a boolean; then ModelConfig's own ranges), each error naming the config key."""
+    def whole(d: dict, key: str, path: str, default: Any = None) -> int:
+        value = d.get(key)
+        if value is None:
+            if default is None:
+                raise OlmaxError(f"{where}: {path}{key} is missing")
+            return default
+        return whole_number(value, f"{path}{key}", where)
+
+    def flag(d: dict, key: str, path: str, default: bool) -> bool:
+        value = d.get(key, default)
+        if not isinstance(value, bool):
+            raise OlmaxError(f"{where}: {path}{key} must be true or false (got {shown(value)})")
+        return value
+
+    block = _section(model, "block", where, "model.")
+    mixer = "sequence_mixer" if "sequence_mixer" in block else "attention"
+    attn = _section(block, mixer, where, "model.block.")
+    a = f"model.block.{mixer}."
     if block.get("name") not in ("reordered_norm", None):
         raise OlmaxError(f"{where}: block {block.get('name')!r} is not OLMo 3's reordered_norm")
-    n_heads = int(attn["n_heads"])
-    d_model = int(model["d_model"])
-    window = attn.get("sliding_window")
+    n_heads = whole(attn, "n_heads", a)
+    d_model = whole(model, "d_model", "model.")
+    n_layers = whole(model, "n_layers", "model.")
+    if n_heads <= 0 or n_layers <= 0:
+        raise OlmaxError(f"{where}: model.n_layers and {a}n_heads must be positive "
+                         f"(got {n_layers}, {n_heads})")
+    window = _section(attn, "sliding_window", where, a, required=False)
     pattern: tuple = (None,)
     if window:
-        pattern = tuple(None if w == -1 else int(w) for w in window["pattern"])
-        _check_forced_layers(window, pattern, int(model["n_layers"]), where)
-    rope = attn.get("rope") or {}
-    padded = int(model["vocab_size"])
-    tokenizer = (cfg.get("dataset") or {}).get("tokenizer") or {}
-    qk = "none" if not attn.get("qk_norm") else ("head" if attn.get("use_head_qk_norm") else "full")
+        raw = window.get("pattern")
+        if not isinstance(raw, list) or not raw:
+            raise OlmaxError(f"{where}: {a}sliding_window.pattern must be a non-empty list "
+                             f"(got {shown(raw)})")
+        pattern = tuple(None if w == -1 else whole_number(w, f"{a}sliding_window.pattern[{i}]", where)
+                        for i, w in enumerate(raw))
+        _check_forced_layers(window, pattern, n_layers, where)
+    rope = _section(attn, "rope", where, a, required=False)
+    padded = whole(model, "vocab_size", "model.")
+    tokenizer = _section(_section(cfg, "dataset", where, "", required=False), "tokenizer", where,
+                         "dataset.", required=False)
+    qk = "none" if not attn.get("qk_norm") else \
+        ("head" if flag(attn, "use_head_qk_norm", a, False) else "full")
+    norm = _section(block, "layer_norm", where, "model.block.", required=False)
+    feed_forward = _section(block, "feed_forward", where, "model.block.")
     return ModelConfig(
-        d_model=d_model, n_layers=int(model["n_layers"]), n_heads=n_heads,
-        n_kv_heads=int(attn.get("n_kv_heads") or n_heads),
-        head_dim=int(attn.get("head_dim") or d_model // n_heads),
-        mlp_hidden=int(block["feed_forward"]["hidden_size"]),
-        vocab_size=int(tokenizer.get("vocab_size") or padded), padded_vocab_size=padded,
-        rope_theta=float(rope.get("theta", 500_000)), rope_scaling=_yarn(rope.get("scaling"), where),
-        norm_eps=float((block.get("layer_norm") or {}).get("eps", 1e-6)), qk_norm=qk,
-        window_pattern=pattern, tie_embeddings=bool(model.get("tie_word_embeddings", False)),
-        init_std=float(model.get("init_std", 0.02)))
+        d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=whole(attn, "n_kv_heads", a, n_heads),
+        head_dim=whole(attn, "head_dim", a, d_model // n_heads),
+        mlp_hidden=whole(feed_forward, "hidden_size", "model.block.feed_forward."),
+        vocab_size=whole(tokenizer, "vocab_size", "dataset.tokenizer.", padded),
+        padded_vocab_size=padded,
+        rope_theta=json_number(rope.get("theta", 500_000)), rope_scaling=_yarn(rope.get("scaling"), where),
+        norm_eps=json_number(norm.get("eps", 1e-6)), qk_norm=qk,
+        window_pattern=pattern, tie_embeddings=flag(model, "tie_word_embeddings", "model.", False),
+        init_std=json_number(model.get("init_std", 0.02)))
 
 
 def _check_forced_layers(window: dict, pattern: tuple, n_layers: int, where: str) -> None:
@@ -334,11 +384,14 @@ def _check_forced_layers(window: dict, pattern: tuple, n_layers: int, where: str
 def _yarn(scaling: Any, where: str) -> YarnConfig | None:
     if not scaling:
         return None
-    if "factor" not in scaling or "old_context_len" not in scaling:
-        raise OlmaxError(f"{where}: RoPE scaling {scaling.get('_CLASS_', scaling)} is not YaRN")
-    return YarnConfig(factor=float(scaling["factor"]), beta_fast=float(scaling.get("beta_fast", 32)),
-                      beta_slow=float(scaling.get("beta_slow", 1)),
-                      original_max_position_embeddings=int(scaling["old_context_len"]))
+    if not isinstance(scaling, dict) or "factor" not in scaling or "old_context_len" not in scaling:
+        what = scaling.get("_CLASS_", scaling) if isinstance(scaling, dict) else shown(scaling)
+        raise OlmaxError(f"{where}: RoPE scaling {what} is not YaRN")
+    return YarnConfig(factor=json_number(scaling["factor"]),
+                      beta_fast=json_number(scaling.get("beta_fast", 32)),
+                      beta_slow=json_number(scaling.get("beta_slow", 1)),
+                      original_max_position_embeddings=whole_number(
+                          scaling["old_context_len"], "rope.scaling.old_context_len", where))
 
 
 __all__ = ["OLMoCoreCheckpoint", "TrainerState", "LazyLeaf", "is_olmo_core_checkpoint",

@@ -13,7 +13,8 @@ load), ``train/rank0.pt`` (the trainer's state), ``.metadata.json`` and ``config
 the checkpoint was imported with, its model section checked; else a model section written from
 the olmax config). ``weights_only``: a bare DCP folder of ``model.*`` keys.
 
-Both directions read and write one tensor at a time.
+Both directions read and write one tensor at a time. :func:`merge_source` opens an OLMo-core
+checkpoint as an input of ``olmax merge`` (:mod:`olmax.checkpoint.merge`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import jax
 import numpy as np
 
 from olmax.checkpoint.format import OPT_STATE_ITEM, resolve_step_dir
-from olmax.checkpoint.weights import (StreamedArray, load_meta, save_params, save_train_state,
+from olmax.checkpoint.merge import ADAM, Adam, Source
+from olmax.checkpoint.weights import (StreamedArray, has_item, load_meta, save_params, save_train_state,
                                      stored_array, stored_arrays)
 from olmax.config import ModelConfig, OptimConfig, from_dict, to_dict
 from olmax.errors import OlmaxError
@@ -46,7 +48,6 @@ GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr")
 # The version of OLMo-core's NumpyDatasetBase.fingerprint, which olmax's olmo_core_sha256 computes
 # (a different version makes OLMo-core skip the fingerprint check with a warning).
 OC_FINGERPRINT_VERSION = "v2.0"
-ADAM = "inner.0."     # Adam's state in olmax's optimizer state (SkipStepAdamWState.inner[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -77,6 +78,16 @@ def check_param_groups(ck: OLMoCoreCheckpoint, cfg: ModelConfig, optim: OptimCon
                                  f"says {value} (optim.{'no_decay' if key == 'weight_decay' else key})")
 
 
+def check_count_rule(ck: OLMoCoreCheckpoint, optim: OptimConfig) -> None:
+    """A run continued from ``ck`` advances Adam's count as the checkpoint's run did (its
+    ``config.json``'s ``step_increment_bugfix``, where recorded)."""
+    theirs = ck.step_increment_bugfix()
+    if theirs is not None and theirs != optim.step_increment_bugfix:
+        raise OlmaxError(f"{ck.path}: its run had step_increment_bugfix {str(theirs).lower()}, the "
+                         f"recipe says {str(optim.step_increment_bugfix).lower()}; continuing it "
+                         f"needs optim.step_increment_bugfix={str(theirs).lower()}")
+
+
 def source_meta(ck: OLMoCoreCheckpoint, trainer: TrainerState | None) -> dict:
     """What an imported checkpoint's meta records of its OLMo-core origin."""
     info: dict[str, Any] = {"path": ck.path, "version": ck.version(),
@@ -101,10 +112,7 @@ def convert_olmo_core_to_olmax(src: str | os.PathLike, out: str | os.PathLike, *
     ck = OLMoCoreCheckpoint(src)
     cfg = checked_model(ck, model)
     trainer = ck.trainer_state()
-    meta = {"source": {"kind": "olmo-core", "path": ck.path},
-            META_KEY: source_meta(ck, trainer),
-            vocab_padding.META_KEY: vocab_padding.record(cfg, in_softmax=True,
-                                                         init=vocab_padding.TRAINED)}
+    meta = import_meta(ck, cfg, trainer)
     params = streamed(ck.tree(cfg))
     if weights_only:
         return save_params(out, params, cfg, extra_meta=meta)
@@ -114,6 +122,8 @@ def convert_olmo_core_to_olmax(src: str | os.PathLike, out: str | os.PathLike, *
         raise ValueError("converting the optimizer state needs olmax's optimizer (optimizer=...)")
     optim = optim or OptimConfig()
     check_param_groups(ck, cfg, optim)
+    if trainer is not None:
+        check_count_rule(ck, optim)
     count = ck.adam_count(cfg)
     step = trainer.global_step if trainer is not None else count
     opt_state = olmax_opt_state(optimizer(optim), streamed(ck.tree(cfg, "exp_avg")),
@@ -122,6 +132,36 @@ def convert_olmo_core_to_olmax(src: str | os.PathLike, out: str | os.PathLike, *
     if trainer is not None:
         meta["olmo_core_data_position"] = dict(trainer.data_loader)
     return save_train_state(out, step, params, opt_state, cfg, extra_meta=meta)
+
+
+def import_meta(ck: OLMoCoreCheckpoint, cfg: ModelConfig, trainer: TrainerState | None) -> dict:
+    """The meta of an olmax checkpoint made from ``ck`` (before the optimizer's entries)."""
+    return {"source": {"kind": "olmo-core", "path": ck.path},
+            META_KEY: source_meta(ck, trainer),
+            vocab_padding.META_KEY: vocab_padding.record(cfg, in_softmax=True,
+                                                         init=vocab_padding.TRAINED)}
+
+
+def merge_source(src: str | os.PathLike, *, with_optimizer: bool = True,
+                 optim: OptimConfig | None = None) -> Source:
+    """An OLMo-core checkpoint as an input of :func:`olmax.checkpoint.merge.merge`: its weights
+    and (``with_optimizer``, where it has them) Adam's moments and count, read a block at a time;
+    the meta and step an import of it gets (:func:`convert_olmo_core_to_olmax`). Its optimizer
+    settings must be ``optim``'s (default: olmax's, OLMo 3's), as for an import."""
+    ck = OLMoCoreCheckpoint(src)
+    cfg = checked_model(ck, None)
+    trainer = ck.trainer_state()
+    optim = optim or OptimConfig()
+    meta = import_meta(ck, cfg, trainer)
+    adam = None
+    if with_optimizer and ck.has_optimizer:
+        check_param_groups(ck, cfg, optim)
+        adam = Adam(ck.adam_count(cfg), ck.tree(cfg, "exp_avg"), ck.tree(cfg, "exp_avg_sq"))
+    step = trainer.global_step if trainer is not None else (adam.count if adam else 0)
+    meta.update(seed=trainer.seed if trainer is not None else None, optim=to_dict(optim))
+    if trainer is not None:
+        meta["olmo_core_data_position"] = dict(trainer.data_loader)
+    return Source(ck.path, cfg, ck.tree(cfg), adam, meta, step, optim)
 
 
 def checked_model(ck: OLMoCoreCheckpoint, model: ModelConfig | None) -> ModelConfig:
@@ -312,7 +352,7 @@ def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, 
     step_dir = resolve_step_dir(ckpt)
     meta = load_meta(step_dir)
     cfg = from_dict(ModelConfig, meta["model"], "meta.model")
-    has_opt = (step_dir / OPT_STATE_ITEM).is_dir()
+    has_opt = has_item(step_dir, OPT_STATE_ITEM)
     if not weights_only and not has_opt:
         raise OlmaxError(f"{step_dir}: no optimizer state (a parameters-only checkpoint); use "
                          "--weights-only")
@@ -320,6 +360,9 @@ def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, 
     config = olmo_core_config(cfg, base)
     params, opt_state = _olmax_arrays(step_dir, not weights_only)
     optim = None if weights_only else run_optim(meta)
+    if optim is not None:   # how the run counted Adam's steps, as OLMo-core's config records it
+        section = config.setdefault("train_module", {}).setdefault("optim", {})
+        section["step_increment_bugfix"] = optim.step_increment_bugfix
     items = _dcp_items(cfg, params, opt_state, optim, meta.get("lr"))
     with atomic_output_dir(out) as tmp:
         if weights_only:
@@ -336,4 +379,4 @@ def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, 
 
 
 __all__ = ["convert_olmo_core_to_olmax", "convert_olmax_to_olmo_core", "olmax_opt_state",
-           "check_param_groups", "META_KEY"]
+           "check_param_groups", "merge_source", "META_KEY"]

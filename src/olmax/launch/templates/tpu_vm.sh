@@ -13,8 +13,7 @@
 # Set by hand where this file says SET-ME:
 #   - TPU_NAME and ZONE (here or in the environment; PROJECT defaults to gcloud's own);
 #   - the software on every worker: `olmax` on PATH (--setup, e.g. activating a venv);
-#   - the run directory {{run_dir_comment}} must be storage every worker sees (NFS,
-#     Filestore, a gcsfuse mount); relative paths start in each worker's home directory.
+{{run_dir_note}}
 # The slice is created beforehand, e.g.
 #   gcloud compute tpus tpu-vm create "$TPU_NAME" --zone="$ZONE" --accelerator-type={{accelerator_type}} --version=<TPU software version>
 set -euo pipefail

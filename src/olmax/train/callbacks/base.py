@@ -26,7 +26,6 @@ the run rather than the trainer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 from jax.sharding import Mesh
@@ -40,7 +39,7 @@ class RunView:
     """What callbacks see of a run. The trainer keeps ``step`` and ``state`` current."""
 
     cfg: RunConfig
-    run_dir: Path
+    run_dir: Any                               # a Path, or a bucket path (str)
     is_main: bool                              # process 0 (the one that writes run-dir files)
     checkpointer: Checkpointer | None = None   # RUN_DIR/checkpoints (every process)
     origin: dict = field(default_factory=lambda: {"kind": "fresh"})  # where the weights came from
@@ -51,6 +50,7 @@ class RunView:
     state: Any = None                          # TrainState after ``step``
     stop_requested: bool = False
     log_fn: Callable[[int, Mapping[str, Any]], None] | None = None
+    flush_fn: Callable[[], None] | None = None
 
     @property
     def model_cfg(self) -> ModelConfig:
@@ -64,6 +64,12 @@ class RunView:
         """Write a line to ``metrics.jsonl`` (and TensorBoard) at ``step``."""
         if self.log_fn is not None:
             self.log_fn(step, metrics)
+
+    def flush(self) -> None:
+        """Make what was logged durable (a bucket run uploads its metrics segment; see
+        :mod:`olmax.train.run_log`): before a checkpoint save, whose step a resume rewinds to."""
+        if self.flush_fn is not None and self.is_main:
+            self.flush_fn()
 
     def request_stop(self) -> None:
         """End the run cleanly after the current step (``on_train_end`` still runs)."""

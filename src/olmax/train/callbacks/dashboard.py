@@ -19,6 +19,7 @@ class DashboardCallback(Callback):
         if not run.is_main:
             return
         try:
+            run.flush()      # a bucket run's last metrics lines, which the plot reads
             path = write_dashboard(run.run_dir)
         except Exception as e:  # a plot must not fail a finished run
             log.warning("could not write the run dashboard: %s", e)

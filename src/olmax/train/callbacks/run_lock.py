@@ -1,4 +1,5 @@
-"""One trainer per run directory: ``RUN_DIR/.olmax-lock`` (:mod:`olmax.lockfile`) as a callback.
+"""One trainer per run directory: ``RUN_DIR/.olmax-lock`` (:mod:`olmax.lockfile`; in a bucket
+:mod:`olmax.bucket_lock`) as a callback.
 
 Process 0 takes the lock before anything else is read or written there, holds it for the whole
 run, and checks at every step, before the step's line or checkpoint is written, that the lock is
@@ -29,7 +30,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from olmax.errors import OlmaxError, RestartableError
+from olmax.bucket_lock import BucketLock
 from olmax.lockfile import LockFile, LockHeld
+from olmax.store import is_bucket, join, run_location
 from olmax.train.callbacks.base import Callback
 
 log = logging.getLogger(__name__)
@@ -53,10 +56,11 @@ class RunLock(Callback):
 
     def __init__(self, run_dir: str | os.PathLike, *, attempt: str | None = None,
                  stale_after: float | None = None, heartbeat: float | None = None) -> None:
-        self.run_dir = Path(run_dir)
-        self.lock = LockFile(self.run_dir / LOCK_NAME, subject=f"run directory {self.run_dir}",
-                             user="olmax train", hint="use another --run-dir or stop that run",
-                             stale_after=stale_after, heartbeat=heartbeat, attempt=attempt)
+        self.run_dir = run_location(run_dir)
+        kind = BucketLock if is_bucket(self.run_dir) else LockFile
+        self.lock = kind(join(self.run_dir, LOCK_NAME), subject=f"run directory {self.run_dir}",
+                         user="olmax train", hint="use another --run-dir or stop that run",
+                         stale_after=stale_after, heartbeat=heartbeat, attempt=attempt)
 
     @property
     def path(self) -> Path:

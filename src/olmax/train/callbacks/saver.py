@@ -62,6 +62,9 @@ class CheckpointSaver(Callback):
         }
 
     def save(self, run: RunView, step: int, force: bool = False) -> bool:
+        ckpt = run.checkpointer
+        if ckpt is not None and (force or ckpt.should_save(step)):
+            run.flush()      # the step's metrics line is durable before its checkpoint
         return run.checkpointer.save(step, run.state, self.meta(run, step), force=force)
 
     def after_log(self, run: RunView, step: int, metrics: Mapping[str, Any]) -> None:

@@ -20,11 +20,13 @@ import faulthandler
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from olmax import store
 from olmax.config import RunConfig
 from olmax.errors import EXIT_RESTART
 from olmax.train.callbacks.base import Callback, RunView
@@ -39,7 +41,7 @@ class Watchdog(Callback):
     def __init__(self, limit_s: float, first_step_s: float = FIRST_STEP_S) -> None:
         self.limit_s = float(limit_s)
         self.first_step_s = float(first_step_s)
-        self.hang_dir: Path | None = None
+        self.hang_dir: Any = None       # a Path, or a bucket path
         self._last = time.monotonic()
         self._allowance = self.limit_s + self.first_step_s
         self._stop = threading.Event()
@@ -50,7 +52,7 @@ class Watchdog(Callback):
         return cls(cfg.train.watchdog_s) if cfg.train.watchdog_s else None
 
     def on_train_start(self, run: RunView) -> None:
-        self.hang_dir = Path(run.run_dir) / "hangs"
+        self.hang_dir = store.join(run.run_dir, "hangs")
         self._last, self._allowance = time.monotonic(), self.limit_s + self.first_step_s
         self._thread = threading.Thread(target=self._watch, name="olmax-watchdog", daemon=True)
         self._thread.start()
@@ -80,8 +82,13 @@ class Watchdog(Callback):
         where = "(no run directory)"
         try:
             assert self.hang_dir is not None
-            self.hang_dir.mkdir(parents=True, exist_ok=True)
-            path = self.hang_dir / f"{socket.gethostname()}-{os.getpid()}.txt"
+            name = f"{socket.gethostname()}-{os.getpid()}.txt"
+            remote = store.is_bucket(self.hang_dir)
+            if remote:          # the stacks go to node-local scratch, then to the bucket
+                path = Path(tempfile.gettempdir()) / f"olmax-hang-{name}"
+            else:
+                self.hang_dir.mkdir(parents=True, exist_ok=True)
+                path = self.hang_dir / name
             with open(path, "w") as f:
                 f.write(f"olmax train watchdog: no step completed in {idle:.0f} s "
                         f"(train.watchdog_s={self.limit_s:g}) at "
@@ -90,6 +97,9 @@ class Watchdog(Callback):
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
             where = str(path)
+            if remote:
+                where = store.join(self.hang_dir, name)
+                store.write(where, path.read_bytes())
         except Exception as e:  # the exit must happen whatever the storage does
             where = f"(could not write the stacks: {e})"
         print(f"olmax train: error: watchdog: no step completed in {idle:.0f} s "

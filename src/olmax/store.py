@@ -1,0 +1,611 @@
+"""Run directories in a bucket: ``s3://BUCKET/PATH`` and ``gs://BUCKET/PATH``.
+
+Wherever olmax takes a run directory it may be a bucket path; the run's files are then objects
+below it and no host needs a shared file system. This module is the objects' side of
+:mod:`olmax.io`: whole-object reads and writes (a PUT is atomic: a reader sees the old object or
+the new one, never half), listings, deletes, and the two conditional writes the run lock is built
+on (:mod:`olmax.bucket_lock`): *create if absent* (S3 ``If-None-Match: *``, GCS
+``ifGenerationMatch=0``) and *replace if unchanged* (S3 ``If-Match: ETAG``, GCS
+``ifGenerationMatch=GENERATION``).
+
+Credentials and endpoints are the ecosystem's own, as for token files read from buckets
+(:mod:`olmax.data.remote`): for ``s3://`` the standard AWS environment (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``/``AWS_REGION``,
+``AWS_PROFILE``, and ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` for an S3-compatible store);
+for ``gs://`` Google's application-default credentials (``GOOGLE_APPLICATION_CREDENTIALS``, the
+metadata server on a TPU VM or GKE node) and ``STORAGE_EMULATOR_HOST`` for an emulator. The same
+settings reach TensorStore, which writes the checkpoints' arrays (:func:`tensorstore_kvstore`).
+
+Every request is retried (``ATTEMPTS`` tries, back-off from ``BACKOFF_S`` doubling up to
+``MAX_BACKOFF_S``) on what may pass (a dropped or refused connection, a timeout, HTTP 5xx or 429);
+after the last try it is a :class:`~olmax.errors.RestartableError` (exit 75). What a retry cannot
+cure is one line at once: a bucket that does not exist, a denied request.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+import types
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+from urllib.parse import quote
+
+import fsspec
+
+from olmax.errors import ConfigError, OlmaxError, RestartableError
+from olmax.io import write_bytes_atomic
+
+log = logging.getLogger(__name__)
+
+SCHEMES = ("s3", "gs")
+ATTEMPTS = 5
+BACKOFF_S = 0.25
+MAX_BACKOFF_S = 4.0
+RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]")
+
+T = TypeVar("T")
+
+
+# ----------------------------------------------------------------------------------------------
+# Paths
+
+
+def is_bucket(path: Any) -> bool:
+    """Whether ``path`` is a bucket path (``s3://`` or ``gs://``)."""
+    return isinstance(path, str) and path.split("://", 1)[0].lower() in SCHEMES and "://" in path
+
+
+def bucket_path(text: str, what: str = "--run-dir") -> str:
+    """``text`` as a normalised bucket path (``scheme://bucket/key`` without a trailing slash);
+    a malformed one is a ConfigError naming ``what``."""
+    scheme, _, rest = text.partition("://")
+    bucket, _, key = rest.partition("/")
+    key = "/".join(p for p in key.split("/") if p not in ("", "."))
+    if not _BUCKET.fullmatch(bucket):
+        raise ConfigError(f"{what} {text}: {bucket!r} is not a bucket name (expected "
+                          f"{scheme.lower()}://BUCKET/PATH)")
+    if ".." in key.split("/"):
+        raise ConfigError(f"{what} {text}: '..' in a bucket path")
+    return f"{scheme.lower()}://{bucket}" + (f"/{key}" if key else "")
+
+
+def split(url: str) -> tuple[str, str, str]:
+    """``s3://b/k/x`` -> ``("s3", "b", "k/x")``."""
+    scheme, _, rest = url.partition("://")
+    bucket, _, key = rest.partition("/")
+    return scheme, bucket, key
+
+
+def join(root: str | os.PathLike, *parts: str) -> Any:
+    """``parts`` below ``root``: a bucket path (str) or a local :class:`~pathlib.Path`."""
+    if is_bucket(root):
+        tail = "/".join(p.strip("/") for p in parts if p.strip("/"))
+        return str(root).rstrip("/") + ("/" + tail if tail else "")
+    return Path(root).joinpath(*parts)
+
+
+def run_location(run_dir: str | os.PathLike) -> Any:
+    """A run directory as olmax keeps it: a normalised bucket path (str), else a Path."""
+    if isinstance(run_dir, str) and "://" in run_dir:
+        if not is_bucket(run_dir):
+            raise ConfigError(f"--run-dir {run_dir}: only s3:// and gs:// bucket paths (or a local "
+                              f"directory) can hold a run")
+        return bucket_path(run_dir)
+    return Path(run_dir)
+
+
+def refuse_bucket(path: Any, what: str, why: str = "a local directory") -> None:
+    """One line when a command that needs a local path is given a bucket path."""
+    if is_bucket(str(path)):
+        raise OlmaxError(f"{what} {path}: a bucket path; this needs {why} (copy it first, "
+                         f"e.g. gcloud storage cp -r / aws s3 cp --recursive)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Filesystems and errors (shared with olmax.data.remote)
+
+
+_FS: dict[tuple[int, str, str | None], Any] = {}
+_FS_LOCK = threading.Lock()
+
+
+def new_filesystem(proto: str, *, one_try: bool = False):
+    """A fresh fsspec filesystem for ``proto``. For GCS: gcsfs's plain ``GCSFileSystem`` (its
+    default class first looks the bucket's layout up through another API, slowly when that API
+    cannot be reached), with gcsfs's own retry loop off (it sleeps up to 31 s per request and
+    logs a traceback when it gives up; olmax's loop retries instead). ``one_try``: s3fs's and
+    botocore's retry loops off too (the run directory's requests: :func:`retried` is the loop)."""
+    if proto == "s3" and one_try:
+        fs = fsspec.filesystem("s3", skip_instance_cache=True,
+                               config_kwargs={"retries": {"max_attempts": 1, "mode": "standard"}})
+        fs.retries = 1
+        return fs
+    if proto not in ("gs", "gcs"):
+        return fsspec.filesystem(proto, skip_instance_cache=True)
+    from gcsfs.core import GCSFileSystem   # the package's name is the layout-looking subclass
+
+    fs = GCSFileSystem(skip_instance_cache=True)
+    once = getattr(GCSFileSystem._request, "__wrapped__", None)
+    if once is not None:
+        fs._request = types.MethodType(once, fs)
+    return fs
+
+
+def filesystem(url: str):
+    """The process's filesystem for ``url``'s scheme (one per scheme and process id)."""
+    proto = split(url)[0]
+    key = (os.getpid(), proto, _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST"))
+    with _FS_LOCK:
+        fs = _FS.get(key)
+        if fs is None:
+            try:
+                fs = _FS[key] = new_filesystem(proto, one_try=True)
+            except ImportError as e:
+                raise OlmaxError(f"{url}: {proto}:// needs {e.name} (pip install 'olmax' brings "
+                                 f"it)") from None
+    return fs
+
+
+_LIB_FS: dict[tuple[int, str, str | None], Any] = {}
+
+
+def library_filesystem(url: str):
+    """The filesystem a library's own requests use (Orbax's directory operations, through
+    ``etils.epath``): one per scheme, process and endpoint, with the client's own retries, and for
+    GCS gcsfs's plain class (see :func:`new_filesystem`)."""
+    proto = split(url)[0]
+    key = (os.getpid(), proto, _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST"))
+    with _FS_LOCK:
+        fs = _LIB_FS.get(key)
+        if fs is None:
+            if proto == "s3":    # s3fs's retries (5, short sleeps), not botocore's too
+                fs = fsspec.filesystem("s3", skip_instance_cache=True, config_kwargs={
+                    "retries": {"max_attempts": 1, "mode": "standard"}})
+            else:
+                from gcsfs.core import GCSFileSystem
+
+                fs = GCSFileSystem(skip_instance_cache=True)
+            _LIB_FS[key] = fs
+    return fs
+
+
+def chain(e: BaseException | None) -> list[BaseException]:
+    """``e`` and the exceptions it was raised from (or during), outermost first."""
+    out: list[BaseException] = []
+    while e is not None and e not in out and len(out) < 8:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+        if isinstance(e, OlmaxError):   # an earlier failure this one was raised while handling
+            break                       # (already olmax's own words), not its cause
+    return out
+
+
+def http_status(e: BaseException) -> int | None:
+    """The HTTP status a client library's exception carries (aiohttp, gcsfs, botocore)."""
+    for x in chain(e):
+        code = None
+        if hasattr(x, "request_info"):            # aiohttp's ClientResponseError
+            code = getattr(x, "status", None)
+        elif type(x).__name__ == "HttpError":     # gcsfs
+            code = getattr(x, "code", None)
+        elif isinstance(getattr(x, "response", None), dict):   # botocore's ClientError
+            code = getattr(x, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(code, int) and 100 <= code <= 599:
+            return code
+    return None
+
+
+def _error_code(e: BaseException) -> str:
+    """botocore's error code (``NoSuchBucket``, ``AccessDenied``) or the words of the error."""
+    for x in chain(e):
+        resp = getattr(x, "response", None)
+        if isinstance(resp, dict) and resp.get("Error", {}).get("Code"):
+            return str(resp["Error"]["Code"])
+    return " ".join(str(x) for x in chain(e))
+
+
+def _cause(e: BaseException) -> str:
+    """What went wrong, in a few words: ``HTTP 503``, ``connection refused (HOST:PORT)``, else
+    the innermost error's first words."""
+    code = http_status(e)
+    if code is not None:
+        return f"HTTP {code}"
+    links = chain(e)
+    if any(isinstance(x, ConnectionRefusedError) or getattr(x, "errno", None) == errno.ECONNREFUSED
+           or "Connect call failed" in str(x) for x in links):
+        at = next((f" ({getattr(x, 'host', '')}:{getattr(x, 'port', '')})" for x in links
+                   if isinstance(getattr(x, "host", None), str) and getattr(x, "port", None)), "")
+        m = None if at else re.search(r"\('([^']+)', (\d+)\)", " ".join(map(str, links)))
+        return "connection refused" + (at or (f" ({m.group(1)}:{m.group(2)})" if m else ""))
+    return _short(links[-1])
+
+
+def _denial(e: BaseException) -> str:
+    """The store's words for a denied request: gcsfs's ``Forbidden: URL`` line left out (the
+    endpoint's upload address, not the object), the message's first sentence kept."""
+    text = str(e)
+    if text.startswith("Forbidden: ") and "\n" in text:
+        text = text.split("\n", 1)[1].split(". ", 1)[0] or text
+    return _short(ValueError(text))
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:200]
+
+
+def precondition_failed(e: BaseException) -> bool:
+    """A conditional write the store refused because the object exists or changed (HTTP 412,
+    or 409 for a concurrent create)."""
+    return (http_status(e) in (409, 412) or isinstance(e, FileExistsError)
+            or "PreconditionFailed" in _error_code(e) or "pre-condition" in str(e).lower())
+
+
+def connection_trouble(e: BaseException) -> bool:
+    """A dropped, refused or timed-out connection somewhere in ``e``'s chain."""
+    return any(isinstance(x, (ConnectionError, TimeoutError)) or
+               (type(x).__module__.startswith(("aiohttp", "botocore", "urllib3")) and
+                any(w in type(x).__name__ for w in ("Connect", "Disconnected", "Timeout",
+                                                    "Payload", "Endpoint")))
+               for x in chain(e))
+
+
+def final_error(url: str, e: BaseException) -> OlmaxError | None:
+    """The one line for what a retry cannot cure (a missing bucket, a denied request, another
+    4xx), else None."""
+    if isinstance(e, OlmaxError):
+        return e
+    code, words = http_status(e), _error_code(e)
+    bucket = "/".join(split(url)[:2]).replace("/", "://", 1)
+    if "NoSuchBucket" in words or "bucket does not exist" in words.lower() \
+            or "specified bucket is not valid" in words.lower():
+        return OlmaxError(f"{url}: bucket {bucket} not found")
+    if code in (401, 403) or isinstance(e, PermissionError) or "AccessDenied" in words \
+            or "Forbidden" in words:
+        creds = ("the AWS_* variables or profile" if bucket.startswith("s3") else
+                 "the application-default credentials (GOOGLE_APPLICATION_CREDENTIALS)")
+        return OlmaxError(f"{url}: access to bucket {bucket} denied ({_denial(chain(e)[-1])}); "
+                          f"check {creds}")
+    if code is not None and code < 500 and code not in RETRY_STATUS and code not in (404, 409, 412):
+        return OlmaxError(f"{url}: the store refused the request (HTTP {code}: "
+                          f"{_short(chain(e)[-1])})")
+    return None
+
+
+def retried(url: str, what: str, attempt: Callable[[], T], *, quiet: bool = False) -> T:
+    """``attempt()``, retried on what may pass; see the module notes. Each failed try is logged
+    (``quiet``: at debug level only; the final error says how many were made)."""
+    delay = BACKOFF_S
+    for n in range(1, ATTEMPTS + 1):
+        try:
+            return attempt()
+        except (FileNotFoundError, FileExistsError) as e:
+            final = final_error(url, e)
+            if final is not None:
+                raise final from None
+            raise
+        except Exception as e:  # transport errors of the client libraries
+            if precondition_failed(e) and not connection_trouble(e):
+                raise
+            final = final_error(url, e)
+            if final is not None:
+                raise final from None
+            cause = _cause(e)
+        if n == ATTEMPTS:
+            raise RestartableError(f"{url}: {what} failed after {ATTEMPTS} attempts: {cause}")
+        (log.debug if quiet else log.warning)(
+            "%s: %s failed (attempt %d of %d, retrying in %.2f s): %s",
+            url, what, n, ATTEMPTS, delay, cause)
+        time.sleep(delay)
+        delay = min(2 * delay, MAX_BACKOFF_S)
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------------------------
+# Objects
+
+
+def _mtime(info: dict) -> float | None:
+    for key in ("LastModified", "updated", "mtime", "timeCreated"):
+        v = info.get(key)
+        if isinstance(v, datetime):
+            return v.timestamp()
+        if isinstance(v, (int, float)):
+            return float(v)
+        if isinstance(v, str):
+            try:
+                return datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+def stat(url: str) -> dict | None:
+    """``{"version", "mtime", "size"}`` of an object (the store's version: S3's ETag, GCS's
+    generation; mtime by the store's clock), or None when there is none."""
+    fs = filesystem(url)
+    scheme, bucket, key = split(url)
+
+    def head() -> dict | None:
+        try:
+            if scheme == "s3":
+                got = fs.call_s3("head_object", Bucket=bucket, Key=key)
+                return {"version": got.get("ETag"), "mtime": _mtime(got),
+                        "size": got.get("ContentLength")}
+            fs.invalidate_cache(url)
+            got = fs.info(url)
+        except FileNotFoundError as e:
+            if final_error(url, e) is not None:
+                raise
+            return None
+        if got.get("type") == "directory":
+            return None
+        return {"version": str(got.get("generation")), "mtime": _mtime(got), "size": got.get("size")}
+    return retried(url, "metadata request", head)
+
+
+def read(url: str) -> bytes | None:
+    """An object's bytes, or None when there is none."""
+    fs = filesystem(url)
+
+    def get() -> bytes | None:
+        try:
+            return bytes(fs.cat_file(url))
+        except FileNotFoundError as e:
+            if final_error(url, e) is not None:
+                raise
+            return None
+    return retried(url, "read", get)
+
+
+def write(url: str, data: bytes, *, quiet: bool = False) -> None:
+    """Write an object whole (a PUT: readers see the old object or this one)."""
+    fs = filesystem(url)
+
+    def put() -> None:
+        try:
+            fs.pipe_file(url, bytes(data))
+        except FileNotFoundError as e:    # a write finds no object missing: the bucket is
+            raise final_error(url, e) or OlmaxError(
+                f"{url}: bucket {url.split('://')[0]}://{split(url)[1]} not found") from None
+    retried(url, "write", put, quiet=quiet)
+
+
+def _gcs_upload(fs: Any, bucket: str, key: str, data: bytes, generation: str) -> str:
+    """A GCS upload on the condition ``ifGenerationMatch=generation`` (0: no object yet), as
+    gcsfs's own uploads are sent (multipart); the new object's generation."""
+    meta = json.dumps({"name": key})
+    body = (f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{meta}\n--==0==\n"
+            f"Content-Type: application/octet-stream\n\n").encode() + bytes(data) + b"\n--==0==--"
+    got = fs.call("POST", f"{fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+                  uploadType="multipart", ifGenerationMatch=generation, data=body, json_out=True,
+                  headers={"Content-Type": 'multipart/related; boundary="==0=="'})
+    return str(got.get("generation"))
+
+
+def _put_if(fs: Any, scheme: str, bucket: str, key: str, data: bytes, s3_condition: dict,
+            generation: str) -> str | None:
+    """One conditional upload: S3's ``put_object`` with ``s3_condition``, or Cloud Storage's with
+    ``ifGenerationMatch=generation``; the object's new version."""
+    if scheme == "s3":
+        got = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=bytes(data), **s3_condition)
+        return got.get("ETag")
+    return _gcs_upload(fs, bucket, key, data, generation)
+
+
+def create(url: str, data: bytes) -> str | None:
+    """Create an object only if there is none: its version, or None when one exists."""
+    fs = filesystem(url)
+    scheme, bucket, key = split(url)
+
+    def put() -> str | None:
+        try:
+            return _put_if(fs, scheme, bucket, key, data, {"IfNoneMatch": "*"}, "0")
+        except Exception as e:
+            if precondition_failed(e) and not connection_trouble(e):
+                return None
+            raise
+    return retried(url, "conditional create", put)
+
+
+def replace(url: str, data: bytes, version: str) -> str | None:
+    """Replace an object only if it is still at ``version``: its new version, or None when it
+    changed (or is gone)."""
+    fs = filesystem(url)
+    scheme, bucket, key = split(url)
+
+    def put() -> str | None:
+        try:
+            return _put_if(fs, scheme, bucket, key, data, {"IfMatch": version}, str(version))
+        except FileNotFoundError as e:
+            if final_error(url, e) is not None:
+                raise
+            return None
+        except Exception as e:
+            if precondition_failed(e) and not connection_trouble(e):
+                return None
+            if http_status(e) == 404 or "EINVAL" in str(getattr(e, "errno", "")) or (
+                    isinstance(e, OSError) and e.errno == errno.EINVAL):
+                return None     # s3fs words a failed If-Match as EINVAL
+            raise
+    return retried(url, "conditional write", put)
+
+
+def delete(url: str) -> None:
+    fs = filesystem(url)
+
+    def rm() -> None:
+        try:
+            fs.rm_file(url)
+        except FileNotFoundError as e:
+            if final_error(url, e) is not None:
+                raise
+    retried(url, "delete", rm)
+
+
+def delete_tree(url: str) -> None:
+    """Every object below ``url/``."""
+    fs = filesystem(url)
+
+    def rm() -> None:
+        try:
+            fs.rm(url.rstrip("/") + "/", recursive=True)
+        except FileNotFoundError as e:
+            if final_error(url, e) is not None:
+                raise
+    retried(url, "delete", rm)
+
+
+def move_tree(src: str, dst: str) -> None:
+    """Copy every object below ``src/`` to ``dst/``, then delete ``src/`` (an object store has
+    no rename; a reader may see both for a moment)."""
+    fs = filesystem(src)
+    retried(src, "copy", lambda: fs.copy(src.rstrip("/") + "/", dst.rstrip("/") + "/",
+                                         recursive=True))
+    delete_tree(src)
+
+
+def listdir(url: str) -> list[str]:
+    """The names directly below ``url/`` (objects and prefixes), sorted; [] when there are none."""
+    fs = filesystem(url)
+    prefix = url.rstrip("/")
+
+    def ls() -> list[str]:
+        try:
+            fs.invalidate_cache(prefix)
+            return sorted({p.rstrip("/").rsplit("/", 1)[-1]
+                           for p in fs.ls(prefix + "/", detail=False, refresh=True)})
+        except FileNotFoundError as e:
+            if final_error(url, e) is not None:
+                raise
+            return []
+    return retried(url, "listing", ls)
+
+
+def store_now(url: str) -> float:
+    """The store's clock: the modification time of a probe object written beside ``url``."""
+    probe = f"{url}.probe-{secrets.token_hex(6)}"
+    write(probe, b"")
+    try:
+        got = stat(probe)
+    finally:
+        try:
+            delete(probe)
+        except OlmaxError:
+            pass
+    return got["mtime"] if got and got.get("mtime") is not None else time.time()
+
+
+def check_bucket(url: str, what: str = "run directory") -> None:
+    """That ``url``'s bucket exists and takes writes: one line naming the trouble otherwise
+    (a missing bucket, a denied write: exit 2; a store that cannot be reached: exit 75)."""
+    probe = f"{url.rstrip('/')}/.olmax-write-test-{secrets.token_hex(6)}"
+    try:
+        write(probe, b"", quiet=True)
+        delete(probe)
+    except OlmaxError as e:
+        text = str(e).replace(probe, url)
+        raise type(e)(f"{what} {text}" if not text.startswith(url) else f"{what} {text}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Local path or bucket: the few operations run files need
+
+
+def read_bytes(target: str | os.PathLike) -> bytes | None:
+    """The bytes of a local file or an object; None when there is none."""
+    if is_bucket(target):
+        return read(str(target))
+    try:
+        return Path(target).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def write_bytes(target: str | os.PathLike, data: bytes) -> Any:
+    """Write a local file atomically (:func:`olmax.io.write_bytes_atomic`) or an object whole."""
+    if is_bucket(target):
+        write(str(target), data)
+        return target
+    return write_bytes_atomic(target, data)
+
+
+def exists(target: str | os.PathLike) -> bool:
+    if is_bucket(target):
+        return stat(str(target)) is not None
+    return Path(target).exists()
+
+
+def segment_names(prefix: str) -> list[str]:
+    """The rolled JSONL segments below ``prefix`` (``NNNNNN.jsonl``), in order."""
+    return sorted(n for n in listdir(prefix) if n.endswith(".jsonl") and n[:-6].isdigit())
+
+
+def read_segments(prefix: str) -> str:
+    """The segments below ``prefix``, in order, as one JSONL text (a run's metrics in a bucket:
+    :mod:`olmax.train.run_log`)."""
+    out = []
+    for name in segment_names(prefix):
+        text = (read(f"{prefix}/{name}") or b"").decode("utf-8", errors="replace")
+        out.append(text if not text or text.endswith("\n") else text + "\n")
+    return "".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# TensorStore (the checkpoints' arrays)
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def tensorstore_kvstore(url: str) -> dict:
+    """The TensorStore kvstore spec for a bucket path, with the endpoint and region of the
+    environment (TensorStore reads the credentials itself: the AWS variables and profile files
+    for ``s3``, application-default credentials for ``gcs``) and its retries matched to olmax's."""
+    scheme, bucket, key = split(url)
+    path = key.rstrip("/") + ("/" if key and url.endswith("/") else "")
+    retries = {"max_retries": ATTEMPTS, "initial_delay": f"{BACKOFF_S}s",
+               "max_delay": f"{MAX_BACKOFF_S}s"}
+    if scheme == "s3":
+        spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": path,
+                                "aws_region": _env("AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1",
+                                "s3_request_retries": retries}
+        endpoint = _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+        if endpoint:
+            spec["endpoint"] = endpoint
+        return spec
+    tensorstore_env()
+    return {"driver": "gcs", "bucket": bucket, "path": path, "gcs_request_retries": retries}
+
+
+_MIRRORED: dict[str, str] = {}
+
+
+def tensorstore_env() -> None:
+    """Point TensorStore's GCS driver at an emulator when gcsfs is (``STORAGE_EMULATOR_HOST``;
+    a ``TENSORSTORE_GCS_HTTP_URL`` the user set is left alone)."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    now = os.environ.get("TENSORSTORE_GCS_HTTP_URL")
+    if host and (not now or now == _MIRRORED.get("url")):
+        url = host if "://" in host else f"http://{host}"
+        os.environ["TENSORSTORE_GCS_HTTP_URL"] = _MIRRORED["url"] = url
+
+
+__all__ = ["is_bucket", "bucket_path", "split", "join", "run_location", "refuse_bucket",
+           "filesystem", "new_filesystem", "retried", "final_error", "stat", "read", "write",
+           "create", "replace", "delete", "delete_tree", "move_tree", "listdir", "store_now",
+           "check_bucket", "segment_names", "read_segments", "read_bytes", "write_bytes", "exists", "tensorstore_kvstore",
+           "tensorstore_env", "SCHEMES"]
