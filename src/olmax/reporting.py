@@ -38,7 +38,9 @@ only; and the tracebacks Orbax logs from its writer threads for an olmax error r
 tensor found NaN while converting) or for a storage failure (a full disk, a bucket that stopped
 answering: one traceback per thread and item), which the command reports itself; and gcsfs's
 traceback when a request of a library's (Orbax's directory operations) runs out of its retries,
-which reaches olmax as that request's error.
+which reaches olmax as that request's error; and asyncio's "Task exception was never retrieved"
+traceback for an HTTP client's writer task whose connection a lost store dropped (the request
+fails, is retried and reported as well).
 """
 
 from __future__ import annotations
@@ -153,6 +155,20 @@ def _store_lost(exc: BaseException) -> bool:
             or store.connection_trouble(exc))
 
 
+class _DropLostConnectionTasks(logging.Filter):
+    """asyncio's "Task exception was never retrieved" for an HTTP client's task that lost its
+    connection (aiohttp writing a request's body to a store that went away): the request itself
+    failed, is retried and is reported by olmax; the orphaned writer task is not news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from olmax import store
+
+        msg = record.msg if isinstance(record.msg, str) else ""
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (msg.startswith("Task exception was never retrieved") and exc is not None
+                    and store.connection_trouble(exc))
+
+
 class _DropGcsfsRetryTraceback(logging.Filter):
     """gcsfs's ``_request out of retries on exception`` traceback (see the module docstring)."""
 
@@ -176,6 +192,9 @@ def quiet_libraries() -> None:
     gcsfs = logging.getLogger("gcsfs")
     if not any(isinstance(f, _DropGcsfsRetryTraceback) for f in gcsfs.filters):
         gcsfs.addFilter(_DropGcsfsRetryTraceback())
+    aio = logging.getLogger("asyncio")
+    if not any(isinstance(f, _DropLostConnectionTasks) for f in aio.filters):
+        aio.addFilter(_DropLostConnectionTasks())
     previous = sys.unraisablehook
     if getattr(previous, "_olmax_quiet", False):
         return

@@ -177,6 +177,32 @@ def test_orbax_notes_and_closed_loop_tracebacks_are_filtered(caplog, monkeypatch
     assert passed_on == [other]
 
 
+def test_a_lost_connections_orphaned_task_is_filtered_and_other_task_errors_stay(caplog):
+    """asyncio logs "Task exception was never retrieved" when a task that failed is collected
+    unawaited (aiohttp's request-body writer, when the store drops the connection): dropped for a
+    lost connection, kept for anything else."""
+    import gc
+
+    quiet_libraries()
+
+    async def fail(exc):
+        raise exc
+
+    async def orphan(exc):
+        task = asyncio.get_running_loop().create_task(fail(exc))
+        await asyncio.sleep(0)
+        del task
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        for exc in (ConnectionResetError("Cannot write to closing transport"),
+                    ValueError("a bug in a task")):
+            asyncio.run(orphan(exc))
+            gc.collect()
+    logged = [r.exc_info[1] for r in caplog.records
+              if r.getMessage().startswith("Task exception was never retrieved")]
+    assert [type(e).__name__ for e in logged] == ["ValueError"]
+
+
 def test_version_names_the_release(capsys):
     """``olmax --version``: the package's version, the one pip installed (pyproject reads it)."""
     from importlib.metadata import version
