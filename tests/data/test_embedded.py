@@ -66,3 +66,32 @@ def test_a_damaged_cached_split_is_rebuilt_not_read(tmp_path, caplog):
     assert [Path(p).read_bytes() for p in paths] == want
     assert "does not match its checksum" in caplog.text and "rebuilding it" in caplog.text
     assert not [p for p in (tmp_path / "embedded").iterdir() if p.name.startswith(".")]
+
+
+def test_the_heldout_names_cache_holds_the_computed_split_and_a_damaged_one_is_rebuilt(
+        tmp_path, caplog, monkeypatch):
+    """The held-out names are kept in the cache: what a process reads there is what the rule
+    computes; a cache file torn or zero-filled is logged and rebuilt; a cache that cannot be
+    written changes nothing but the time."""
+    from olmax.data import embedded
+
+    docs = embedded._all_documents()
+    want = embedded._compute_heldout_names(docs)
+    assert 40 < len(want) < len(docs) // 10
+    monkeypatch.setattr(embedded, "_HELDOUT", {})
+    assert embedded._heldout_names(tmp_path) == want
+    cached, = (tmp_path / "embedded").glob("heldout-*.json")
+    monkeypatch.setattr(embedded, "_HELDOUT", {})
+    monkeypatch.setattr(embedded, "_compute_heldout_names", lambda d: frozenset())   # not called
+    assert embedded._heldout_names(tmp_path) == want
+    monkeypatch.undo()
+
+    cached.write_bytes(bytes(cached.stat().st_size))               # zero-filled
+    monkeypatch.setattr(embedded, "_HELDOUT", {})
+    with caplog.at_level(logging.WARNING, logger="olmax"):
+        assert embedded._heldout_names(tmp_path) == want
+    assert "held-out split" in caplog.text and "rebuilding it" in caplog.text
+    monkeypatch.setattr(embedded, "_HELDOUT", {})
+    blocked = tmp_path / "file"
+    blocked.write_text("")                                         # a file where a folder must be
+    assert embedded._heldout_names(blocked) == want

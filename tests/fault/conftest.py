@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.trainrun import STEPS, train, train_multiprocess
+from helpers.trainrun import EVAL_AT_END, STEPS, train, train_multiprocess
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,9 +39,10 @@ def _made_once(tmp_path_factory, name: str, make) -> Path:
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory) -> Path:
-    """An uninterrupted run on 1 process x 8 devices: steps 1..STEPS, checkpoints every 3 steps."""
+    """An uninterrupted run on 1 process x 8 devices: steps 1..STEPS, checkpoints every 3 steps,
+    the in-loop evaluation at the end."""
     return _made_once(tmp_path_factory, "fault-reference", lambda d: train(
-        d, [f"train.max_steps={STEPS}", "checkpoint.interval=3"], devices=8))
+        d, [f"train.max_steps={STEPS}", "checkpoint.interval=3", EVAL_AT_END], devices=8))
 
 
 @pytest.fixture(scope="session")
@@ -49,4 +50,4 @@ def two_process_run(tmp_path_factory) -> Path:
     """An uninterrupted run on 2 jax.distributed processes x 4 devices (gloo): steps 1..STEPS,
     checkpoints every 4 steps, the in-loop evaluation at the end."""
     return _made_once(tmp_path_factory, "fault-two-processes", lambda d: train_multiprocess(
-        d, [f"train.max_steps={STEPS}", "checkpoint.interval=4"]))
+        d, [f"train.max_steps={STEPS}", "checkpoint.interval=4", EVAL_AT_END]))

@@ -592,6 +592,7 @@ class EvalConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     tensorboard: bool = True
+    dashboard: bool = True           # RUN_DIR/dashboard.png at the end (matplotlib: ~2 s)
     wandb: bool = False
     wandb_project: str | None = None
     progress: bool = True

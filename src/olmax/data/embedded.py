@@ -11,7 +11,9 @@ first 4 bytes of ``sha256(name)`` (big-endian) are divisible by 20 (about 5 %); 
 stays held out only if it is not a copy of a training document, i.e. its text differs from every
 training document and fewer than ``NEAR_DUP_FRACTION`` of its distinct 8-word shingles occur in
 the training split. Candidates that fail go to training. The held-out set is therefore genuinely
-unseen, which ``olmax data overlap --train embedded --eval embedded`` confirms.
+unseen, which ``olmax data overlap --train embedded --eval embedded`` confirms. The held-out names
+are cached (``embedded/heldout-<key>.json``, keyed by a hash of the documents and the rule): the
+shingling takes ~2 s, at the start of every run on the embedded corpus otherwise.
 
 :func:`embedded_token_files` tokenizes a split with dolma2 into OLMo-format token files (each
 document + one EOS, raw uint32 LE, files of at most ``FILE_TOKENS`` tokens split between documents),
@@ -35,10 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
-from olmax.errors import ConfigError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.data.token_files import DocumentWriter
 from olmax.data.tokenizer import get_tokenizer
-from olmax.io import cache_root, dir_mode, sha256_file, write_bytes_atomic
+from olmax.io import (CHECKSUM_TRAILER, build_once, cache_root, dir_mode, sha256_file,
+                      write_bytes_atomic)
 
 try:
     from pydoc_data.topics import topics as PYDOC_TOPICS
@@ -71,10 +74,8 @@ def _shingles(text: str) -> set[int]:
     return out
 
 
-@lru_cache(maxsize=1)
-def _heldout_names() -> frozenset[str]:
+def _compute_heldout_names(docs: tuple[tuple[str, str], ...]) -> frozenset[str]:
     """Candidates that are neither exact nor near copies of a training document."""
-    docs = _all_documents()
     candidates = [(n, t) for n, t in docs if _is_heldout_candidate(n)]
     cand_shingles = {n: _shingles(t) for n, t in candidates}
     wanted = set().union(*cand_shingles.values()) if cand_shingles else set()
@@ -95,8 +96,44 @@ def _heldout_names() -> frozenset[str]:
     return frozenset(keep)
 
 
-def _is_heldout(name: str) -> bool:
-    return name in _heldout_names()
+def _corpus_key(docs: tuple[tuple[str, str], ...]) -> str:
+    """A hash of the documents (names and texts) and of the split's rule."""
+    h = hashlib.sha256(json.dumps({"modulus": HELDOUT_MODULUS, "shingle_words": SHINGLE_WORDS,
+                                   "near_dup_fraction": NEAR_DUP_FRACTION}).encode())
+    for name, text in docs:
+        h.update(name.encode() + b"\0" + hashlib.sha256(text.encode("utf-8", "replace")).digest())
+    return h.hexdigest()[:16]
+
+
+_HELDOUT: dict[str, frozenset[str]] = {}
+
+
+def _heldout_names(cache_dir: str | os.PathLike | None = None) -> frozenset[str]:
+    """The held-out names: computed once per corpus (~2 s of shingling), kept in the cache as
+    ``embedded/heldout-<corpus key>.json`` (checksummed; built by one process at a time) and once
+    per process in memory. A cache that cannot be written or read is no error: the names are
+    computed here instead."""
+    docs = _all_documents()
+    key = _corpus_key(docs)
+    if key in _HELDOUT:
+        return _HELDOUT[key]
+    path = cache_root(cache_dir) / "embedded" / f"heldout-{key}.json"
+    names = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        build_once(path, lambda f: f.write(json.dumps(
+            sorted(_compute_heldout_names(docs))).encode()), what="the embedded held-out split",
+            checksum=True)
+        names = frozenset(json.loads(path.read_bytes()[:-CHECKSUM_TRAILER]))
+        if not names <= {n for n, _ in docs if _is_heldout_candidate(n)}:
+            raise ValueError("names that are not held-out candidates")
+    except (OSError, OlmaxError, ValueError, TypeError) as e:
+        log.debug(f"olmax: held-out split not cached at {path} ({e}); computing it")
+        names = None
+    if names is None:
+        names = _compute_heldout_names(docs)
+    _HELDOUT[key] = names
+    return names
 
 
 @lru_cache(maxsize=1)
@@ -125,23 +162,26 @@ def _check_split(split: str) -> None:
         raise ConfigError(f"embedded split must be one of {SPLITS}, got {split!r}")
 
 
-def embedded_named_documents(split: str = "train") -> list[tuple[str, str]]:
-    """``(name, text)`` of the split's documents, in corpus order."""
+def embedded_named_documents(split: str = "train", cache_dir: str | os.PathLike | None = None
+                             ) -> list[tuple[str, str]]:
+    """``(name, text)`` of the split's documents, in corpus order (``cache_dir``: where the
+    held-out split is cached, see :func:`_heldout_names`)."""
     _check_split(split)
     want_heldout = split == "heldout"
-    return [(n, t) for n, t in _all_documents() if _is_heldout(n) == want_heldout]
+    held = _heldout_names(cache_dir)
+    return [(n, t) for n, t in _all_documents() if (n in held) == want_heldout]
 
 
-def embedded_documents(split: str = "train") -> list[str]:
+def embedded_documents(split: str = "train", cache_dir: str | os.PathLike | None = None) -> list[str]:
     """The texts of the split's documents, in corpus order."""
-    return [t for _, t in embedded_named_documents(split)]
+    return [t for _, t in embedded_named_documents(split, cache_dir)]
 
 
-def _split_key(split: str, tokenizer_identity: dict) -> str:
+def _split_key(split: str, tokenizer_identity: dict, cache_dir: str | os.PathLike | None = None) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({"v": _FORMAT_VERSION, "split": split, "file_tokens": FILE_TOKENS,
                          "tokenizer": tokenizer_identity}, sort_keys=True).encode())
-    for name, text in embedded_named_documents(split):
+    for name, text in embedded_named_documents(split, cache_dir):
         h.update(name.encode() + b"\0" + hashlib.sha256(text.encode("utf-8", "replace")).digest())
     return h.hexdigest()[:16]
 
@@ -164,7 +204,7 @@ def _damage(final: Path) -> str | None:
 def embedded_token_files(split: str = "train", cache_dir: str | os.PathLike | None = None) -> list[str]:
     """The split tokenized with dolma2 (doc + EOS, raw uint32), cached; returns the file paths in order."""
     tok = get_tokenizer("dolma2")
-    key = _split_key(split, tok.identity)
+    key = _split_key(split, tok.identity, cache_dir)
     root = cache_root(cache_dir) / "embedded"
     final = root / f"{split}-{key}"
     manifest = final / "manifest.json"
@@ -183,7 +223,7 @@ def embedded_token_files(split: str = "train", cache_dir: str | os.PathLike | No
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{split}-{key}.", dir=root))
     try:
-        texts = embedded_documents(split)
+        texts = embedded_documents(split, cache_dir)
         writer = DocumentWriter(tmp, lambda k: f"part-{k:05d}.npy", max_tokens=FILE_TOKENS,
                                 dtype=np.dtype(np.uint32), eos_token_id=tok.eos_token_id,
                                 vocab_size=tok.vocab_size)

@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 NGRAM = 13
 DEFAULT_THRESHOLD = 0.5
 _P = np.uint64(0x100000001B3)  # FNV-64 prime as the polynomial base (odd: invertible mod 2^64)
+# The n-gram probe's prefilter: a table of 2^22 flags, one per value of a hash's top 22 bits, set
+# for the evaluation side's n-grams. A training n-gram whose flag is clear is in no evaluation
+# set; only the few others are looked up exactly (a 16M-token chunk: ~0.3 s of binary search
+# becomes a ~0.05 s table read and a search over ~1 % of it).
+_FILTER_BITS = 22
 
 
 def ngram_hashes(tokens: np.ndarray, n: int = NGRAM) -> np.ndarray:
@@ -119,6 +124,8 @@ class EvalIndex:
         all_ng = [g for per in self.doc_ngrams for g in per]
         self.ngrams = np.unique(np.concatenate(all_ng)) if all_ng else np.zeros(0, np.uint64)
         self.seen = np.zeros(len(self.ngrams), bool)
+        self._flags = np.zeros(1 << _FILTER_BITS, bool)
+        self._flags[(self.ngrams >> np.uint64(64 - _FILTER_BITS)).astype(np.intp)] = True
         self.doc_hashes: dict[int, list[tuple[int, int]]] = {}   # hash -> [(set, doc)]
         self.lengths = np.unique([len(d) for docs in self.docs for d in docs]).astype(np.int64)
         for s, docs in enumerate(self.docs):
@@ -129,6 +136,7 @@ class EvalIndex:
     def probe_ngrams(self, hashes: np.ndarray) -> None:
         if len(self.ngrams) == 0 or len(hashes) == 0:
             return
+        hashes = hashes[self._flags[(hashes >> np.uint64(64 - _FILTER_BITS)).astype(np.intp)]]
         idx = np.searchsorted(self.ngrams, hashes)
         idx[idx == len(self.ngrams)] = 0
         hit = self.ngrams[idx] == hashes
