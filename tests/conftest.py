@@ -85,6 +85,17 @@ def _mesh_devices() -> str | None:
             f"{MESH_DEVICES} pytest -m mesh)")
 
 
+def _first(hook):
+    """Run before pytest-xdist's own ``pytest_collection_modifyitems`` (a plugin registered after
+    this file, so otherwise called before it), which turns each item's ``xdist_group`` marker into
+    its group: the markers set here must be there by then, or every test is a unit of its own and
+    a module's fixtures are made again on each worker that runs one of its tests."""
+    import pytest
+
+    return pytest.hookimpl(tryfirst=True)(hook)
+
+
+@_first
 def pytest_collection_modifyitems(config, items):
     import pytest
 
@@ -113,6 +124,22 @@ def pytest_collection_modifyitems(config, items):
                                 f"TPU test: {reason}; scripts/test runs it in its Python 3.12 environment")
         for item in marked:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """On a pytest-xdist worker of ``--dist loadgroup``: every test must carry its unit's group
+    in its id by now (xdist's suffix ``@UNIT``), else the units of the module docstring did not
+    take (a pytest that xdist cannot rename, a hook order changed) and each test would be a unit
+    of its own, its module's fixtures made again on every worker that runs one of its tests."""
+    import pytest
+
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and session.config.getvalue("loadgroup")):
+        return
+    lost = [item.nodeid for item in session.items if "@" not in item.nodeid.rsplit("::", 1)[-1]]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} test(s) into their units "
+                                f"(e.g. {lost[0]}): check the pytest and pytest-xdist versions "
+                                f"against constraints.txt")
 
 
 def pytest_runtest_logreport(report):
