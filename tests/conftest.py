@@ -133,21 +133,31 @@ def pytest_collection_finish(session):
     of its own, its module's fixtures made again on every worker that runs one of its tests."""
     import pytest
 
-    if not (os.environ.get("PYTEST_XDIST_WORKER") and session.config.getvalue("loadgroup")):
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and getattr(session.config.option, "loadgroup", False)):
         return
-    lost = [item.nodeid for item in session.items if "@" not in item.nodeid.rsplit("::", 1)[-1]]
+    lost = []
+    for item in session.items:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None and not item.nodeid.endswith(f"@{group.args[0]}"):
+            lost.append(item.nodeid)
     if lost:
         raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} test(s) into their units "
                                 f"(e.g. {lost[0]}): check the pytest and pytest-xdist versions "
                                 f"against constraints.txt")
 
 
+def _plain(nodeid: str) -> str:
+    """A test's id without pytest-xdist's ``@UNIT`` suffix (a unit is a path under tests/)."""
+    return nodeid.split("@tests/", 1)[0]
+
+
 def pytest_runtest_logreport(report):
-    _spent[report.nodeid] = _spent.get(report.nodeid, 0.0) + report.duration
+    nodeid = _plain(report.nodeid)
+    _spent[nodeid] = _spent.get(nodeid, 0.0) + report.duration
     if "slow" in report.keywords:
-        _slow.add(report.nodeid)
+        _slow.add(nodeid)
     if "own_unit" in report.keywords:
-        _own.add(report.nodeid)
+        _own.add(nodeid)
 
 
 def pytest_terminal_summary(terminalreporter):
