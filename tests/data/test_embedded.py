@@ -72,26 +72,40 @@ def test_the_heldout_names_cache_holds_the_computed_split_and_a_damaged_one_is_r
         tmp_path, caplog, monkeypatch):
     """The held-out names are kept in the cache: what a process reads there is what the rule
     computes; a cache file torn or zero-filled is logged and rebuilt; a cache that cannot be
-    written changes nothing but the time."""
+    written changes nothing but the time. (On a corpus of 400 random documents, one held-out
+    candidate a copy of a training document: the rule, not the standard library, is the point.)"""
+    import random
+
     from olmax.data import embedded
 
-    docs = embedded._all_documents()
+    rng = random.Random(3)
+    words = [f"w{i}" for i in range(5000)]
+    docs = [(f"doc/{i}", " ".join(rng.choices(words, k=60))) for i in range(400)]
+    cands = [i for i, (n, _) in enumerate(docs) if embedded._is_heldout_candidate(n)]
+    train = next(i for i in range(len(docs)) if i not in cands)
+    docs[cands[0]] = (docs[cands[0]][0], docs[train][1])          # a copy: goes to training
+    docs = tuple(docs)
+    monkeypatch.setattr(embedded, "_all_documents", lambda: docs)
     want = embedded._compute_heldout_names(docs)
-    assert 40 < len(want) < len(docs) // 10
-    monkeypatch.setattr(embedded, "_HELDOUT", {})
+    assert want == {docs[i][0] for i in cands[1:]} and len(want) >= 10
+
+    def fresh():
+        monkeypatch.setattr(embedded, "_HELDOUT", {})
+
+    fresh()
     assert embedded._heldout_names(tmp_path) == want
     cached, = (tmp_path / "embedded").glob("heldout-*.json")
-    monkeypatch.setattr(embedded, "_HELDOUT", {})
-    monkeypatch.setattr(embedded, "_compute_heldout_names", lambda d: frozenset())   # not called
-    assert embedded._heldout_names(tmp_path) == want
-    monkeypatch.undo()
+    fresh()
+    with monkeypatch.context() as m:
+        m.setattr(embedded, "_compute_heldout_names", lambda d: frozenset())   # not called
+        assert embedded._heldout_names(tmp_path) == want
 
     cached.write_bytes(bytes(cached.stat().st_size))               # zero-filled
-    monkeypatch.setattr(embedded, "_HELDOUT", {})
+    fresh()
     with caplog.at_level(logging.WARNING, logger="olmax"):
         assert embedded._heldout_names(tmp_path) == want
     assert "held-out split" in caplog.text and "rebuilding it" in caplog.text
-    monkeypatch.setattr(embedded, "_HELDOUT", {})
+    fresh()
     blocked = tmp_path / "file"
     blocked.write_text("")                                         # a file where a folder must be
     assert embedded._heldout_names(blocked) == want

@@ -34,6 +34,7 @@ import tempfile
 import zlib
 from functools import lru_cache
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -121,9 +122,10 @@ def _heldout_names(cache_dir: str | os.PathLike | None = None) -> frozenset[str]
     names = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        build_once(path, lambda f: f.write(json.dumps(
-            sorted(_compute_heldout_names(docs))).encode()), what="the embedded held-out split",
-            checksum=True)
+        def write(f: BinaryIO) -> None:
+            f.write(json.dumps(sorted(_compute_heldout_names(docs))).encode())
+
+        build_once(path, write, what="the embedded held-out split", checksum=True)
         names = frozenset(json.loads(path.read_bytes()[:-CHECKSUM_TRAILER]))
         if not names <= {n for n, _ in docs if _is_heldout_candidate(n)}:
             raise ValueError("names that are not held-out candidates")
