@@ -54,8 +54,19 @@ def synthetic(name: str, shape: tuple[int, ...]) -> np.ndarray:
     return bits.view(ml_dtypes.bfloat16)
 
 
+def write_index_and_config(out: Path, weight_map: dict, total: int, cfg) -> None:
+    """The HF directory's index (when the weights span files) and its config.json."""
+    from olmax.interop import hf_config, safetensors
+
+    if len(set(weight_map.values())) > 1:
+        (out / safetensors.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
+                                                              "weight_map": weight_map}, indent=2))
+    (out / "config.json").write_text(json.dumps(hf_config.hf_config_from_model(cfg, dtype="bfloat16"),
+                                                indent=2))
+
+
 def write_synthetic_hf(out: Path, preset: str, shard_bytes: int) -> tuple[int, int]:
-    from olmax.interop import hf, hf_config, safetensors
+    from olmax.interop import hf, safetensors
     from olmax.model.presets import get_preset
 
     cfg = get_preset(preset)
@@ -70,10 +81,7 @@ def write_synthetic_hf(out: Path, preset: str, shard_bytes: int) -> tuple[int, i
                                        ((name, synthetic(name, shape)) for name, shape, _ in layout))
         total += nbytes
         print(f"  wrote {fname} ({nbytes / 1e9:.2f} GB)", file=sys.stderr, flush=True)
-    if len(set(weight_map.values())) > 1:
-        (out / safetensors.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
-                                                      "weight_map": weight_map}, indent=2))
-    (out / "config.json").write_text(json.dumps(hf_config.hf_config_from_model(cfg, dtype="bfloat16"), indent=2))
+    write_index_and_config(out, weight_map, total, cfg)
     return total, len(shapes)
 
 
@@ -89,7 +97,7 @@ def marker_rows(name: str, shape: tuple[int, ...]) -> list[tuple[int, np.ndarray
 def write_sparse_hf(out: Path, preset: str, shard_bytes: int) -> tuple[int, int, int]:
     """The HF directory of ``write_synthetic_hf`` with holes for data but :func:`marker_rows`.
     Returns (data bytes, tensors, bytes the files occupy on disk)."""
-    from olmax.interop import hf, hf_config, safetensors
+    from olmax.interop import hf, safetensors
     from olmax.model.presets import get_preset
 
     cfg = get_preset(preset)
@@ -114,10 +122,7 @@ def write_sparse_hf(out: Path, preset: str, shard_bytes: int) -> tuple[int, int,
                 offset += math.prod(shape) * 2
         total += nbytes
         print(f"  wrote {fname} ({nbytes / 1e9:.2f} GB, sparse)", file=sys.stderr, flush=True)
-    if len(set(weight_map.values())) > 1:
-        (out / safetensors.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
-                                                      "weight_map": weight_map}, indent=2))
-    (out / "config.json").write_text(json.dumps(hf_config.hf_config_from_model(cfg, dtype="bfloat16"), indent=2))
+    write_index_and_config(out, weight_map, total, cfg)
     return total, len(shapes), disk_usage(out)
 
 

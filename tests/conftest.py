@@ -24,6 +24,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 # Keep XLA from grabbing every core on small CI machines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -85,19 +87,12 @@ def _mesh_devices() -> str | None:
             f"{MESH_DEVICES} pytest -m mesh)")
 
 
-def _first(hook):
-    """Run before pytest-xdist's own ``pytest_collection_modifyitems`` (a plugin registered after
-    this file, so otherwise called before it), which turns each item's ``xdist_group`` marker into
-    its group: the markers set here must be there by then, or every test is a unit of its own and
-    a module's fixtures are made again on each worker that runs one of its tests."""
-    import pytest
-
-    return pytest.hookimpl(tryfirst=True)(hook)
-
-
-@_first
+# tryfirst: before pytest-xdist's own hook (a plugin registered after this file, so otherwise
+# called first), which turns each item's ``xdist_group`` marker into its group; the markers set
+# here must be there by then, or every test is a unit of its own and a module's fixtures are made
+# again on each worker that runs one of its tests.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    import pytest
 
     from helpers import reference
 
@@ -131,8 +126,6 @@ def pytest_collection_finish(session):
     in its id by now (xdist's suffix ``@UNIT``), else the units of the module docstring did not
     take (a pytest that xdist cannot rename, a hook order changed) and each test would be a unit
     of its own, its module's fixtures made again on every worker that runs one of its tests."""
-    import pytest
-
     if not (os.environ.get("PYTEST_XDIST_WORKER") and getattr(session.config.option, "loadgroup", False)):
         return
     lost = []

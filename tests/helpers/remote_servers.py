@@ -14,7 +14,27 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-class FileServer(ThreadingHTTPServer):
+class _LoopbackServer(ThreadingHTTPServer):
+    """A threaded HTTP server on 127.0.0.1, a free port."""
+
+    daemon_threads = True
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _QuietHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class FileServer(_LoopbackServer):
     """Serves ``files`` ({"/path": bytes}) with ``HEAD`` and (ranged) ``GET``.
 
     Faults: ``drop`` cuts that many of the next GET bodies in half and closes the connection;
@@ -27,10 +47,8 @@ class FileServer(ThreadingHTTPServer):
     ``log`` records (method, path, range header).
     """
 
-    daemon_threads = True
-
     def __init__(self, files: dict[str, bytes]) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.files = files
         self.drop = 0
         self.dropped = 0
@@ -43,16 +61,8 @@ class FileServer(ThreadingHTTPServer):
         self.log: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
 
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
+class _Handler(_QuietHandler):
 
     def _lookup(self):
         srv: FileServer = self.server
@@ -215,29 +225,19 @@ def store_bucket(kind: str):
         yield f"{kind}://{name}"
 
 
-class DenyingServer(ThreadingHTTPServer):
+class DenyingServer(_LoopbackServer):
     """A store that refuses every request as one does without the right permission: HTTP 403 with
     the body Cloud Storage's JSON API sends (``forbidden``: the account lacks
     ``storage.objects.create``) or, for a path-style S3 request, S3's ``AccessDenied``. Stands for
     a bucket the credentials may not write, where the emulator cannot deny (fake-gcs-server has
     no permissions)."""
 
-    daemon_threads = True
-
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Denying)
+        super().__init__(_Denying)
         self.log: list[tuple[str, str]] = []
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
 
-
-class _Denying(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
+class _Denying(_QuietHandler):
 
     def _deny(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)

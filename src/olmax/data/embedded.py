@@ -97,8 +97,10 @@ def _compute_heldout_names(docs: tuple[tuple[str, str], ...]) -> frozenset[str]:
     return frozenset(keep)
 
 
+@lru_cache(maxsize=2)
 def _corpus_key(docs: tuple[tuple[str, str], ...]) -> str:
-    """A hash of the documents (names and texts) and of the split's rule."""
+    """A hash of the documents (names and texts) and of the split's rule (once per corpus: every
+    split's listing asks for it)."""
     h = hashlib.sha256(json.dumps({"modulus": HELDOUT_MODULUS, "shingle_words": SHINGLE_WORDS,
                                    "near_dup_fraction": NEAR_DUP_FRACTION}).encode())
     for name, text in docs:
