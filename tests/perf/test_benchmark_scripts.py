@@ -17,13 +17,21 @@ TINY = ["--set=model.d_model=32", "--set=model.mlp_hidden=64", "--set=train.seq_
 pytestmark = pytest.mark.slow
 
 
+def _failure(stderr: str) -> str:
+    """What a failed script said: from its own error line on when it printed one (the
+    tracebacks libraries print at exit come after it), else the end of stderr."""
+    at = stderr.find(": error: ")
+    start = stderr.rfind("\n", 0, at) + 1 if at >= 0 else max(0, len(stderr) - 3000)
+    return stderr[start:start + 3000]
+
+
 def test_xla_flags_ab(tmp_path):
     out = tmp_path / "flags.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "xla_flags.py"), *TINY,
                            "--rounds", "2", "--variant", "same=", "--variant",
                            "bogus=--xla_cpu_no_such_flag=1", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _failure(proc.stderr)
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     # the defaults in a second process reproduce the baseline's losses bit for bit
     assert rows["same"]["losses_bit_identical"] is True and rows["same"]["loss_max_rel_diff"] == 0
@@ -40,7 +48,7 @@ def test_convert_scale_round_trip(tmp_path):
                            "--preset", "olmo3-1m", "--shard-gb", "0.0005", "--work",
                            str(tmp_path / "work"), "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _failure(proc.stderr)
     r = json.loads(out.read_text())
     assert r["round_trip_bit_exact"] and r["tensors_compared"] == r["n_tensors"] > 0
     from olmax.interop.hf import hf_tensor_shapes
@@ -60,7 +68,7 @@ def test_convert_scale_sparse(tmp_path):
                            "--preset", "olmo3-1m", "--sparse", "--shard-gb", "0.0005", "--work",
                            str(tmp_path / "work"), "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _failure(proc.stderr)
     r = json.loads(out.read_text())
     assert r["checkpoint_equal"] and r["tensors_compared"] == r["n_tensors"] > 0
     assert r["import"]["peak_rss_bytes"] > 0 and "export" not in r
@@ -72,7 +80,7 @@ def test_remote_read(tmp_path):
                            "--files", "2", "--tokens-per-file", "20000", "--seq-len", "64",
                            "--batch", "4", "--batches", "2", "--rounds", "2", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _failure(proc.stderr)
     r = json.loads(out.read_text())
     assert r["same_batches"] is True and set(r["sources"]) == {"local", "http", "s3"}
     assert all(len(s["seconds_per_round"]) == 2 and s["MB_per_s"] > 0 for s in r["sources"].values())
@@ -85,7 +93,7 @@ def test_bucket_checkpoint(tmp_path):
                            "--set=model.padded_vocab_size=256", "--rounds", "1", "--steps", "2",
                            "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _failure(proc.stderr)
     r = json.loads(out.read_text())
     assert 0.002e9 < r["state_bytes"] < 0.004e9
     assert set(r["summary"]) == {"local", "s3", "gs"}
