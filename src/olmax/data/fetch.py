@@ -33,6 +33,7 @@ from olmax.data.remote import Stopped, download, is_remote, join, remote_files, 
 from olmax.data.token_files import parse_dtype
 from olmax.io import contained
 
+POLL_S = 0.2       # how often the main thread wakes while it waits for the copies
 STOP_WAIT_S = 5.0   # after Ctrl-C: how long the copies in flight may take to finish their chunk
 
 
@@ -115,6 +116,17 @@ def fetch(items: list[FetchItem], *, workers: int = 4, dtype: str = "uint32",
     return summary
 
 
+def _get(q: queue.Queue):
+    """``q.get()``, waking every ``POLL_S``: the kernel may hand a Ctrl-C to any of the
+    process's threads, and Python runs its handler only when the main thread runs again, which
+    a wait without a timeout would put off until the next file is done."""
+    while True:
+        try:
+            return q.get(timeout=POLL_S)
+        except queue.Empty:
+            continue
+
+
 def _copy_all(files, items: list[FetchItem], workers: int, progress):
     """Yield ``(item, bytes transferred or -1 or OlmaxError)`` as ``workers`` daemon threads copy
     the items. On KeyboardInterrupt the copies stop after their chunk in flight (waiting at most
@@ -146,7 +158,7 @@ def _copy_all(files, items: list[FetchItem], workers: int, progress):
         t.start()
     try:
         for _ in items:
-            item, outcome = done.get()
+            item, outcome = _get(done)
             if isinstance(outcome, BaseException) and not isinstance(outcome, OlmaxError):
                 raise outcome
             yield item, outcome
