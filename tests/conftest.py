@@ -22,6 +22,7 @@ last. The run's JAX compilation cache is shared by the workers and every process
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,22 @@ _own: set[str] = set()        # tests marked own_unit (seen in the reports, as i
 # starts after the listed ones.
 DURATIONS_FILE = Path(__file__).parent / "durations.json"
 DURATIONS: dict[str, float] = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}
+
+
+@pytest.fixture
+def ctrl_c_reaches_children():
+    """For a test that sends SIGINT to a process it starts: the process starts with SIGINT's
+    default action, as from a terminal. A suite started in the background of a
+    non-interactive shell (``scripts/test &``, ``nohup``) inherits SIGINT ignored, Python keeps it
+    ignored, and so would every ``olmax`` it starts: Ctrl-C would never reach it."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # (a child starts with the default)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def unit_of(nodeid: str, own: bool = False) -> str:

@@ -100,7 +100,7 @@ def test_storage_that_cannot_take_a_write_exits_75(run_dir):
 
 
 @pytest.mark.parametrize("sig, row", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "preempted")])
-def test_a_signal_while_waiting_for_the_network(run_dir, sig, row):
+def test_a_signal_while_waiting_for_the_network(run_dir, sig, row, ctrl_c_reaches_children):
     """``olmax curves gs://...`` against a server that accepts the connection and never answers:
     the signal comes while the command waits for it."""
     with socket.socket() as server:

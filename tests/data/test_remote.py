@@ -424,7 +424,7 @@ def _signal_a_worker_thread(pid: int, sig: int) -> None:
 
 
 @pytest.mark.parametrize("to", ["process", "worker thread"])
-def test_ctrl_c_stops_a_fetch_at_once_and_the_rerun_resumes(tmp_path, to):
+def test_ctrl_c_stops_a_fetch_at_once_and_the_rerun_resumes(tmp_path, to, ctrl_c_reaches_children):
     """Ctrl-C during ``olmax data fetch``: exit 130 within a chunk's time, no file finished, the
     rerun resumes. Delivered to the process (the kernel picks the thread) and to a thread other
     than the main one, which Python's handler does not wake."""
