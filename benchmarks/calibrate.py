@@ -12,8 +12,11 @@ times their MXU occupancy, the step's collectives timed by :mod:`olmax.perf.netw
 max(compute, asynchronous collectives) + synchronous ones), and prints one row: case, estimate (s,
 MFU in the case's convention), measurement, measured / estimated.
 
-No factor is fitted: the ratios are reported as they come out. A GPU case is reported as "no GPU
-estimate" (XLA's GPU backend gives no cost-model time; olmax plan has no GPU step-time method).
+No factor is fitted: the ratios are reported as they come out. A GPU case goes through olmax plan's GPU
+method instead (:mod:`olmax.perf.gpu_estimate`: every kernel of the compiled step at the measured
+rates of the GPU's table). An ``olmax`` case (``peer.program: olmax``) is olmax's own step, measured
+on a GPU, whose compiled program is stored (``peer.hlo``): it is estimated from that program and
+needs no compile.
 
 Compiles are cached in ``results/calibration/compiles/`` by what was compiled (mode, topology,
 arguments, flags, peer version): a compile whose record exists is not repeated unless ``--rerun``;
@@ -275,6 +278,28 @@ def measured_step(case: dict, cases: dict, tflops: dict[str, float | None]) -> t
                                               f"{count:.1f} TFLOP per device / (MFU x {peak / 1e12:.1f} TFLOP/s)")
 
 
+def estimate_gpu(case: dict, text: str) -> dict:
+    """A GPU program through olmax plan's GPU method (:mod:`olmax.perf.gpu_estimate`): each kernel
+    of the compiled step at the measured rates of the GPU's table; collectives by the network
+    model (a one-GPU case has none)."""
+    from olmax.hardware import BY_NAME
+    from olmax.perf import gpu_estimate, hlo
+
+    acc = BY_NAME[case["accelerator"]]
+    rates = gpu_estimate.rates_for(acc)
+    if rates is None:
+        raise CaseError(f"{case['name']}: no GPU rates table prices {acc.name}")
+    if hlo.collective_ops(hlo.analyse(text)):
+        raise CaseError(f"{case['name']}: a stored program with collectives needs its device "
+                        "assignment (not recorded)")
+    est = gpu_estimate.estimate(text, rates)
+    m = case["measured"]
+    step_s = est["compute_s"]
+    return {**est, "step_s": step_s, "step_s_no_overlap": step_s, "collective_s": 0.0,
+            "mfu": (m["mfu"] * m["step_s"] / step_s) if (m.get("mfu") and m.get("step_s")) else None,
+            "method": gpu_estimate.METHOD}
+
+
 def calibrate_case(case: dict, maxtext_python: str, rerun: bool, compile_: bool, timeout: int) -> dict:
     from olmax.hardware import BY_NAME
 
@@ -282,9 +307,23 @@ def calibrate_case(case: dict, maxtext_python: str, rerun: bool, compile_: bool,
     base = {"case": case["name"], "accelerator": case["accelerator"], "topology": case["topology"],
             "devices": case["devices"], "convention": case["measured"]["convention"],
             "source": case["measured"]["source"].strip(), "estimate": None, "status": None, "compiles": {}}
+    if case["peer"]["program"] == "olmax":
+        import gzip
+
+        path = HERE / case["peer"]["hlo"]
+        if not path.exists():
+            return {**base, "status": f"no stored program: {case['peer']['hlo']} is missing"}
+        raw = path.read_bytes()
+        text = (gzip.decompress(raw) if path.name.endswith(".gz") else raw).decode()
+        try:
+            return {**base, "estimate": estimate_gpu(case, text), "status": "estimated"}
+        except CaseError as e:
+            return {**base, "status": f"no estimate: {e}"}
     if acc.platform != "tpu":
-        return {**base, "status": f"no GPU estimate: olmax plan has no {acc.platform.upper()} step-time "
-                                  "method (XLA's GPU backend gives no cost-model time)"}
+        return {**base, "status": "not compiled: MaxText's step for a GPU target needs jax's CUDA plugin "
+                                  "(jax[cuda12]) in MaxText's environment, which benchmarks/README.md's "
+                                  "'Calibration' setup does not install; olmax plan's GPU method "
+                                  "(olmax.perf.gpu_estimate) prices the program once compiled"}
     reqs = {f"parts_l{n}": compile_request(case, "parts", n) for n in case["parts"]["layers"]}
     reqs["step"] = compile_request(case, "step")
     records = {}

@@ -29,7 +29,9 @@ def cudnn_in_program(window: int, seq: int, heads: int, head_dim: int) -> str:
 
     x = jax.ShapeDtypeStruct((1, seq, heads, head_dim), jnp.bfloat16)
     try:
-        lowered = jax.jit(cudnn_attention, static_argnums=(3, 4)).lower(x, x, x, window, head_dim ** -0.5)
+        native = jax.default_backend() == "gpu"
+        fn = lambda q, k, v: cudnn_attention(q, k, v, window, head_dim ** -0.5, native=native)  # noqa: E731
+        lowered = jax.jit(fn).lower(x, x, x)
         lowered.compile()
     except Exception as e:  # report, do not hide
         return f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
@@ -49,6 +51,10 @@ def main() -> int:
     p.add_argument("--remat", default="none")
     p.add_argument("--variants", default="olmo3-7b,olmo3-7b-16x256")
     p.add_argument("--json", dest="json_out")
+    p.add_argument("--out", help="a folder for each variant's compiled HLO (hlo_VARIANT.txt.gz) and a "
+                                 "profile of 3 steps (trace_VARIANT/), and the measured rates "
+                                 "(gpu_rates.json, as `olmax bench matmul --table` writes them)")
+    p.add_argument("--rates", action="store_true", help="measure the rates table into --out")
     a = p.parse_args()
 
     import jax
@@ -84,9 +90,12 @@ def main() -> int:
                                 attn_impl=a.attn, remat=a.remat)
         kernel = (cudnn_in_program(model.window_pattern[0], train.seq_len, model.n_heads, model.head_dim)
                   if a.attn == "cudnn" else a.attn)
+        tag = f"{model.n_heads}x{model.head_dim}"
+        extra = {} if not a.out else {"hlo_out": f"{a.out}/hlo_{tag}.txt.gz",
+                                      "trace_dir": f"{a.out}/trace_{tag}"}
         try:
             r = bench_train(RunConfig(model=model, train=train), steps=2 if tiny else a.steps,
-                            warmup=1 if tiny else a.warmup, ceiling_flops=ceil["flops_per_s"])
+                            warmup=1 if tiny else a.warmup, ceiling_flops=ceil["flops_per_s"], **extra)
         except Exception as e:  # e.g. out of memory: report the row, keep going
             rows.append({"variant": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
             print(f"{name}: failed: {rows[-1]['error']}", flush=True)
@@ -112,6 +121,16 @@ def main() -> int:
         print(f"| {r['variant']} | {r['attention']} | {r['tokens_per_s']:,.0f} | {r['step_s'] * 1e3:.0f} | "
               f"{pct(r['mfu_olmo_core'])} | {pct(r['mfu_causal'])} | {pct(r['pct_of_ceiling_causal'])} | "
               f"{mem} | {r['compile_s']:.0f} |")
+    rates = None
+    if a.rates and a.out:
+        from olmax.perf.gpu_rates import measure
+        from olmax.io import write_json_atomic
+
+        try:
+            rates = measure(log=lambda s: print(s, flush=True))
+            write_json_atomic(f"{a.out}/gpu_rates.json", rates)
+        except Exception as e:  # report, keep the rows
+            print(f"rates: failed: {type(e).__name__}: {e}", flush=True)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     write_json(a.json_out, {"ceiling": ceil, "rows": rows, "args": vars(a)})
     return 0 if rows and all("error" not in r for r in rows) else 1

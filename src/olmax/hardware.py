@@ -35,6 +35,8 @@ GBps over 6 links; DCN 50 Gbps per chip), "TPU v6e" (800 GBps over 4; 100 Gbps),
 GBps over 6; 100 Gbps). The JAX scaling book's per-link figures are about 10 % lower (4.5e10 and
 9e10 B/s one way for v5e and v5p/v6e/TPU7x). GPUs: NVLink 4 at 900 GB/s both ways, one 400 Gb/s
 NIC per GPU. A generation without a figure has ``None``: what needs it is not priced.
+HBM bandwidth (``hbm_bw``), datasheets: H100 SXM 3.35 TB/s, H200 4.8 TB/s (the GPU step estimate
+scales one GPU's measured memory-bound rates to another's by it, :mod:`olmax.perf.gpu_estimate`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Accelerator:
     kinds: tuple[str, ...] = ()     # lower-case substrings of jax.Device.device_kind
     peak_bf16: float | None = None  # dense bf16 FLOP/s per JAX device
     hbm: int | None = None          # bytes per JAX device a program may use (module docstring)
+    hbm_bw: float | None = None     # bytes/s of that memory, the datasheet's figure
     devices_per_chip: int = 1       # JAX devices sharing a chip (and its links)
     link_bw: float | None = None    # bytes/s one direction of one inter-chip link (TPU ICI; GPU
                                     # NVLink to the switch)
@@ -81,6 +84,8 @@ class Accelerator:
     float8: bool = False            # float8 (e4m3fn/e5m2) operands multiplied in hardware
     compiler_options: tuple[tuple[str, str], ...] = ()
     gpu_target: str | None = field(default=None, repr=False)   # GpuTargetConfig text
+    gpu_rates: str | None = None    # the measured rates table (olmax/perf/gpu_tables/NAME.json) that
+                                    # prices its kernels: its own, or one of the same tensor cores
 
     @property
     def platform(self) -> str:
@@ -140,11 +145,12 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("h100-pcie", "nvidia", ("h100 pcie",), 756e12, float8=True),
     Accelerator("h100-nvl", "nvidia", ("h100 nvl",), 835e12, float8=True),
     Accelerator("gh200", "nvidia", ("gh200",), 989e12, float8=True),
-    Accelerator("h200", "nvidia", ("h200",), 989e12, _H200_MEMORY, link_bw=_NVLINK4, dcn_bw=_NIC_400G,
-                float8=True, gpu_target=_HOPPER.format(bandwidth=4800000000000, memory=_H200_MEMORY,
+    Accelerator("h200", "nvidia", ("h200",), 989e12, _H200_MEMORY, 4.8e12, link_bw=_NVLINK4,
+                dcn_bw=_NIC_400G, float8=True, gpu_rates="h200",
+                gpu_target=_HOPPER.format(bandwidth=4800000000000, memory=_H200_MEMORY,
                                                        name="NVIDIA H200")),
-    Accelerator("h100", "nvidia", ("h100",), 989e12, _H100_MEMORY, link_bw=_NVLINK4,   # SXM
-                dcn_bw=_NIC_400G, float8=True,
+    Accelerator("h100", "nvidia", ("h100",), 989e12, _H100_MEMORY, 3.35232e12, link_bw=_NVLINK4,  # SXM
+                dcn_bw=_NIC_400G, float8=True, gpu_rates="h200",   # the H200's SMs and clocks
                 gpu_target=_HOPPER.format(bandwidth=3352320000000, memory=_H100_MEMORY,
                                                        name="NVIDIA H100 80GB HBM3")),
     Accelerator("b200", "nvidia", ("b200",), 2250e12, float8=True),

@@ -25,10 +25,27 @@ def test_every_case_file_matches_the_schema():
     for path in files:
         case = calibration_cases.validate(yaml.safe_load(path.read_text()), path.stem)
         assert case["measured"]["source"].strip()
-        assert any(a.startswith("model_name=") for a in case["peer"]["args"])
+        named = "model.preset=" if case["peer"]["program"] == "olmax" else "model_name="
+        assert any(a.startswith(named) for a in case["peer"]["args"])
+        if case["peer"]["program"] == "olmax":      # the stored program is there
+            assert (CASES.parent / case["peer"]["hlo"]).is_file()
     cases = calibration_cases.load_cases(CASES)     # relative_to names a case too
     assert {"olmo3_7b_maxtext_512", "olmo3_7b_maxtext_128", "olmo3_7b_maxtext_128_heads16x256",
-            "llama31_70b_tpu7x_4x4x4", "llama2_7b_h100x8"} <= set(cases)
+            "llama31_70b_tpu7x_4x4x4", "llama2_7b_h100x8", "olmo3_7b_slice_h200"} <= set(cases)
+
+
+def test_an_olmax_case_names_its_stored_program():
+    good = yaml.safe_load((CASES / "olmo3_7b_slice_h200.yaml").read_text())
+    calibration_cases.validate(copy.deepcopy(good))
+    no_hlo = copy.deepcopy(good)
+    del no_hlo["peer"]["hlo"]
+    maxtext_with_hlo = yaml.safe_load((CASES / "olmo3_7b_maxtext_128.yaml").read_text())
+    maxtext_with_hlo["peer"]["hlo"] = "results/x.txt"
+    no_model = copy.deepcopy(good)
+    no_model["peer"]["args"] = [a for a in good["peer"]["args"] if not a.startswith("model.preset=")]
+    for case, what in ((no_hlo, "hlo"), (maxtext_with_hlo, "hlo"), (no_model, "model.preset")):
+        with pytest.raises(calibration_cases.CaseError, match=what):
+            calibration_cases.validate(case)
 
 
 def test_the_schema_refuses_what_the_script_would_not_read():

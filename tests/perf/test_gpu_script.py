@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -35,3 +36,11 @@ def test_gpu_script_runs_tiny_on_cpu(tmp_path):
     # ... then `olmax plan` of the slice on the same device (the tiny recipe here)
     plan = json.loads((tmp_path / "plan_gpu.json").read_text())
     assert plan["device_kind"] == "cpu" and plan["attn_impl"] == "chunked" and plan["memory"]["fits"]
+    # ... and what comes back flat beside them: the rates table, each variant's program and profile
+    rates = json.loads((tmp_path / "gpu_rates.json").read_text())
+    assert rates["device_kind"] == "cpu" and rates["gemm"] and rates["attention"]
+    assert all(r["flops_per_s"] == pytest.approx(r["flops"] / r["seconds"]) for r in rates["gemm"])
+    for heads in ("4x16", "2x32"):
+        assert gzip.decompress((tmp_path / f"hlo_{heads}.txt.gz").read_bytes()).startswith(b"HloModule")
+        assert json.loads(gzip.decompress((tmp_path / f"trace_{heads}.json.gz").read_bytes()))["traceEvents"]
+    assert "matmul ceiling" in (tmp_path / "log.txt").read_text()

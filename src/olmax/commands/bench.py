@@ -11,6 +11,11 @@ key can be overridden, e.g. ``model.n_layers=4 train.seq_len=8192 train.attn_imp
 ceiling measured in the same process, and the step's floor estimate.
 
 ``bench matmul`` measures the ceiling: the best FLOP/s of a square matmul (fp32 accumulation).
+With ``--table OUT`` it measures the rates table that ``olmax plan`` prices a GPU's step with
+(:mod:`olmax.perf.gpu_rates`: GEMMs on a grid of shapes, cuDNN attention by sequence, head
+dimension and window, HBM bandwidth, the per-kernel floor) and writes it to OUT; copied to
+``src/olmax/perf/gpu_tables/NAME.json`` and named by the GPU's row in :mod:`olmax.hardware`
+(``gpu_rates``), it prices that GPU and those of the same tensor cores.
 """
 
 from __future__ import annotations
@@ -62,7 +67,10 @@ def add_parser(subparsers) -> None:
                                                   "(default bfloat16; float32 on CPU)")
     m.add_argument("--iters", type=int, default=10)
     m.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
-    m.add_argument("--force", action="store_true", help="replace an existing --json file")
+    m.add_argument("--table", dest="table_out",
+                   help="measure the GPU rates table (GEMMs by shape, cuDNN attention, HBM, kernel "
+                        "floor) and write it here (JSON), instead of the ceiling")
+    m.add_argument("--force", action="store_true", help="replace an existing --json or --table file")
     m.set_defaults(func=run_matmul)
 
 
@@ -108,6 +116,14 @@ def run_profile(args: argparse.Namespace) -> int:
 def run_matmul(args: argparse.Namespace) -> int:
     if args.json_out:   # refused before spending minutes on the benchmark
         refuse_existing(args.json_out, args.force, flag="--json")
+    if args.table_out:
+        from olmax.perf.gpu_rates import measure
+
+        refuse_existing(args.table_out, args.force, flag="--table")
+        table = measure()
+        write_json_atomic(args.table_out, table, overwrite=args.force)
+        print(f"rates table of {table['device_kind']} written to {args.table_out}")
+        return 0
     r = matmul_ceiling(size=args.size, dtype=args.dtype, iters=args.iters)
     peak = r["peak_flops"]
     print(f"{r['device']}: {r['flops_per_s'] / 1e12:.3f} TFLOP/s ({r['size']}^3 {r['dtype']}, best of "

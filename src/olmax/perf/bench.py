@@ -148,8 +148,12 @@ class TrainStepRunner:
 
 
 def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
-                ceiling_flops: float | None = None, seed: int = 0) -> TrainBench:
-    """Time ``steps`` training steps of ``cfg`` (model, train, optim sections) on one device."""
+                ceiling_flops: float | None = None, seed: int = 0, hlo_out: str | None = None,
+                trace_dir: str | None = None) -> TrainBench:
+    """Time ``steps`` training steps of ``cfg`` (model, train, optim sections) on one device.
+    ``hlo_out``: also write the compiled step's optimized HLO text there (gzip if it ends in
+    ``.gz``); ``trace_dir``: then profile 3 more steps with JAX's profiler into that folder (a
+    Perfetto trace beside the XLA one)."""
     if steps < 1 or warmup < 0:
         raise ConfigError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
     model_cfg, train_cfg = cfg.model, cfg.train
@@ -161,6 +165,12 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
         runner.run()
     times = [runner.run() for _ in range(steps)]
     metrics = runner.metrics
+    if hlo_out:
+        _write_text(hlo_out, runner.compiled.as_text())
+    if trace_dir:
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+            for _ in range(3):
+                runner.run()
 
     step_s = statistics.median(times)
     tps = b * t / step_s
@@ -182,6 +192,15 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
         ceiling_flops_per_s=ceiling_flops,
         pct_of_ceiling_olmo_core=ratio(f_oc), pct_of_ceiling_causal=ratio(f_c),
         peak_memory_bytes=mem, peak_memory_kind=mem_kind, final_loss=float(metrics["loss"]))
+
+
+def _write_text(path: str, text: str) -> None:
+    import gzip
+
+    from olmax.io import write_bytes_atomic
+
+    data = text.encode()
+    write_bytes_atomic(path, gzip.compress(data) if path.endswith(".gz") else data)
 
 
 def format_train(r: TrainBench) -> str:

@@ -37,18 +37,27 @@ def for_accelerator(acc: Accelerator | None, data: dict | None = None) -> dict |
     data = table() if data is None else data
     if acc is None:
         return UNCALIBRATED
-    cases = [c for c in data.get("cases", []) if c.get("accelerator") == acc.name]
+    cases = [c for c in data.get("cases", []) if _family(c.get("accelerator")) == _family(acc.name)]
     rated = [c for c in cases if c.get("ratio") is not None]
     if not rated:
         return UNCALIBRATED
     ratios = [c["ratio"] for c in rated]
-    return {"accelerator": acc.name,
+    return {"accelerator": acc.name, "family": _family(acc.name),
             "method": data.get("method"),
             "ratio": "measured step time / estimated step time (> 1: the estimate is optimistic)",
             "ratio_range": [min(ratios), max(ratios)],
             "cases": [{k: c.get(k) for k in ("case", "measured_step_s", "estimated_step_s", "ratio",
                                               "convention", "source")} for c in rated],
             "generated": data.get("generated")}
+
+
+def _family(name: str | None) -> str | None:
+    """A GPU is checked by the cases of every GPU its kernels are priced like (the same measured
+    rates table, :attr:`olmax.hardware.Accelerator.gpu_rates`); a TPU by its own generation's."""
+    from olmax.hardware import BY_NAME
+
+    acc = BY_NAME.get(name or "")
+    return None if acc is None else (acc.gpu_rates or acc.name)
 
 
 def for_device(device: Any) -> dict | str:

@@ -14,6 +14,13 @@ CONVENTIONS = {
     "maxtext": "MaxText's calculate_tflops_training_per_device per device and step over the dense bf16 "
                "peak per device: 6 x params x tokens + causal attention (a sliding-window layer counted "
                "as full causal attention)",
+    "causal": "olmax.model.flops, convention causal, per device and step over the dense bf16 peak per "
+              "device: 6 x params x tokens + the (query, key) pairs the causal or sliding-window mask "
+              "keeps",
+}
+PROGRAMS = {
+    "maxtext": "compiled here ahead of time in MaxText's environment (maxtext_compile.py)",
+    "olmax": "olmax's own step, compiled where it was measured; its optimized HLO stored (peer.hlo)",
 }
 
 # field -> (types, required, what it is); nested mappings have their own schemas below
@@ -28,13 +35,15 @@ SCHEMA: dict = {
     "assumptions": ((list,), False, "what the case assumes beyond its source"),
 }
 PEER_SCHEMA: dict = {
-    "program": ((str,), True, "maxtext"),
+    "program": ((str,), True, f"one of {sorted(PROGRAMS)}"),
     "version": ((str,), True, "the peer's version compiled (its environment's)"),
     "launcher": ((str,), True, "the launcher or page whose settings these are"),
     "topology": ((str,), True, "the peer's own topology name (MaxText: tpu7x-128, cores)"),
     "args": ((list,), True, "the peer's configuration overrides, key=value (model_name= among them)"),
     "libtpu_init_args": ((list,), False, "LIBTPU_INIT_ARGS flags its launcher exported"),
     "xla_flags": ((list,), False, "XLA_FLAGS its launcher exported (GPU)"),
+    "hlo": ((str,), False, "olmax cases: the measured step's optimized HLO, stored (a path under "
+                           "benchmarks/, gzip if .gz)"),
 }
 PARTS_SCHEMA: dict = {
     "topology": ((str,), True, "the peer's topology name whose first device compiles the parts"),
@@ -83,16 +92,20 @@ def validate(case: dict, stem: str | None = None) -> dict:
         raise CaseError(f"{where}: topology {case['topology']!r} is not of {case['accelerator']}")
     _check(case["peer"], PEER_SCHEMA, f"{where}.peer")
     peer = case["peer"]
-    if peer["program"] != "maxtext":
-        raise CaseError(f"{where}.peer.program: only maxtext is compiled here")
+    if peer["program"] not in PROGRAMS:
+        raise CaseError(f"{where}.peer.program: one of {sorted(PROGRAMS)}")
+    olmax = peer["program"] == "olmax"
+    if olmax != ("hlo" in peer):
+        raise CaseError(f"{where}.peer.hlo: an olmax case, and only one, names its stored program")
     for key in ("args", "libtpu_init_args", "xla_flags"):
         if not all(isinstance(x, str) for x in peer.get(key, [])):
             raise CaseError(f"{where}.peer.{key}: strings expected")
     if not all("=" in x for x in peer["args"]):
         raise CaseError(f"{where}.peer.args: key=value expected")
-    if not any(x.startswith("model_name=") for x in peer["args"]):
-        raise CaseError(f"{where}.peer.args: the model must be named (model_name=...)")
-    tpu = BY_NAME[case["accelerator"]].platform == "tpu"
+    named = "model.preset=" if olmax else "model_name="
+    if not any(x.startswith(named) for x in peer["args"]):
+        raise CaseError(f"{where}.peer.args: the model must be named ({named}...)")
+    tpu = BY_NAME[case["accelerator"]].platform == "tpu" and not olmax
     if tpu and "parts" not in case:
         raise CaseError(f"{where}: a TPU case needs parts (where its one-device parts compile)")
     if "parts" in case:

@@ -38,6 +38,13 @@ The step-time *estimate* (labelled as such, its method in ``estimate.method``):
   collective_s``. Tokens/s and MFU are of ``step_s``. Where the network is unknown (CPU, v4),
   collectives are not timed and ``step_s`` is the compute.
 
+On a GPU (a lent one, or a compile target such as ``--topology h100:8``) the compute time is
+instead priced kernel by kernel from the whole compiled step (:mod:`olmax.perf.gpu_estimate`: XLA's
+GPU backend has no usable cost-model time, and prices cuDNN attention at almost nothing): matrix
+products and cuDNN attention at the rates measured on that GPU model, other kernels at its measured
+memory bandwidth; ``kernel_s`` is then the attention kernels' part. Collectives and the step are
+combined as above.
+
 ``estimate.calibration`` says how far the method has been checked on the target's accelerator
 generation (:mod:`olmax.perf.calibration`: published peer runs put through the same method, their
 measured / estimated step times), or ``"uncalibrated"``; it is reported beside the estimate, never
@@ -143,7 +150,9 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     flops = _flops(model, b, t, n)
     estimate: dict = dict(_NO_ESTIMATE)
     coll = _time_collectives(prog, mesh, topology, details)
-    if parts:
+    if dev.platform == "gpu":
+        estimate = _estimate_gpu(text, dev, b * t, n, flops, coll, details)
+    elif parts:
         estimate = _estimate(cfg, st, mesh, dev, n, flops, kernel, kernel_effective, coll, details)
     else:
         estimate.update(method="not computed (parts skipped)",
@@ -282,6 +291,44 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
             "collective_s": None if coll is None else coll["collective_s"],
             "step_s": step_s, "step_s_no_overlap": no_overlap,
             "tokens_per_s_per_chip": tps_dev * per_chip,
+            "mfu_olmo_core": f_oc / step_s / peak_dev if peak_dev else None,
+            "mfu_causal": f_c / step_s / peak_dev if peak_dev else None}
+
+
+def _estimate_gpu(text: str, dev, tokens: int, n: int, flops: dict, coll: dict | None,
+                  details: dict) -> dict:
+    """The GPU step time: every kernel of the compiled step at the measured rates of the GPU's
+    table (:mod:`olmax.perf.gpu_estimate`), collectives as on TPU."""
+    from olmax.hardware import accelerator_of
+    from olmax.model.flops import peak_flops
+    from olmax.perf import gpu_estimate
+
+    acc = accelerator_of(dev)
+    rates = gpu_estimate.rates_for(acc)
+    if rates is None:
+        return dict(_NO_ESTIMATE, collective_s=None if coll is None else coll["collective_s"],
+                    method=f"unavailable: no measured rates table prices {dev.device_kind} "
+                           "(olmax bench matmul --table on one, then a row's gpu_rates in olmax.hardware)")
+    est = gpu_estimate.estimate(text, rates)
+    details["gpu_kernels"] = {"by_kind": est["by_kind"], "kernels": est["kernels"],
+                              "rates_source": est["rates_source"]}
+    compute_s = est["compute_s"]
+    method = gpu_estimate.METHOD + f"; rates: {est['rates_source']}"
+    if coll is None:
+        step_s = no_overlap = compute_s
+        method += "; collectives not timed (no network figure for this target)"
+    else:
+        step_s, no_overlap = network.overlap(compute_s, coll)
+        method += ("; collectives timed by olmax.perf.network's bandwidth model; step = max(compute, "
+                   "asynchronous collectives) + synchronous collectives")
+    peak_dev = peak_flops(dev)
+    per_chip = n / details["chips"]
+    f_oc, f_c = flops["olmo_core"], flops["causal"]
+    attn = est["by_kind"].get("attention", {})
+    return {"method": method, "compute_s": compute_s, "kernel_s": attn.get("seconds", 0.0),
+            "collective_s": None if coll is None else coll["collective_s"],
+            "step_s": step_s, "step_s_no_overlap": no_overlap,
+            "tokens_per_s_per_chip": tokens / n / step_s * per_chip,
             "mfu_olmo_core": f_oc / step_s / peak_dev if peak_dev else None,
             "mfu_causal": f_c / step_s / peak_dev if peak_dev else None}
 

@@ -1,0 +1,184 @@
+"""Measured rates of one GPU, the table that the GPU step-time estimate reads
+(:mod:`olmax.perf.gpu_estimate`): ``olmax bench matmul --table OUT`` writes it.
+
+- ``gemm``: bf16 matrix products (fp32 accumulation) on a grid of shapes ``m x k @ k x n``, each
+  timed as ``calls`` back-to-back launches of the compiled product with one wait at the end (the
+  launches are queued asynchronously, so a product longer than the host's dispatch is timed by the
+  GPU); the median of ``repeats`` such runs. A product shorter than :data:`DISPATCH_BOUND_S` is
+  marked ``dispatch_bound`` (its rate is a lower bound).
+- ``attention``: cuDNN's fused attention (``jax.nn.dot_product_attention(implementation="cudnn")``,
+  causal, with or without a sliding window), forward alone and forward + backward, per sequence
+  length, head dimension and window; FLOPs are the window-aware count (the (query, key) pairs the
+  mask keeps, :func:`olmax.model.flops.causal_attention_pairs`): 4 x pairs x head_dim per head for
+  the forward, 10 x for forward + backward (recomputed scores, the four products of the backward).
+- ``hbm``: the bytes per second of a large elementwise kernel (read + write) and of a reduction
+  (read): what XLA's memory-bound fusions reach, not the datasheet's figure.
+- ``kernel``: the time per kernel of a chain of tiny dependent kernels in one program: the floor
+  every launched kernel pays.
+
+A table carries the device kind, the JAX version and the date; the estimate uses a table only for
+the device kind it was measured on (or, for another GPU, says which it scaled from and how).
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from typing import Any
+
+GEMM_SIZES = (1024, 4096, 11008, 16384)       # m, n and k each; 11008: the 7B's MLP width
+GEMM_M = (1024, 4096, 8192, 16384)              # rows (tokens per device per micro-batch)
+ATTENTION_CASES = tuple((seq, hd, win) for seq in (4096, 8192, 16384) for hd in (128, 256)
+                        for win in (None, 4096))
+DISPATCH_BOUND_S = 30e-6
+
+
+def _timed(fn, args, calls: int, repeats: int) -> float:
+    """Seconds per call: ``calls`` queued launches and one wait, median of ``repeats``."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        runs.append((time.perf_counter() - t0) / calls)
+    return statistics.median(runs)
+
+
+def _calls_for(seconds_guess: float, budget_s: float = 0.05) -> int:
+    return max(3, min(200, int(budget_s / max(seconds_guess, 1e-6))))
+
+
+def gemm_rates(ms=GEMM_M, sizes=GEMM_SIZES, dtype: str = "bfloat16", repeats: int = 3,
+               guess_flops: float = 5e14) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+
+    dt = jnp.dtype(dtype)
+    mm = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(dt))
+    rows = []
+    for m in ms:
+        for k in sizes:
+            a = jax.random.normal(jax.random.key(0), (m, k), dt)
+            for n in sizes:
+                b = jax.random.normal(jax.random.key(1), (k, n), dt)
+                flops = 2.0 * m * n * k
+                s = _timed(mm, (a, b), _calls_for(flops / guess_flops), repeats)
+                rows.append({"m": m, "n": n, "k": k, "dtype": dtype, "seconds": s, "flops": flops,
+                             "flops_per_s": flops / s, "dispatch_bound": s < DISPATCH_BOUND_S})
+            del a
+    return rows
+
+
+def attention_flops(seq: int, heads: int, head_dim: int, window: int | None, batch: int = 1) -> dict:
+    from olmax.model.flops import causal_attention_pairs
+
+    pairs = causal_attention_pairs(seq, window) * heads * batch
+    return {"pairs": pairs, "fwd": 4.0 * pairs * head_dim, "fwd_bwd": 10.0 * pairs * head_dim}
+
+
+def attention_rates(cases=ATTENTION_CASES, d_model: int = 4096, repeats: int = 3) -> list[dict]:
+    """cuDNN attention, forward and forward + backward, at ``d_model / head_dim`` heads."""
+    import jax
+    import jax.numpy as jnp
+
+    from olmax.model.attention_impls import cudnn_attention
+
+    rows = []
+    for seq, hd, win in cases:
+        heads = d_model // hd
+        shape = (1, seq, heads, hd)
+        q, k, v, do = (jax.random.normal(jax.random.key(i), shape, jnp.bfloat16) for i in range(4))
+
+        def attn(q, k, v, win=win, hd=hd):
+            return cudnn_attention(q, k, v, win, hd ** -0.5, native=True)
+
+        fwd = jax.jit(attn)
+        fwd_bwd = jax.jit(lambda q, k, v, do: jax.vjp(attn, q, k, v)[1](do))
+        text = fwd.lower(q, k, v).as_text()
+        fl = attention_flops(seq, heads, hd, win)
+        row: dict[str, Any] = {"seq": seq, "head_dim": hd, "heads": heads, "window": win,
+                               "cudnn": "__cudnn$fmha" in text or "cudnn" in text.lower(), **fl}
+        try:
+            row["fwd_s"] = _timed(fwd, (q, k, v), _calls_for(fl["fwd"] / 4e14), repeats)
+            row["fwd_bwd_s"] = _timed(fwd_bwd, (q, k, v, do), _calls_for(fl["fwd_bwd"] / 4e14), repeats)
+            row["bwd_s"] = row["fwd_bwd_s"] - row["fwd_s"]
+            row["fwd_flops_per_s"] = fl["fwd"] / row["fwd_s"]
+            row["bwd_flops_per_s"] = (fl["fwd_bwd"] - fl["fwd"]) / row["bwd_s"]
+        except Exception as e:  # an unsupported case is reported, not fatal
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        rows.append(row)
+    return rows
+
+
+def hbm_rates(nbytes: int = 4 << 30, repeats: int = 3) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    n = nbytes // 2
+    x = jnp.ones((n // 4096, 4096), jnp.bfloat16)
+    scale = jax.jit(lambda x: x * jnp.bfloat16(1.5) + jnp.bfloat16(1))
+    total = jax.jit(lambda x: jnp.sum(x.astype(jnp.float32), axis=0))
+    s_rw = _timed(scale, (x,), 10, repeats)
+    s_r = _timed(total, (x,), 10, repeats)
+    return {"bytes": nbytes, "elementwise_s": s_rw, "elementwise_bytes_per_s": 2 * nbytes / s_rw,
+            "reduce_s": s_r, "reduce_bytes_per_s": nbytes / s_r}
+
+
+def kernel_floor(length: int = 2000, repeats: int = 3) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    def chain(x):
+        for _ in range(length):     # the barrier keeps each step its own kernel
+            x = jax.lax.optimization_barrier(x * 1.0001 + 1.0)
+        return x
+
+    one = jax.jit(lambda x: x * 1.0001 + 1.0)
+    many = jax.jit(chain)
+    x = jnp.ones((1024,), jnp.float32)
+    s_many = _timed(many, (x,), 3, repeats)
+    s_one = _timed(one, (x,), 20, repeats)
+    kernels = (many.lower(x).compile().as_text() or "").count("fusion(")
+    return {"chain_length": length, "chain_s": s_many, "one_call_s": s_one,
+            "kernels_in_chain": kernels, "per_kernel_s": (s_many - s_one) / length}
+
+
+def measure(*, gemm: bool = True, attention: bool = True, log=print) -> dict:
+    """Every rate above on the first device, with what it was measured on."""
+    import jax
+
+    dev = jax.devices()[0]
+    out: dict[str, Any] = {"device_kind": dev.device_kind, "platform": dev.platform,
+                           "jax": jax.__version__,
+                           "date": datetime.date.today().isoformat(),
+                           "method": __doc__.split("\n\n")[0].replace("\n", " ")}
+    t0 = time.perf_counter()
+    out["hbm"] = hbm_rates(1 << 26 if dev.platform == "cpu" else 4 << 30)
+    log(f"hbm: elementwise {out['hbm']['elementwise_bytes_per_s'] / 1e12:.3f} TB/s, "
+        f"reduce {out['hbm']['reduce_bytes_per_s'] / 1e12:.3f} TB/s ({time.perf_counter() - t0:.0f} s)")
+    out["kernel"] = kernel_floor(50 if dev.platform == "cpu" else 2000)
+    log(f"kernel floor: {out['kernel']['per_kernel_s'] * 1e6:.2f} us per kernel "
+        f"({out['kernel']['kernels_in_chain']} kernels)")
+    if gemm:
+        out["gemm"] = (gemm_rates((64, 128), (64, 256), "float32") if dev.platform == "cpu"
+                       else gemm_rates())
+        best = max(r["flops_per_s"] for r in out["gemm"])
+        log(f"gemm: {len(out['gemm'])} shapes, best {best / 1e12:.1f} TFLOP/s "
+            f"({time.perf_counter() - t0:.0f} s)")
+    if attention:
+        out["attention"] = attention_rates(((256, 16, None), (256, 16, 64)), d_model=64) \
+            if dev.platform == "cpu" else attention_rates()
+        for r in out["attention"]:
+            log(f"attention seq {r['seq']} hd {r['head_dim']} window {r['window']}: "
+                + (r["error"] if "error" in r else
+                   f"fwd {r['fwd_s'] * 1e3:.2f} ms ({r['fwd_flops_per_s'] / 1e12:.0f} TFLOP/s), "
+                   f"bwd {r['bwd_s'] * 1e3:.2f} ms ({r['bwd_flops_per_s'] / 1e12:.0f} TFLOP/s)"
+                   f"{'' if r['cudnn'] else ' [not cuDNN]'}"))
+    out["measure_s"] = time.perf_counter() - t0
+    return out
