@@ -129,6 +129,17 @@ def main() -> int:
         try:
             rates = measure(log=lambda s: print(s, flush=True))
             write_json_atomic(f"{a.out}/gpu_rates.json", rates)
+            if gpu:     # where olmax plan reads it: the table named after this GPU's hardware row
+                from pathlib import Path
+
+                from olmax.hardware import accelerator_of
+
+                acc = accelerator_of(dev)
+                if acc is not None:
+                    table = Path(__file__).resolve().parents[1] / "src/olmax/perf/gpu_tables" / f"{acc.name}.json"
+                    write_json_atomic(table, rates)
+                    print(f"rates table written to {table} (olmax plan reads it for {acc.name}"
+                          f"{'' if acc.gpu_rates == acc.name else '; name it in the row: gpu_rates'})")
         except Exception as e:  # report, keep the rows
             print(f"rates: failed: {type(e).__name__}: {e}", flush=True)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")

@@ -5,7 +5,9 @@
 #      slice (4 layers, seq 8192, bf16, cuDNN sliding-window attention), 32x128 heads, then the
 #      same with 16x256 heads; each variant's compiled step (HLO) and a profile of 3 steps,
 #   3. the rates table of this GPU (`olmax bench matmul --table`: GEMMs by shape, cuDNN attention
-#      by sequence, head dimension and window, HBM bandwidth, the per-kernel floor),
+#      by sequence, head dimension and window, HBM bandwidth, the per-kernel floor), also written
+#      where `olmax plan` reads it, src/olmax/perf/gpu_tables/NAME.json (NAME: the GPU's row in
+#      olmax.hardware; with $OUT set),
 #   4. `olmax plan` of the same 32x128 slice compiled for this GPU (XLA's memory analysis, FLOPs,
 #      collectives) beside the measured step.
 # Printed as tables; with $OUT set, written there: gpu_h200.json, gpu_rates.json, plan_gpu.json,
