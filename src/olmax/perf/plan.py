@@ -276,6 +276,12 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
         method += f"; each row's {positions} positions on a device of its context group of {ctx}"
     if kernel:
         method += "; Pallas kernels at their FLOPs / (peak x the MXU occupancy of their block shapes)"
+    return _step(method, compute_s, kernel_s, coll, b * t, n, details["chips"], flops, peak_dev)
+
+
+def _step(method: str, compute_s: float, kernel_s: float, coll: dict | None, tokens: int, n: int,
+          chips: int, flops: dict, peak_dev: float | None) -> dict:
+    """The estimate's step (compute and collectives combined), tokens/s per chip and MFU."""
     if coll is None:
         step_s = no_overlap = compute_s
         method += "; collectives not timed (no network model for this target; listed with their bytes)"
@@ -284,13 +290,11 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
         method += ("; collectives timed by olmax.perf.network's bandwidth model (bytes and groups from "
                    "the compiled program); step = max(compute, asynchronous collectives) + "
                    "synchronous collectives")
-    per_chip = n / details["chips"]
-    tps_dev = b * t / n / step_s
     f_oc, f_c = flops["olmo_core"], flops["causal"]
     return {"method": method, "compute_s": compute_s, "kernel_s": kernel_s,
             "collective_s": None if coll is None else coll["collective_s"],
             "step_s": step_s, "step_s_no_overlap": no_overlap,
-            "tokens_per_s_per_chip": tps_dev * per_chip,
+            "tokens_per_s_per_chip": tokens / n / step_s * (n / chips),
             "mfu_olmo_core": f_oc / step_s / peak_dev if peak_dev else None,
             "mfu_causal": f_c / step_s / peak_dev if peak_dev else None}
 
@@ -312,25 +316,10 @@ def _estimate_gpu(text: str, dev, tokens: int, n: int, flops: dict, coll: dict |
     est = gpu_estimate.estimate(text, rates)
     details["gpu_kernels"] = {"by_kind": est["by_kind"], "kernels": est["kernels"],
                               "rates_source": est["rates_source"]}
-    compute_s = est["compute_s"]
     method = gpu_estimate.METHOD + f"; rates: {est['rates_source']}"
-    if coll is None:
-        step_s = no_overlap = compute_s
-        method += "; collectives not timed (no network figure for this target)"
-    else:
-        step_s, no_overlap = network.overlap(compute_s, coll)
-        method += ("; collectives timed by olmax.perf.network's bandwidth model; step = max(compute, "
-                   "asynchronous collectives) + synchronous collectives")
-    peak_dev = peak_flops(dev)
-    per_chip = n / details["chips"]
-    f_oc, f_c = flops["olmo_core"], flops["causal"]
     attn = est["by_kind"].get("attention", {})
-    return {"method": method, "compute_s": compute_s, "kernel_s": attn.get("seconds", 0.0),
-            "collective_s": None if coll is None else coll["collective_s"],
-            "step_s": step_s, "step_s_no_overlap": no_overlap,
-            "tokens_per_s_per_chip": tokens / n / step_s * per_chip,
-            "mfu_olmo_core": f_oc / step_s / peak_dev if peak_dev else None,
-            "mfu_causal": f_c / step_s / peak_dev if peak_dev else None}
+    return _step(method, est["compute_s"], attn.get("seconds", 0.0), coll, tokens, n, details["chips"],
+                 flops, peak_flops(dev))
 
 
 def _gib(x) -> str:
