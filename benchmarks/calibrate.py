@@ -320,9 +320,10 @@ def calibrate_case(case: dict, maxtext_python: str, rerun: bool, compile_: bool,
         except CaseError as e:
             return {**base, "status": f"no estimate: {e}"}
     if acc.platform != "tpu":
-        return {**base, "status": "not compiled: MaxText's step for a GPU target needs jax's CUDA plugin "
-                                  "(jax[cuda12]) in MaxText's environment, which benchmarks/README.md's "
-                                  "'Calibration' setup does not install; olmax plan's GPU method "
+        return {**base, "status": "not compiled: MaxText 0.2.5 compiles a GPU step ahead of time only on "
+                                  "a GPU host (train_compile takes jax.devices() for GPU targets, not a "
+                                  "target description), and the measured run's attention "
+                                  "(cudnn_flash_te) needs Transformer Engine; olmax plan's GPU method "
                                   "(olmax.perf.gpu_estimate) prices the program once compiled"}
     reqs = {f"parts_l{n}": compile_request(case, "parts", n) for n in case["parts"]["layers"]}
     reqs["step"] = compile_request(case, "step")
