@@ -71,22 +71,20 @@ class Rates:
         """FLOP/s of an ``m x k @ k x n`` product: trilinear in log2 sizes over the grid."""
         if not self._gemm:
             raise ValueError("the rates table has no GEMM rates")
-        corners = []
-        for axis, x in zip(self._axes, (m, n, k)):
-            corners.append(_bracket(axis, x))
+        (i0, i1, wi), (j0, j1, wj), (l0, l1, wl) = (_bracket(axis, x) for axis, x in
+                                                    zip(self._axes, (m, n, k)))
         total = 0.0
-        for (i0, i1, w0), (j0, j1, v0), (l0, l1, u0) in [tuple(corners)]:
-            for a, wa in ((i0, w0), (i1, 1 - w0)):
-                for b, wb in ((j0, v0), (j1, 1 - v0)):
-                    for c, wc in ((l0, u0), (l1, 1 - u0)):
-                        w = wa * wb * wc
-                        if w:
-                            total += w * math.log(self._gemm[(a, b, c)])
+        for a, wa in ((i0, wi), (i1, 1 - wi)):
+            for b, wb in ((j0, wj), (j1, 1 - wj)):
+                for c, wc in ((l0, wl), (l1, 1 - wl)):
+                    if wa * wb * wc:
+                        total += wa * wb * wc * math.log(self._gemm[(a, b, c)])
         return math.exp(total)
 
     def attention(self, pas: str, seq: int, head_dim: int, windowed: bool) -> float:
         """FLOP/s of cuDNN's attention pass (``fwd`` or ``bwd``): the measured cases of the
-        nearest head dimension and the same masking, log-linear in log2 of the sequence."""
+        nearest head dimension and the same masking (a sliding window shorter than the sequence, or
+        not: the table's windowed cases have OLMo 3's 4096), log-linear in log2 of the sequence."""
         if not self._attn:
             raise ValueError("the rates table has no attention rates")
         hd = min({r["head_dim"] for r in self._attn}, key=lambda d: abs(math.log2(d / head_dim)))
