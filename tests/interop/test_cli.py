@@ -64,6 +64,7 @@ def test_convert_round_trip_and_parity_from_checkpoint(tmp_path, hf_dir, capsys)
     assert (r["num_positions"], r["seq_len"], r["dtype"]) == (32, 16, "float32")
     assert r["kl_max"] <= 1e-9 and r["top1_agreement"] == 1.0
     assert (r["profile"], r["attn_impl"]) == ("cpu", "chunked")      # this machine's
+    assert r["hf_attn_implementation"] == "eager"                   # the reference's default
 
 
 def test_parity_on_a_forced_profile(tmp_path, hf_dir, capsys):

@@ -137,6 +137,10 @@ def position_metrics(ref: np.ndarray, out: np.ndarray, chunk: int = 256
 # The comparison
 
 
+# The reference's attention implementations parity offers (transformers' names).
+HF_ATTN = ("eager", "sdpa")
+
+
 def _hf_model(hf_dir: str | os.PathLike, dtype: str, attn: str = "eager"):
     torch, transformers = _reference()
     tdtype = getattr(torch, dtype)
@@ -201,6 +205,8 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     olmax in bfloat16 against HF in float32. ``hf_attn``: the reference's attention (``eager``, the
     default, holds [heads, T, T] scores; ``sdpa`` does not, for long sequences)."""
     hf_dtype = hf_dtype or dtype
+    if hf_attn not in HF_ATTN:
+        raise ConfigError(f"unsupported reference attention '{hf_attn}' (choose from {', '.join(HF_ATTN)})")
     for d in (dtype, hf_dtype):
         if d not in PARITY_DTYPES:
             raise ConfigError(f"unsupported dtype '{d}' (choose from {', '.join(PARITY_DTYPES)})")
@@ -238,7 +244,7 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "kl_max_beyond_window": float(far_kl.max()) if far_kl.size else None,
         "inputs": inputs,
         "olmax_params": source,
-        "hf_attn_implementation": "eager",
+        "hf_attn_implementation": getattr(model.config, "_attn_implementation", None) or hf_attn,
         "olmax_device": jax.devices()[0].device_kind,
         "hf_rope_dtype": _hf_rope_dtype(model, getattr(torch, hf_dtype)),
         "warnings": _hf_rope_warnings(model, cfg),
