@@ -67,6 +67,20 @@ def test_convert_round_trip_and_parity_from_checkpoint(tmp_path, hf_dir, capsys)
     assert r["hf_attn_implementation"] == "eager"                   # the reference's default
 
 
+def test_parity_with_hf_sdpa_attention(tmp_path, hf_dir, capsys):
+    """--hf-attn sdpa: the reference without [heads, T, T] scores, as long sequences need it; the
+    same logits within fp32 and the report says which attention HF ran."""
+    report = tmp_path / "parity.json"
+    assert main(["parity", str(hf_dir), "--seq-len", "16", "--hf-attn", "sdpa", "--json", str(report)]) == 0
+    r = json.loads(report.read_text())
+    assert r["hf_attn_implementation"] == "sdpa"
+    assert r["kl_max"] <= 1e-9 and r["top1_agreement"] == 1.0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:                             # argparse: one line, exit 2
+        main(["parity", str(hf_dir), "--hf-attn", "flash"])
+    assert e.value.code == 2 and "invalid choice: 'flash'" in capsys.readouterr().err
+
+
 def test_parity_on_a_forced_profile(tmp_path, hf_dir, capsys):
     """--profile tpu on CPU: the TPU's code path, its splash kernel in interpret mode; bf16 olmax
     against the fp32 reference with --hf-dtype; an existing --json is refused without --force."""
