@@ -121,7 +121,6 @@ def main() -> int:
         print(f"| {r['variant']} | {r['attention']} | {r['tokens_per_s']:,.0f} | {r['step_s'] * 1e3:.0f} | "
               f"{pct(r['mfu_olmo_core'])} | {pct(r['mfu_causal'])} | {pct(r['pct_of_ceiling_causal'])} | "
               f"{mem} | {r['compile_s']:.0f} |")
-    rates = None
     if a.rates and a.out:
         from olmax.perf.gpu_rates import measure
         from olmax.io import write_json_atomic

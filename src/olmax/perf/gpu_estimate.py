@@ -200,6 +200,7 @@ def _attention(ins) -> tuple[str, float, int, int, bool] | None:
     if not target or not target.group(1).startswith("__cudnn$fmha"):
         return None
     from olmax.model.flops import causal_attention_pairs
+    from olmax.perf.gpu_rates import ATTENTION_BWD_FLOPS, ATTENTION_FWD_FLOPS
 
     inter = re.search(r'"intermediate_tensor_shape":\{"dimensions":\["(\d+)","(\d+)","(\d+)","(\d+)"\]', ins.text)
     out = _dims(ins.shape)
@@ -212,7 +213,7 @@ def _attention(ins) -> tuple[str, float, int, int, bool] | None:
     causal = '"mask_type":"CAUSAL"' in ins.text or '"mask_type":"PADDING_CAUSAL"' in ins.text
     pairs = causal_attention_pairs(t, w) if causal else t * s
     bwd = "Backward" in target.group(1)
-    flops = (6.0 if bwd else 4.0) * b * h * pairs * head_dim
+    flops = (ATTENTION_BWD_FLOPS if bwd else ATTENTION_FWD_FLOPS) * b * h * pairs * head_dim
     return ("bwd" if bwd else "fwd"), flops, t, head_dim, w is not None and w < t
 
 
@@ -224,7 +225,7 @@ def kernels(text: str, rates: Rates) -> list[dict]:
     by_name = {ins.name: ins for instrs in comps.values() for ins in instrs}
     shapes = {ins.name: ins.shape for ins in by_name.values()}
     out = []
-    for row in hlo.device_ops(text):
+    for row in hlo.device_ops(text, prog):
         ins = by_name[row["name"]]
         if ins.opcode.endswith("-done"):     # an async pair is one kernel: priced at its start
             continue

@@ -533,9 +533,10 @@ def _source(frames: list[tuple[str, int, str]], depth: int = 3) -> tuple[str, st
     return f"{path.rsplit('/', 1)[-1]}:{line} {fn}", "<".join(f for _, _, f in frames[:depth])
 
 
-def device_ops(text: str) -> list[dict]:
-    """Every device op of the program, once per execution-site, with its multiplier and bytes."""
-    prog = analyse(text)
+def device_ops(text: str, prog: Program | None = None) -> list[dict]:
+    """Every device op of the program, once per execution-site, with its multiplier and bytes
+    (``prog``: the text's :func:`analyse`, where the caller has it already)."""
+    prog = prog or analyse(text)
     comps = prog.computations
     # computations reached through control flow (bodies, branches, calls, async wrappers) run
     # their instructions as device ops; fusion bodies and reducers do not.

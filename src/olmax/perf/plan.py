@@ -303,7 +303,6 @@ def _estimate_gpu(text: str, dev, tokens: int, n: int, flops: dict, coll: dict |
                   details: dict) -> dict:
     """The GPU step time: every kernel of the compiled step at the measured rates of the GPU's
     table (:mod:`olmax.perf.gpu_estimate`), collectives as on TPU."""
-    from olmax.hardware import accelerator_of
     from olmax.model.flops import peak_flops
     from olmax.perf import gpu_estimate
 
