@@ -39,9 +39,9 @@ tensor found NaN while converting) or for a storage failure (a full disk, a buck
 answering: one traceback per thread and item), which the command reports itself; and gcsfs's
 traceback when a request of a library's (Orbax's directory operations) runs out of its retries,
 which reaches olmax as that request's error; and asyncio's "Task exception was never retrieved"
-traceback for an HTTP client's writer task whose connection a lost store dropped (the request
-fails, is retried and reported as well).
-"""
+traceback for a task a lost store ended: an HTTP client's writer task whose connection dropped,
+or an Orbax serialization task whose write ran out of retries after a sibling's had already
+failed the save (the save is reported as well)."""
 
 from __future__ import annotations
 
@@ -156,17 +156,17 @@ def _store_lost(exc: BaseException) -> bool:
 
 
 class _DropLostConnectionTasks(logging.Filter):
-    """asyncio's "Task exception was never retrieved" for an HTTP client's task that lost its
-    connection (aiohttp writing a request's body to a store that went away): the request itself
-    failed, is retried and is reported by olmax; the orphaned writer task is not news."""
+    """asyncio's "Task exception was never retrieved" for a task that a lost store ended: an HTTP
+    client's writer task whose connection went away (aiohttp writing a request's body), or one of
+    Orbax's serialization tasks left unawaited when a sibling's write ran out of TensorStore's
+    retries first. The save itself failed and is reported by olmax; the orphaned task is not
+    news."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from olmax import store
-
         msg = record.msg if isinstance(record.msg, str) else ""
         exc = record.exc_info[1] if record.exc_info else None
         return not (msg.startswith("Task exception was never retrieved") and exc is not None
-                    and store.connection_trouble(exc))
+                    and _store_lost(exc))
 
 
 class _DropGcsfsRetryTraceback(logging.Filter):
