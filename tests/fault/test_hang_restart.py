@@ -19,22 +19,21 @@ import time
 import pytest
 
 from olmax.cli import main
-from helpers.trainrun import RECIPE, SMALL, env_for, metrics, train_multiprocess
+from helpers.trainrun import RECIPE, SMALL, STEPS, env_for, metrics
 
 
 from helpers.cluster_fakes import batch_env, install, recorded, slurm_port_and_job_id
 
 pytestmark = pytest.mark.slow
 
-STEPS = 8
 OVERRIDES = [*SMALL, f"train.max_steps={STEPS}", "checkpoint.interval=2", "eval.tasks=[]",
              "eval.heldout=[]"]
 WATCHDOG_S = 20
 
 
-def test_a_stopped_peer_is_caught_by_the_watchdog_and_the_restarted_job_matches(tmp_path):
-    reference = tmp_path / "reference"            # the same layout, never interrupted
-    train_multiprocess(reference, OVERRIDES)
+def test_a_stopped_peer_is_caught_by_the_watchdog_and_the_restarted_job_matches(tmp_path,
+                                                                              two_process_run):
+    reference = two_process_run     # the same layout (2 x 4), never interrupted, made once a run
 
     script, run_dir, log = tmp_path / "job.sbatch", tmp_path / "run", tmp_path / "slurm.out"
     assert main(["launch", "slurm", RECIPE, *OVERRIDES, f"train.watchdog_s={WATCHDOG_S}",

@@ -74,14 +74,15 @@ def test_yarn_parity_at_16k_with_olmo3_parameters(tmp_path):
 
 @pytest.mark.slow
 def test_yarn_parity_at_65k_on_full_attention_layers(tmp_path):
-    """The whole stage-3 context, 65,536 tokens, with OLMo 3's YaRN (original 8192, factor 8) on a
-    model of full-attention layers only -- the layers YaRN scales -- against HF's SDPA attention
-    (causal, no [T, T] mask or scores held: eager would need 32 GiB per head), olmax on its
-    ``cpu`` profile (block-sparse chunked attention). In this process: both models together peak
-    near 20 GB, and a second process beside the test worker's own memory does not fit CI's
-    machine."""
-    make_hf_model(tmp_path / "hf", vocab=256, hidden=32, inter=64, layers=2, heads=2, kv_heads=1,
-                  head_dim=16, layer_types=[FULL, FULL], rope_theta=THETA, yarn=_yarn(8192),
+    """The whole stage-3 context, 65,536 tokens, with OLMo 3's YaRN (original 8192, factor 8) on
+    one full-attention layer -- the kind YaRN scales -- of one head, against HF's SDPA attention
+    (causal, no [T, T] mask or scores held: eager would need 16 GiB), olmax on its ``cpu``
+    profile (block-sparse chunked attention). Every query position of the context attends with
+    YaRN's rotations; a second layer or head would only repeat them (the 16k and 8k tests above
+    have two layers, sliding and full, and grouped heads). In this process: a second process
+    beside the test worker's own memory did not fit CI's machine."""
+    make_hf_model(tmp_path / "hf", vocab=256, hidden=32, inter=64, layers=1, heads=1, kv_heads=1,
+                  head_dim=16, layer_types=[FULL], rope_theta=THETA, yarn=_yarn(8192),
                   max_pos=65536)
     r = run_parity(tmp_path / "hf", seq_len=65536, dtype="float32", seed=0, profile="cpu",
                    hf_attn="sdpa")
