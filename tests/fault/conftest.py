@@ -1,10 +1,12 @@
 import fcntl
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from helpers.trainrun import EVAL_AT_END, STEPS, train, train_multiprocess
+from helpers import trainrun
+from helpers.trainrun import EVAL_AT_END, STEPS, make_byte_corpus, train, train_multiprocess
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -35,6 +37,16 @@ def _made_once(tmp_path_factory, name: str, make) -> Path:
             make(d)
             (root / f"{name}.done").touch()
     return d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def byte_corpus(tmp_path_factory):
+    """Every ``olmax train`` of these tests trains on :func:`helpers.trainrun.make_byte_corpus`'s
+    data, made once for the run."""
+    root = _made_once(tmp_path_factory, "fault-byte-corpus", make_byte_corpus)
+    trainrun.DATA[:] = json.loads((root / "overrides.json").read_text())
+    yield root
+    trainrun.DATA.clear()
 
 
 @pytest.fixture(scope="session")

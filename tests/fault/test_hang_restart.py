@@ -19,6 +19,7 @@ import time
 import pytest
 
 from olmax.cli import main
+from helpers import trainrun
 from helpers.trainrun import RECIPE, SMALL, STEPS, env_for, metrics
 
 
@@ -26,8 +27,9 @@ from helpers.cluster_fakes import batch_env, install, recorded, slurm_port_and_j
 
 pytestmark = pytest.mark.slow
 
-OVERRIDES = [*SMALL, f"train.max_steps={STEPS}", "checkpoint.interval=2", "eval.tasks=[]",
-             "eval.heldout=[]"]
+def overrides() -> list[str]:
+    return [*SMALL, *trainrun.DATA, f"train.max_steps={STEPS}", "checkpoint.interval=2",
+            "eval.tasks=[]", "eval.heldout=[]"]
 WATCHDOG_S = 20
 
 
@@ -36,7 +38,7 @@ def test_a_stopped_peer_is_caught_by_the_watchdog_and_the_restarted_job_matches(
     reference = two_process_run     # the same layout (2 x 4), never interrupted, made once a run
 
     script, run_dir, log = tmp_path / "job.sbatch", tmp_path / "run", tmp_path / "slurm.out"
-    assert main(["launch", "slurm", RECIPE, *OVERRIDES, f"train.watchdog_s={WATCHDOG_S}",
+    assert main(["launch", "slurm", RECIPE, *overrides(), f"train.watchdog_s={WATCHDOG_S}",
                  "--nodes", "2", "--cpu-devices-per-node", "4", "--run-dir", str(run_dir),
                  "--out", str(script)]) == 0
     _, job_id = slurm_port_and_job_id()

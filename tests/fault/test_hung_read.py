@@ -38,8 +38,8 @@ def test_a_hung_remote_read_ends_in_the_watchdogs_one_line(tmp_path):
     rng = np.random.default_rng(0)
     files = {}
     for i in range(2):
-        tokens = rng.integers(0, 50_000, 40_000).astype("<u4")
-        tokens[::500] = 100257
+        tokens = rng.integers(0, 256, 40_000).astype("<u4")      # trainrun's byte ids
+        tokens[::500] = 256
         files[f"/d/part-{i}.npy"] = tokens.tobytes()
     run = tmp_path / "hung-read-run"
     marker = f"OLMAX_TEST_HUNG_READ={uuid.uuid4().hex}"

@@ -29,6 +29,7 @@ import yaml
 
 from helpers.trainrun import STEPS
 from olmax.cli import main
+from helpers import trainrun
 from helpers.trainrun import RECIPE, SMALL, check_against, checkpoint_steps, env_for, free_port, metrics
 
 
@@ -37,8 +38,9 @@ from helpers.cluster_fakes import batch_env, expand_k8s, install, recorded, slur
 pytestmark = pytest.mark.slow
 
 # Losses do not depend on evaluation or checkpoint intervals: the same program as the reference.
-OVERRIDES = [*SMALL, f"train.max_steps={STEPS}", "checkpoint.interval=1000", "eval.tasks=[]",
-             "eval.heldout=[]"]
+def overrides() -> list[str]:
+    return [*SMALL, *trainrun.DATA, f"train.max_steps={STEPS}", "checkpoint.interval=1000",
+            "eval.tasks=[]", "eval.heldout=[]"]
 
 
 def wait_for_step(procs: list[subprocess.Popen], run_dir: Path, step: int, log: Path,
@@ -56,7 +58,7 @@ def wait_for_step(procs: list[subprocess.Popen], run_dir: Path, step: int, log: 
 
 def test_slurm_script_on_two_nodes_matches_one_process_and_requeues(reference_run, tmp_path):
     script, run_dir, log = tmp_path / "job.sbatch", tmp_path / "run", tmp_path / "slurm.out"
-    assert main(["launch", "slurm", RECIPE, *OVERRIDES, "--nodes", "2", "--cpu-devices-per-node",
+    assert main(["launch", "slurm", RECIPE, *overrides(), "--nodes", "2", "--cpu-devices-per-node",
                  "4", "--run-dir", str(run_dir), "--out", str(script)]) == 0
     _, job_id = slurm_port_and_job_id()   # JAX derives the coordinator port from the job id
     env = batch_env(env_for(4), install(tmp_path / "bin", real_olmax=True), tmp_path / "slurm",
@@ -80,7 +82,7 @@ def test_slurm_script_on_two_nodes_matches_one_process_and_requeues(reference_ru
 
 def test_k8s_manifest_pods_match_one_process_and_stop_together(reference_run, tmp_path):
     manifest, run_dir = tmp_path / "job.yaml", tmp_path / "runs" / "r1"
-    assert main(["launch", "k8s", RECIPE, *OVERRIDES, "--nodes", "2", "--cpu-devices-per-node", "4",
+    assert main(["launch", "k8s", RECIPE, *overrides(), "--nodes", "2", "--cpu-devices-per-node", "4",
                  "--mount-path", str(tmp_path / "runs"), "--run-dir", str(run_dir),
                  "--image", "registry.example/olmax:test", "--volume-claim", "runs",
                  "--out", str(manifest)]) == 0

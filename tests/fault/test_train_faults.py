@@ -140,8 +140,8 @@ def test_nan_loss_stops_and_keeps_last_good(tmp_path):
 
 def test_changed_dataset_under_resumed_run_names_file_and_override(tmp_path):
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 100000, size=40_000, dtype=np.uint32)
-    tokens[::97] = 100257  # documents end with EOS
+    tokens = rng.integers(0, 256, size=40_000, dtype=np.uint32)      # trainrun's byte ids
+    tokens[::97] = 256  # documents end with EOS
     f = tmp_path / "part-0.npy"
     tokens.tofile(f)
     d = tmp_path / "run"

@@ -12,6 +12,7 @@ import pytest
 
 from olmax.config import SchedulerConfig
 from olmax.train.schedules import build_schedule
+from helpers import trainrun
 from helpers.trainrun import metrics, train
 
 pytestmark = pytest.mark.slow
@@ -100,7 +101,7 @@ def test_init_hf_dir_starts_a_fresh_optimizer(stage1, tmp_path):
     assert adam(opt)[0] == 1 and meta["init"]["kind"] == "hf"
     # the HF weights are stage 1's (real vocabulary rows; HF has no padding rows)
     p1, _, _ = read_state(stage1, 4)
-    v = 100278
+    v = trainrun.BYTE_VOCAB
     lr = metrics(d)[0]["lr"]
     moved = np.abs(np.asarray(params["embed"])[:v] - np.asarray(p1["embed"])[:v]).max()
     assert 0 < moved <= 2 * lr  # one Adam step (|update| <= lr (1 + wd)) away from stage 1
