@@ -162,12 +162,13 @@ def test_store_lost_mid_save_is_retried_then_75_and_the_restart_resumes(referenc
 _EVALS: dict[str, dict] = {}
 
 
-def eval_numbers(run, out, heldout) -> dict:
-    """What ``olmax eval`` reports for ``run`` (perplexity on 4 documents of ``heldout``)."""
+def eval_numbers(run, out, corpus) -> dict:
+    """What ``olmax eval`` reports for ``run`` (perplexity on 4 held-out documents of the byte
+    ``corpus``, :func:`helpers.trainrun.make_byte_corpus`)."""
     key = str(run)
     if key not in _EVALS:
-        assert main(["eval", key, "--heldout", f"bytes={heldout}", "--heldout-max-docs", "4",
-                     "--tokenizer", str(heldout.parent / "tokenizer"),
+        assert main(["eval", key, "--heldout", f"bytes={corpus / 'heldout.npy'}",
+                     "--heldout-max-docs", "4", "--tokenizer", str(corpus / "tokenizer"),
                      "--json", str(out), "--no-progress"]) == 0
         _EVALS[key] = json.loads(out.read_text())["metrics"]
     return _EVALS[key]
@@ -199,9 +200,8 @@ def test_bucket_run_two_processes_write_and_restore_shards(two_process_run, byte
         assert buckets.committed(f"{run}/checkpoints/{STEPS}")
         assert main(["curves", str(local), run]) == 0
         # olmax eval reads the bucket run: the same weights, the same numbers
-        heldout = byte_corpus / "heldout.npy"
-        want = eval_numbers(local, tmp_path / "local.json", heldout)
-        assert want and eval_numbers(run, tmp_path / "bucket.json", heldout) == want
+        want = eval_numbers(local, tmp_path / "local.json", byte_corpus)
+        assert want and eval_numbers(run, tmp_path / "bucket.json", byte_corpus) == want
 
 
 @pytest.mark.parametrize("kind", ["s3", "gs"])

@@ -19,17 +19,19 @@ import time
 import pytest
 
 from olmax.cli import main
-from helpers import trainrun
-from helpers.trainrun import RECIPE, SMALL, STEPS, env_for, metrics
+from helpers.trainrun import RECIPE, STEPS, env_for, metrics, run_overrides
 
 
 from helpers.cluster_fakes import batch_env, install, recorded, slurm_port_and_job_id
 
 pytestmark = pytest.mark.slow
 
+
 def overrides() -> list[str]:
-    return [*SMALL, *trainrun.DATA, f"train.max_steps={STEPS}", "checkpoint.interval=2",
+    return [*run_overrides(), f"train.max_steps={STEPS}", "checkpoint.interval=2",
             "eval.tasks=[]", "eval.heldout=[]"]
+
+
 WATCHDOG_S = 20
 
 

@@ -29,17 +29,18 @@ import yaml
 
 from helpers.trainrun import STEPS
 from olmax.cli import main
-from helpers import trainrun
-from helpers.trainrun import RECIPE, SMALL, check_against, checkpoint_steps, env_for, free_port, metrics
+from helpers.trainrun import (RECIPE, check_against, checkpoint_steps, env_for, free_port, metrics,
+                              run_overrides)
 
 
 from helpers.cluster_fakes import batch_env, expand_k8s, install, recorded, slurm_port_and_job_id
 
 pytestmark = pytest.mark.slow
 
+
 # Losses do not depend on evaluation or checkpoint intervals: the same program as the reference.
 def overrides() -> list[str]:
-    return [*SMALL, *trainrun.DATA, f"train.max_steps={STEPS}", "checkpoint.interval=1000",
+    return [*run_overrides(), f"train.max_steps={STEPS}", "checkpoint.interval=1000",
             "eval.tasks=[]", "eval.heldout=[]"]
 
 

@@ -111,9 +111,15 @@ def env_for(devices: int) -> dict:
     return env
 
 
+def run_overrides() -> list[str]:
+    """What every fault-test run passes before its own overrides: :data:`SMALL`, then the
+    session's :data:`DATA`."""
+    return [*SMALL, *DATA]
+
+
 def command(run_dir: Path, overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "olmax.cli", "train", RECIPE, "--run-dir", str(run_dir),
-            *SMALL, *DATA, *overrides]
+            *run_overrides(), *overrides]
 
 
 def log_path(run_dir: Path) -> Path:
