@@ -1,5 +1,6 @@
 """The XLA flags of a process a test starts: the run's own (``scripts/test`` sets the suite's
-compile level in ``XLA_FLAGS``) with the CPU device count the process needs."""
+compile flags in ``XLA_FLAGS`` and names them in ``OLMAX_TEST_COMPILE_FLAGS``) with the CPU
+device count the process needs."""
 
 from __future__ import annotations
 
@@ -14,3 +15,12 @@ def xla_flags(devices: int, base: str | None = None) -> str:
     flags = os.environ.get("XLA_FLAGS", "") if base is None else base
     kept = [f for f in flags.split() if not f.startswith(DEVICE_COUNT)]
     return " ".join([*kept, f"{DEVICE_COUNT}={devices}"])
+
+
+def users_xla_flags(base: str | None = None) -> str:
+    """``base`` (default: this process's ``XLA_FLAGS``) without the suite's compile flags: for a
+    process whose time is its run rather than its compiles, which then also runs as a user's
+    does (XLA's own optimisation level and code emitters)."""
+    flags = os.environ.get("XLA_FLAGS", "") if base is None else base
+    suite = set(os.environ.get("OLMAX_TEST_COMPILE_FLAGS", "").split())
+    return " ".join(f for f in flags.split() if f not in suite)
