@@ -36,7 +36,9 @@ previous checkpoint goes on); Orbax's warnings that a checkpoint item (the optim
 only parameters are read) "could not be restored" and that a directory opened for reading is read
 only; and the tracebacks Orbax logs from its writer threads for an olmax error raised there (a
 tensor found NaN while converting) or for a storage failure (a full disk, a bucket that stopped
-answering: one traceback per thread and item), which the command reports itself; and gcsfs's
+answering: one traceback per thread and item), which the command reports itself, or for a save
+that a newer attempt ended (it removed the save's temporary directory; the writer thread then
+meets the process's exit: "cannot schedule new futures after shutdown"); and gcsfs's
 traceback when a request of a library's (Orbax's directory operations) runs out of its retries,
 which reaches olmax as that request's error; and asyncio's "Task exception was never retrieved"
 traceback for a task a lost store ended: an HTTP client's writer task whose connection dropped,
@@ -143,7 +145,25 @@ class _DropOrbaxNoise(logging.Filter):
             return False      # a full disk in the writer thread: the save reports it in one line
         if exc is not None and _store_lost(exc):
             return False      # a bucket that stopped answering: so does the save
+        if exc is not None and (_save_dir_removed(exc) or _after_exit(exc)):
+            return False      # a save that a newer attempt ended: its run reports the takeover
         return not isinstance(exc, (ConfigError, OlmaxError))
+
+
+def _save_dir_removed(exc: BaseException) -> bool:
+    """A file of a save in progress whose temporary directory is gone: a newer attempt that
+    took the run over removed the incomplete checkpoint (the save fails, and the run stops with
+    the takeover's one line)."""
+    return isinstance(exc, FileNotFoundError) and ".orbax-checkpoint-tmp" in str(exc.filename)
+
+
+def _after_exit(exc: BaseException) -> bool:
+    """What an Orbax writer thread still running at interpreter exit meets: Python's thread
+    pools take no new work once the process is exiting (after the run's one line)."""
+    if not (isinstance(exc, RuntimeError) and str(exc) == "cannot schedule new futures after shutdown"):
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and frames[-1].name == "submit" and "concurrent" in frames[-1].filename
 
 
 def _store_lost(exc: BaseException) -> bool:

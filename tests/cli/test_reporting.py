@@ -177,6 +177,37 @@ def test_orbax_notes_and_closed_loop_tracebacks_are_filtered(caplog, monkeypatch
     assert passed_on == [other]
 
 
+def test_a_save_ended_by_a_takeover_is_filtered_and_other_errors_stay(caplog, tmp_path):
+    """A superseded attempt's save: its temporary directory removed by the newer attempt, then its
+    writer thread still running at exit, where Python's thread pools refuse new work. The run's
+    one line is the takeover's; the same kinds of error from elsewhere are logged."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    quiet_libraries()
+    absl = logging.getLogger("absl")
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    with caplog.at_level(logging.ERROR, logger="absl"):
+        for path in (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp" / "_CHECKPOINT_METADATA",
+                     tmp_path / "checkpoints" / "6" / "_CHECKPOINT_METADATA"):
+            try:
+                open(path)
+            except FileNotFoundError:
+                absl.error("Failed to write metadata path=%s", path, exc_info=True)
+        for raise_it in (lambda: pool.submit(print),
+                         lambda: (_ for _ in ()).throw(
+                             RuntimeError("cannot schedule new futures after shutdown"))):
+            try:
+                raise_it()
+            except RuntimeError:
+                absl.error("_SignalingThread.run() raised an exception", exc_info=True)
+    kept = [(r.getMessage(), r.exc_info[1]) for r in caplog.records]
+    assert [m for m, _ in kept] == [f"Failed to write metadata path={tmp_path}/checkpoints/6/"
+                                    "_CHECKPOINT_METADATA",
+                                    "_SignalingThread.run() raised an exception"]
+    assert str(kept[1][1]) == "cannot schedule new futures after shutdown"   # not from a pool
+
+
 def test_a_lost_connections_orphaned_task_is_filtered_and_other_task_errors_stay(caplog):
     """asyncio logs "Task exception was never retrieved" when a task that failed is collected
     unawaited (aiohttp's request-body writer, when the store drops the connection; Orbax's
