@@ -160,10 +160,8 @@ def _save_dir_removed(exc: BaseException) -> bool:
 def _after_exit(exc: BaseException) -> bool:
     """What an Orbax writer thread still running at interpreter exit meets: Python's thread
     pools take no new work once the process is exiting (after the run's one line)."""
-    if not (isinstance(exc, RuntimeError) and str(exc) == "cannot schedule new futures after shutdown"):
-        return False
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and frames[-1].name == "submit" and "concurrent" in frames[-1].filename
+    return _runtime_error_from(exc, exc.__traceback__, "cannot schedule new futures after shutdown",
+                               "submit", "concurrent")
 
 
 def _store_lost(exc: BaseException) -> bool:
@@ -197,11 +195,17 @@ class _DropGcsfsRetryTraceback(logging.Filter):
         return not (record.exc_info and "out of retries on exception" in msg)
 
 
-def _is_closed_loop_noise(exc: BaseException | None, tb) -> bool:
-    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+def _runtime_error_from(exc: BaseException | None, tb, text: str, function: str, library: str) -> bool:
+    """Whether ``exc`` is a ``RuntimeError(text)`` raised in ``function`` of ``library`` (the
+    innermost frame of ``tb``): the same words from elsewhere are not hidden."""
+    if not (isinstance(exc, RuntimeError) and str(exc) == text):
         return False
     frames = traceback.extract_tb(tb) if tb is not None else []
-    return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
+    return bool(frames) and frames[-1].name == function and library in frames[-1].filename
+
+
+def _is_closed_loop_noise(exc: BaseException | None, tb) -> bool:
+    return _runtime_error_from(exc, tb, "Event loop is closed", "_check_closed", "asyncio")
 
 
 def quiet_libraries() -> None:

@@ -194,9 +194,10 @@ def test_a_save_ended_by_a_takeover_is_filtered_and_other_errors_stay(caplog, tm
                 open(path)
             except FileNotFoundError:
                 absl.error("Failed to write metadata path=%s", path, exc_info=True)
-        for raise_it in (lambda: pool.submit(print),
-                         lambda: (_ for _ in ()).throw(
-                             RuntimeError("cannot schedule new futures after shutdown"))):
+        def elsewhere():
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+        for raise_it in (lambda: pool.submit(print), elsewhere):
             try:
                 raise_it()
             except RuntimeError:

@@ -9,11 +9,14 @@ import os
 DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
 
+def _flags(base: str | None) -> list[str]:
+    return (os.environ.get("XLA_FLAGS", "") if base is None else base).split()
+
+
 def xla_flags(devices: int, base: str | None = None) -> str:
     """``base`` (default: this process's ``XLA_FLAGS``) without its CPU device count, then
     ``devices`` CPU devices."""
-    flags = os.environ.get("XLA_FLAGS", "") if base is None else base
-    kept = [f for f in flags.split() if not f.startswith(DEVICE_COUNT)]
+    kept = [f for f in _flags(base) if not f.startswith(DEVICE_COUNT)]
     return " ".join([*kept, f"{DEVICE_COUNT}={devices}"])
 
 
@@ -21,6 +24,5 @@ def users_xla_flags(base: str | None = None) -> str:
     """``base`` (default: this process's ``XLA_FLAGS``) without the suite's compile flags: for a
     process whose time is its run rather than its compiles, which then also runs as a user's
     does (XLA's own optimisation level and code emitters)."""
-    flags = os.environ.get("XLA_FLAGS", "") if base is None else base
     suite = set(os.environ.get("OLMAX_TEST_COMPILE_FLAGS", "").split())
-    return " ".join(f for f in flags.split() if f not in suite)
+    return " ".join(f for f in _flags(base) if f not in suite)
