@@ -7,8 +7,8 @@ source. For each case this script compiles the peer's program ahead of time in t
 environment (``maxtext_compile.py`` with MaxText's Python 3.12 interpreter: the whole step for the
 topology, and two unscanned one-device parts), puts it through olmax plan's estimation method
 (:func:`estimate`: XLA's TPU cost model over the parts, one layer as the difference of the two,
-MaxText's optimizer update over a device's share, the splash kernels at their FLOPs over the peak
-times their MXU occupancy, the step's collectives timed by :mod:`olmax.perf.network`, step =
+MaxText's optimizer update over a device's share, the splash kernels at their FLOPs over the
+device's sustained matrix rate times their MXU occupancy, the step's collectives timed by :mod:`olmax.perf.network`, step =
 max(compute, asynchronous collectives) + synchronous ones), and prints one row: case, estimate (s,
 MFU in the case's convention), measurement, measured / estimated.
 
@@ -235,7 +235,7 @@ def estimate(case: dict, step: dict, small: dict, large: dict) -> dict:
         raise CaseError(f"{case['name']}: the step's record has no optimizer part ({opt.get('error')})")
     opt_s = opt["cost"]["optimal_seconds"]
     kern = kernel_work(model, layers, acc.mxu)
-    kernel_s = kern["flops_at_occupancy"] / acc.peak_bf16
+    kernel_s = kern["flops_at_occupancy"] / acc.matmul_rate
     compute = n_layers * per_layer + rest + opt_s + kernel_s
     coll = time_collectives(ops, case["topology"])
     step_s, no_overlap = network.overlap(compute, coll)
@@ -252,8 +252,9 @@ def estimate(case: dict, step: dict, small: dict, large: dict) -> dict:
             "method": ("olmax plan's: XLA TPU cost model (optimal_seconds) of two unscanned one-device "
                        f"parts ({l_small} and {l_large} layers; one layer = their difference / "
                        f"{l_large - l_small}, the rest = embedding/LM head/loss), MaxText's optimizer "
-                       "update over one device's share, splash kernels at their FLOPs / (peak x MXU "
-                       "occupancy), the compiled step's collectives timed by olmax.perf.network; "
+                       "update over one device's share, splash kernels at their FLOPs / "
+                       f"({acc.matmul_rate / 1e12:.1f} TFLOP/s, the device's sustained matrix rate, x "
+                       "MXU occupancy), the compiled step's collectives timed by olmax.perf.network; "
                        "step = max(compute, asynchronous collectives) + synchronous collectives")}
 
 

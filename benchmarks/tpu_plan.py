@@ -247,8 +247,8 @@ def maxtext_estimate(tag: str, step_case: str, olmax_case: str) -> dict:
     """MaxText's step (``maxtext_<step_case>``'s compiled program, parts ``maxtext_parts_l4/l8_<tag>``)
     put through ``olmax plan``'s method: one 4-layer group = parts(8 layers) - parts(4 layers), the
     rest = 2 parts(4) - parts(8); olmax's optimizer part at the same share of the state
-    (``olmax_case``'s), the splash kernels' FLOPs at 2048-blocks over the peak times their MXU
-    occupancy, and the collectives of MaxText's compiled step timed by the same network model."""
+    (``olmax_case``'s), the splash kernels' FLOPs at 2048-blocks over the device's sustained matrix
+    rate times their MXU occupancy, and the collectives of MaxText's compiled step timed by the same network model."""
     from olmax.model.flops import flops_per_token, peak_flops
     from olmax.model.presets import PRESETS
     from olmax.model.splash import MATMULS, visited_blocks
@@ -265,7 +265,8 @@ def maxtext_estimate(tag: str, step_case: str, olmax_case: str) -> dict:
     block = int(args.get("sa_block_q", 512))
     kind = ours["device_kind"]
     peak = peak_flops(kind)
-    mxu = accelerator_of(kind).mxu
+    acc = accelerator_of(kind)
+    mxu = acc.mxu
     # the widths MaxText compiled (recorded by maxtext_compile.py; results older than that record
     # are of model_name=olmo3-7b-pt, whose widths are olmax's olmo3-7b preset)
     cfg = _maxtext_model(mt) or PRESETS["olmo3-7b"]
@@ -284,7 +285,7 @@ def maxtext_estimate(tag: str, step_case: str, olmax_case: str) -> dict:
         pairs = visited_blocks(t, window, block)
         per_call = 2 * block * block * cfg.head_dim * pairs * cfg.n_heads * b
         kernel += groups * per_call * matmuls
-    kernel_s = kernel / occ / peak
+    kernel_s = kernel / occ / acc.matmul_rate
     compute = groups * group_s + rest_s + opt_s + kernel_s
     coll = mt["collective_time"]
     step_s = max(compute, coll["async_s"]) + coll["sync_s"]
@@ -299,7 +300,8 @@ def maxtext_estimate(tag: str, step_case: str, olmax_case: str) -> dict:
             "peak_bytes": mt["memory"].get("peak_memory_in_bytes"), "compile_s": mt.get("compile_s"),
             "devices": n_dev, "kernel_calls": coll.get("kernel_calls"),
             "method": "olmax plan's: cost-model parts (8 - 4 layers), olmax's optimizer part, splash "
-                      "at its 2048-blocks / (peak x MXU occupancy), collectives by olmax.perf.network"}
+                      f"at its 2048-blocks / ({acc.matmul_rate / 1e12:.1f} TFLOP/s sustained x MXU "
+                      "occupancy), collectives by olmax.perf.network"}
 
 
 def _maxtext_model(mt: dict):

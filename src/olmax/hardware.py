@@ -35,6 +35,16 @@ GBps over 6 links; DCN 50 Gbps per chip), "TPU v6e" (800 GBps over 4; 100 Gbps),
 GBps over 6; 100 Gbps). The JAX scaling book's per-link figures are about 10 % lower (4.5e10 and
 9e10 B/s one way for v5e and v5p/v6e/TPU7x). GPUs: NVLink 4 at 900 GB/s both ways, one 400 Gb/s
 NIC per GPU. A generation without a figure has ``None``: what needs it is not priced.
+Sustained matrix rate (``mxu_bf16``, TPUs): the dense bf16 FLOP/s per device at which the matmuls
+of a Pallas kernel (splash attention), which XLA's cost model cannot see, are priced. It is the
+lower of two figures, neither a fit: the rate XLA's TPU cost model gives a large bf16 dot on the
+target (``optimal_seconds`` of an 8192- or 16384-cube product, libtpu 0.0.52: v5e 197, v5p 394,
+v6e 918, TPU7x 996 TFLOP/s per device; v5p's and TPU7x's are 86 % of their datasheets), so that
+the kernels are on the scale of the compiled parts around them; and a published measurement of the
+chip's largest bf16 GEMM, where there is one: TPU7x 956.4 TFLOP/s per device at m = n = k = 32,768
+(950.1 at 16,384; AI-Hypercomputer/accelerator-microbenchmarks, ``Ironwood/
+Ironwood_Microbenchmarks_readme.md``, "GEMM Results", bf16 ``gemm_multiple_run``). Without a
+figure the datasheet peak is used.
 HBM bandwidth (``hbm_bw``), datasheets: H100 SXM 3.35 TB/s, H200 4.8 TB/s (the GPU step estimate
 scales one GPU's measured memory-bound rates to another's by it, :mod:`olmax.perf.gpu_estimate`).
 """
@@ -81,6 +91,8 @@ class Accelerator:
                                     # NVLink to the switch)
     dcn_bw: float | None = None     # bytes/s one direction per chip across slices or nodes
     mxu: int | None = None          # TPU systolic matrix unit: mxu x mxu
+    mxu_bf16: float | None = None   # sustained dense bf16 matmul FLOP/s per JAX device that a Pallas
+                                    # kernel's matmuls are priced at (module docstring)
     float8: bool = False            # float8 (e4m3fn/e5m2) operands multiplied in hardware
     compiler_options: tuple[tuple[str, str], ...] = ()
     gpu_target: str | None = field(default=None, repr=False)   # GpuTargetConfig text
@@ -91,6 +103,12 @@ class Accelerator:
     def platform(self) -> str:
         """The backend that compiles for it: ``gpu`` or ``tpu``."""
         return VENDORS[self.vendor].backend
+
+    @property
+    def matmul_rate(self) -> float | None:
+        """FLOP/s per device that ``olmax plan`` prices a Pallas kernel's matmuls at: the sustained
+        rate where known, else the datasheet peak."""
+        return self.mxu_bf16 or self.peak_bf16
 
     @property
     def plan_target(self) -> bool:
@@ -171,11 +189,11 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("v4", "google", ("tpu v4",), 275e12, 32 * GiB, mxu=128),
     # TPU memory: libtpu's compile-time limit per device (module docstring)
     Accelerator("v5e", "google", ("tpu v5 lite", "tpu v5e"), 197e12, 16_908_218_368,
-                link_bw=400e9 / 2 / 4, dcn_bw=2 * 100e9 / 8 / 8, mxu=128),
+                link_bw=400e9 / 2 / 4, dcn_bw=2 * 100e9 / 8 / 8, mxu=128, mxu_bf16=197e12),
     Accelerator("v5p", "google", ("tpu v5p", "tpu v5"), 459e12, 102_784_475_136,   # v5p reports "TPU v5"
-                link_bw=1200e9 / 2 / 6, dcn_bw=50e9 / 8, mxu=128),
+                link_bw=1200e9 / 2 / 6, dcn_bw=50e9 / 8, mxu=128, mxu_bf16=394e12),
     Accelerator("v6e", "google", ("tpu v6 lite", "tpu v6e"), 918e12, 33_544_916_992,
-                link_bw=800e9 / 2 / 4, dcn_bw=100e9 / 8, mxu=256),
+                link_bw=800e9 / 2 / 4, dcn_bw=100e9 / 8, mxu=256, mxu_bf16=918e12),
     # Ironwood: 2,307 TFLOP/s and 192 GiB per chip, whose 2 TensorCores are 2 JAX devices. Its
     # step is compiled with 64 MiB of scoped VMEM, the limit MaxText's OLMo 3 launcher sets on
     # Ironwood: at libtpu's default the 7B step's MLP weight gradients do not fit as reduce-scatter
@@ -184,7 +202,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     # benchmarks/notes/2026-12-01-the-original-run-s-scale-with-collectives-timed.md). On v5p (checked on v5p 4x4x8 with the stage-2 step) 96 MiB changes nothing, so v5p
     # keeps libtpu's default.
     Accelerator("tpu7x", "google", ("tpu7x",), 2307e12 / 2, 101_723_287_552, devices_per_chip=2,
-                link_bw=1200e9 / 2 / 6, dcn_bw=100e9 / 8, mxu=256, float8=True,
+                link_bw=1200e9 / 2 / 6, dcn_bw=100e9 / 8, mxu=256, mxu_bf16=956.38e12, float8=True,
                 compiler_options=(("xla_tpu_scoped_vmem_limit_kib", "65536"),)),
 )
 BY_NAME: dict[str, Accelerator] = {a.name: a for a in ACCELERATORS}

@@ -29,8 +29,10 @@ The step-time *estimate* (labelled as such, its method in ``estimate.method``):
 - compute: XLA's cost model (``optimal_seconds``, TPU only) over the same parts, combined as the
   FLOPs are; the whole program's own ``optimal_seconds`` is not used (negative for scanned
   programs). Pallas kernels, which the cost model cannot see, at their FLOPs over the device's
-  peak times the MXU occupancy of their matmuls' block shapes (a 128-wide head dimension fills
-  half of a 256 x 256 MXU): ``compute_s`` includes them, ``kernel_s`` is their part;
+  sustained matrix rate (:attr:`olmax.hardware.Accelerator.matmul_rate`: the lower of the cost
+  model's own rate for a large bf16 dot and a published measurement of one) times the MXU
+  occupancy of their matmuls' block shapes (a 128-wide head dimension fills half of a 256 x 256
+  MXU): ``compute_s`` includes them, ``kernel_s`` is their part;
 - collectives (``collective_s``): every collective of the compiled step, timed by the bandwidth
   model of the target's network in :mod:`olmax.perf.network` (bytes and groups from the program);
 - ``step_s = max(compute_s, asynchronous collectives) + synchronous collectives`` (the compiled
@@ -267,7 +269,9 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
                     method=(f"unavailable: XLA's {dev.platform} backend gives no usable cost-model "
                             f"time for the parts (optimal_seconds {times})"
                             + ("" if coll is None else "; collectives timed by olmax.perf.network")))
-    kernel_s = kernel_effective / peak_dev if (kernel_effective and peak_dev) else 0.0
+    acc = accelerator_of(dev)
+    rate = acc.matmul_rate if acc else None
+    kernel_s = kernel_effective / rate if (kernel_effective and rate) else 0.0
     compute_s = seconds + kernel_s
     method = (f"estimate: XLA {dev.platform.upper()} cost model (optimal_seconds) of unscanned "
               f"one-device parts, one layer group as (2 groups - 1 group): {m} micro-batch(es) x "
@@ -275,7 +279,8 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     if ctx > 1:
         method += f"; each row's {positions} positions on a device of its context group of {ctx}"
     if kernel:
-        method += "; Pallas kernels at their FLOPs / (peak x the MXU occupancy of their block shapes)"
+        method += (f"; Pallas kernels at their FLOPs / ({(rate or 0) / 1e12:.1f} TFLOP/s, the device's "
+                   f"sustained matrix rate, x the MXU occupancy of their block shapes)")
     return _step(method, compute_s, kernel_s, coll, b * t, n, details["chips"], flops, peak_dev)
 
 
