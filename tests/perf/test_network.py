@@ -339,3 +339,32 @@ def test_collective_ops_of_a_program_read_by_hand():
     assert (fused["async"], fused["group"], fused["bytes"]) == (True, [0, 4], 32 * 2)
     sync = ops["sync"]
     assert (sync["async"], sync["group"], sync["count"]) == (False, None, 1)
+
+
+COMBINED = """HloModule combined
+
+ENTRY %main (a: bf16[512,64], b: bf16[512], g: bf16[4096,64], h: bf16[4096]) -> bf16[4096,64] {
+  %a = bf16[512,64]{1,0} parameter(0)
+  %b = bf16[512]{0} parameter(1)
+  %g = bf16[4096,64]{1,0} parameter(2)
+  %h = bf16[4096]{0} parameter(3)
+  %all-gather-start.1 = ((bf16[512,64]{1,0}, /*index=1*/bf16[512]{0}), (bf16[4096,64]{1,0}, bf16[4096]{0})) all-gather-start(%a, %b), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}
+  %all-gather-done.1 = (bf16[4096,64]{1,0}, bf16[4096]{0}) all-gather-done(%all-gather-start.1)
+  %reduce-scatter-start.2 = ((bf16[4096,64]{1,0}, bf16[4096]{0}), (bf16[512,64]{1,0}, bf16[512]{0})) reduce-scatter-start(%g, %h), channel_id=2, replica_groups=[1,8]<=[8], dimensions={0}, to_apply=%add
+  %reduce-scatter-done.2 = (bf16[512,64]{1,0}, bf16[512]{0}) reduce-scatter-done(%reduce-scatter-start.2)
+  %ags.3 = (bf16[512,64]{1,0}, bf16[4096,64]{1,0}) all-gather-start(%a), channel_id=3, replica_groups=[1,8]<=[8], dimensions={0}
+  ROOT %agd.3 = bf16[4096,64]{1,0} all-gather-done(%ags.3)
+}
+"""
+
+
+def test_combined_collectives_count_every_operand():
+    """XLA's GPU combiners put many gathers (or scatters) into one async collective whose start
+    returns ((inputs...), (outputs...)): an all-gather moves all of its gathered outputs, a
+    reduce-scatter all of its inputs -- not only the largest array of the tuple."""
+    ops = {o["name"]: o for o in hlo.collective_ops(hlo.analyse(COMBINED))}
+    assert ops["all-gather-start.1"]["bytes"] == (4096 * 64 + 4096) * 2
+    assert ops["reduce-scatter-start.2"]["bytes"] == (4096 * 64 + 4096) * 2
+    assert ops["ags.3"]["bytes"] == 4096 * 64 * 2          # a single one: its gathered result
+    assert all(o["async"] for o in ops.values())
+

@@ -194,6 +194,10 @@ def _dots_in(comp: str, comps: dict, depth: int = 0) -> list[tuple[int, int, int
     return out
 
 
+_INTERMEDIATE = re.compile(r'"intermediate_tensor_shape":\s*\{[^{}]*?"dimensions":\s*'
+                           r'\[\s*"(\d+)",\s*"(\d+)",\s*"(\d+)",\s*"(\d+)"\s*\]')
+
+
 def _attention(ins) -> tuple[str, float, int, int, bool] | None:
     """(pass, FLOPs, sequence, head dim, windowed) of a cuDNN attention custom call."""
     target = re.search(r'custom_call_target="([^"]+)"', ins.text)
@@ -202,15 +206,16 @@ def _attention(ins) -> tuple[str, float, int, int, bool] | None:
     from olmax.model.flops import causal_attention_pairs
     from olmax.perf.gpu_rates import ATTENTION_BWD_FLOPS, ATTENTION_FWD_FLOPS
 
-    inter = re.search(r'"intermediate_tensor_shape":\{"dimensions":\["(\d+)","(\d+)","(\d+)","(\d+)"\]', ins.text)
+    # the backend config's JSON, printed compact or with spaces (and other keys first) by XLA versions
+    inter = _INTERMEDIATE.search(ins.text)
     out = _dims(ins.shape)
     if not inter or not out:
         return None
     b, h, t, s = (int(x) for x in inter.groups())
     head_dim = out[-1]
-    window = re.search(r'"sliding_window_length":(\d+)', ins.text)
+    window = re.search(r'"sliding_window_length":\s*(\d+)', ins.text)
     w = int(window.group(1)) if window and int(window.group(1)) > 0 else None
-    causal = '"mask_type":"CAUSAL"' in ins.text or '"mask_type":"PADDING_CAUSAL"' in ins.text
+    causal = re.search(r'"mask_type":\s*"(PADDING_)?CAUSAL"', ins.text) is not None
     pairs = causal_attention_pairs(t, w) if causal else t * s
     bwd = "Backward" in target.group(1)
     flops = (ATTENTION_BWD_FLOPS if bwd else ATTENTION_FWD_FLOPS) * b * h * pairs * head_dim

@@ -207,11 +207,17 @@ def collective_kind(ins: Instruction) -> str | None:
 
 def collective_bytes(ins: Instruction, kind: str) -> int:
     """Bytes one execution moves per device: the gathered result of an all-gather, the input of a
-    reduce-scatter, the buffer of an all-reduce / permute / all-to-all. An async ``-start`` returns
-    a tuple (input, output, context scalars): there the largest buffer is the one that counts,
-    except for all-reduce, whose (possibly combined) operands are all reduced."""
+    reduce-scatter, the buffer of an all-reduce / permute / all-to-all. An async ``-start`` other
+    than all-reduce's returns a tuple (input, output, context scalars), where a combined
+    collective's input and output are tuples themselves (XLA's GPU combiners put every layer's
+    gathers or scatters into one: ``((in_1, ..., in_n), (out_1, ..., out_n))``): the gathered
+    outputs of an all-gather count, the inputs of the others, each summed over the operands.
+    An all-reduce's shape is its (possibly combined) buffers."""
     if not ins.opcode.endswith("-start") or kind == "all-reduce":
         return shape_bytes(ins.shape)
+    parts = _split_top(ins.shape.strip()[1:-1]) if ins.shape.strip().startswith("(") else []
+    if len(parts) >= 2:
+        return shape_bytes(parts[1] if kind == "all-gather" else parts[0])
     return int(max((math.prod(dims) * DTYPE_BYTES[d] for d, dims in array_shapes(ins.shape)), default=0))
 
 
