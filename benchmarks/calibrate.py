@@ -67,11 +67,19 @@ def load_cases(names: list[str] | None = None) -> dict[str, dict]:
 # --- compiling (the peer's environment) -----------------------------------------------------------
 
 def compile_request(case: dict, mode: str, layers: int | None = None) -> dict:
+    from olmax.hardware import BY_NAME
+
     peer = case["peer"]
-    return {"program": peer["program"], "version": peer["version"], "mode": mode,
-            "topology": peer["topology"] if mode == "step" else case["parts"]["topology"],
-            "layers": layers, "args": list(peer["args"]),
-            "libtpu_init_args": " ".join(peer.get("libtpu_init_args", []))}
+    req = {"program": peer["program"], "version": peer["version"], "mode": mode,
+           "topology": peer["topology"] if mode == "step" else case["parts"]["topology"],
+           "layers": layers, "args": list(peer["args"]),
+           "libtpu_init_args": " ".join(peer.get("libtpu_init_args", []))}
+    if BY_NAME[case["accelerator"]].platform == "gpu":
+        # compiled for compile-only GPUs of olmax's target description, with the launcher's XLA_FLAGS
+        # (TPU requests, and so their cache keys, carry none of these)
+        req.update(gpu_target=case["accelerator"], gpu_count=case["devices"],
+                   xla_flags=" ".join(peer.get("xla_flags", [])))
+    return req
 
 
 def _key(req: dict) -> str:
@@ -139,19 +147,31 @@ def earlier_compile(req: dict) -> dict | None:
 
 def run_compile(req: dict, maxtext_python: str, timeout: int) -> dict:
     """One ``maxtext_compile.py`` run in its own process (``nice``d); its record written to the
-    compile cache. The step's HLO is read for its collectives and not kept."""
-    from olmax.io import write_json_atomic
+    compile cache. A TPU step's HLO is read for its collectives and not kept; a GPU step's is kept
+    beside its record (``<key>.hlo.gz``), since the GPU method prices each of its kernels."""
+    import gzip
+
+    from olmax.hardware import BY_NAME
+    from olmax.io import write_bytes_atomic, write_json_atomic
 
     with tempfile.TemporaryDirectory() as tmp:
         out, hlo_path = Path(tmp) / "out.json", Path(tmp) / "step.hlo"
+        gpu = []
+        if req.get("gpu_target"):
+            target = Path(tmp) / "gpu_target.txt"
+            target.write_text(BY_NAME[req["gpu_target"]].gpu_target or "")
+            gpu = ["--gpu-target", str(target), "--gpu-count", str(req["gpu_count"])]
         cmd = [maxtext_python, str(HERE / "maxtext_compile.py"), req["mode"], "--topology", req["topology"],
                "--json", str(out), *(["--layers", str(req["layers"])] if req["mode"] == "parts" else []),
-               *(["--hlo", str(hlo_path)] if req["mode"] == "step" else []), "--", *req["args"]]
+               *(["--hlo", str(hlo_path)] if req["mode"] == "step" else []), *gpu, "--", *req["args"]]
         env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1",
                "TPU_WORKER_HOSTNAMES": "localhost", "JAX_PLATFORMS": "cpu"}
         env.pop("PYTHONPATH", None)
         if req["libtpu_init_args"]:
             env["LIBTPU_INIT_ARGS"] = req["libtpu_init_args"]
+        if gpu:
+            env["XLA_FLAGS"] = req["xla_flags"]
+            env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"   # no driver here to check the libraries against
         print(f"[{time.strftime('%H:%M:%S')}] compile {_key(req)}", flush=True)
         rc, text, wall = run_niced(cmd, env, timeout)
         got = json.loads(out.read_text()) if out.exists() else None
@@ -159,9 +179,12 @@ def run_compile(req: dict, maxtext_python: str, timeout: int) -> dict:
         if got is not None and hlo_path.exists():
             from olmax.perf import hlo
 
-            prog = hlo.analyse(hlo_path.read_text())
+            text = hlo_path.read_text()
+            prog = hlo.analyse(text)
             ops = hlo.collective_ops(prog)
             got["kernel_calls"] = sum(m for _, m in hlo.custom_calls(prog, "tpu_custom_call"))
+            if gpu:   # the GPU method prices every kernel of the program: it is kept
+                write_bytes_atomic(COMPILES / f"{_key(req)}.hlo.gz", gzip.compress(text.encode(), 9, mtime=0))
     record = {"request": req, "command": " ".join(cmd[1:]), "rc": rc, "wall_s": wall,
               "output_tail": text[-3000:], "result": got, "collective_ops": ops,
               "when": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg_end": os.getloadavg()[0]}
@@ -279,26 +302,81 @@ def measured_step(case: dict, cases: dict, tflops: dict[str, float | None]) -> t
                                               f"{count:.1f} TFLOP per device / (MFU x {peak / 1e12:.1f} TFLOP/s)")
 
 
-def estimate_gpu(case: dict, text: str) -> dict:
-    """A GPU program through olmax plan's GPU method (:mod:`olmax.perf.gpu_estimate`): each kernel
-    of the compiled step at the measured rates of the GPU's table; collectives by the network
-    model (a one-GPU case has none)."""
+def gpu_assignment(accelerator: str, count: int) -> list:
+    """The devices of a GPU case's program as the network model reads them: GPU ``i`` of the
+    program's device assignment on node ``i // GPUS_PER_NODE`` (MaxText's mesh over one node's
+    GPUs puts them in id order; a group inside a node is timed alike in any order)."""
+    from types import SimpleNamespace
+
     from olmax.hardware import BY_NAME
-    from olmax.perf import gpu_estimate, hlo
+    from olmax.perf.targets import GPUS_PER_NODE
+
+    kind = BY_NAME[accelerator].kinds[0]
+    return [SimpleNamespace(platform="gpu", device_kind=kind, id=i, process_index=i // GPUS_PER_NODE)
+            for i in range(count)]
+
+
+def estimate_gpu(case: dict, text: str, ops: list[dict] | None = None, tflops: float | None = None) -> dict:
+    """A GPU program through olmax plan's GPU method (:mod:`olmax.perf.gpu_estimate`): each kernel
+    of the compiled step at the measured rates of the GPU's table; its collectives (``ops``, as
+    :func:`olmax.perf.hlo.collective_ops` read them) timed by the network model over the case's
+    GPUs and combined as ``olmax plan`` does (:func:`olmax.perf.network.overlap`). A stored
+    program of one GPU has none. ``tflops``: the peer's own FLOP count per device and step, for
+    the estimate's MFU in its convention."""
+    from olmax.hardware import BY_NAME
+    from olmax.perf import gpu_estimate, hlo, network
 
     acc = BY_NAME[case["accelerator"]]
     rates = gpu_estimate.rates_for(acc)
     if rates is None:
         raise CaseError(f"{case['name']}: no GPU rates table prices {acc.name}")
-    if hlo.collective_ops(hlo.analyse(text)):
-        raise CaseError(f"{case['name']}: a stored program with collectives needs its device "
-                        "assignment (not recorded)")
+    if ops is None:
+        if hlo.collective_ops(hlo.analyse(text)):
+            raise CaseError(f"{case['name']}: a stored program with collectives needs its device "
+                            "assignment (not recorded)")
+        ops = []
     est = gpu_estimate.estimate(text, rates)
+    coll = network.time_collectives(ops, gpu_assignment(acc.name, case["devices"]))
+    step_s, no_overlap = network.overlap(est["compute_s"], coll)
     m = case["measured"]
-    step_s = est["compute_s"]
-    return {**est, "step_s": step_s, "step_s_no_overlap": step_s, "collective_s": 0.0,
-            "mfu": (m["mfu"] * m["step_s"] / step_s) if (m.get("mfu") and m.get("step_s")) else None,
-            "method": gpu_estimate.METHOD}
+    mfu = (tflops * 1e12 / step_s / acc.peak_bf16 if tflops
+           else (m["mfu"] * m["step_s"] / step_s) if (m.get("mfu") and m.get("step_s")) else None)
+    return {**est, "step_s": step_s, "step_s_no_overlap": no_overlap, "collective_s": coll["collective_s"],
+            "async_s": coll["async_s"], "sync_s": coll["sync_s"], "collectives_by_kind_s": coll["by_kind"],
+            "mfu": mfu, "maxtext_tflops_per_device": tflops,
+            "method": gpu_estimate.METHOD + ("; collectives timed by olmax.perf.network, step = max(compute, "
+                                             "asynchronous collectives) + synchronous collectives" if ops else "")}
+
+
+def _calibrate_gpu_step(case: dict, base: dict, maxtext_python: str, rerun: bool, compile_: bool,
+                        timeout: int) -> dict:
+    """A MaxText GPU case: its whole step compiled for the case's compile-only GPUs, priced kernel
+    by kernel from the stored program, its collectives from the record."""
+    import gzip
+
+    req = compile_request(case, "step")
+    rec = None if rerun else compile_record(req)
+    if rec is None and compile_:
+        rec = run_compile(req, maxtext_python, timeout)
+    base["compiles"]["step"] = {"key": _key(req), "rc": None if rec is None else rec["rc"],
+                                "wall_s": None if rec is None else rec["wall_s"], "reused_from": None}
+    if rec is None:
+        return {**base, "status": "not compiled (MaxText's environment with JAX's CUDA plugin compiles "
+                                  "it: benchmarks/README.md, 'Calibration')"}
+    if rec["rc"] != 0 or rec["result"] is None:
+        return {**base, "status": "failed: step", "failure_tails": {"step": rec["output_tail"][-600:]}}
+    path = COMPILES / f"{_key(req)}.hlo.gz"
+    if not path.exists():
+        return {**base, "status": f"no stored program: {path.name} is missing"}
+    text = gzip.decompress(path.read_bytes()).decode()
+    tflops = (rec["result"].get("maxtext_tflops") or {}).get("total")
+    try:
+        est = estimate_gpu(case, text, rec["collective_ops"] or [], tflops)
+    except CaseError as e:
+        return {**base, "status": f"no estimate: {e}"}
+    est.update(peak_bytes=rec["result"]["memory"].get("peak_memory_in_bytes"),
+               num_params=rec["result"].get("num_params"), compile_s={"step": rec["result"].get("compile_s")})
+    return {**base, "estimate": est, "status": "estimated"}
 
 
 def calibrate_case(case: dict, maxtext_python: str, rerun: bool, compile_: bool, timeout: int) -> dict:
@@ -321,11 +399,7 @@ def calibrate_case(case: dict, maxtext_python: str, rerun: bool, compile_: bool,
         except CaseError as e:
             return {**base, "status": f"no estimate: {e}"}
     if acc.platform != "tpu":
-        return {**base, "status": "not compiled: MaxText 0.2.5 compiles a GPU step ahead of time only on "
-                                  "a GPU host (train_compile takes jax.devices() for GPU targets, not a "
-                                  "target description), and the measured run's attention "
-                                  "(cudnn_flash_te) needs Transformer Engine; olmax plan's GPU method "
-                                  "(olmax.perf.gpu_estimate) prices the program once compiled"}
+        return _calibrate_gpu_step(case, base, maxtext_python, rerun, compile_, timeout)
     reqs = {f"parts_l{n}": compile_request(case, "parts", n) for n in case["parts"]["layers"]}
     reqs["step"] = compile_request(case, "step")
     records = {}

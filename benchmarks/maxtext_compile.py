@@ -5,6 +5,11 @@ imports only MaxText and jax and is run with MaxText's interpreter by ``tpu_plan
 
     python benchmarks/maxtext_compile.py step --topology tpu7x-16 --json OUT [--hlo FILE] -- key=value ...
     python benchmarks/maxtext_compile.py parts --topology tpu7x-16 --layers 4 --json OUT [--hlo FILE] -- key=value ...
+    python benchmarks/maxtext_compile.py step --topology a3 --gpu-target TARGET.txt --gpu-count 8 --json OUT ...
+
+A GPU step (``--gpu-target``: a ``GpuTargetConfig`` text, as ``olmax.hardware`` holds for H100 and
+H200) is compiled for that many compile-only GPUs of one node, through JAX's CUDA plugin (it must
+be installed in MaxText's environment: ``pip install "jax[cuda12]==JAX_VERSION"``); no GPU is needed.
 
 The overrides name the model (``model_name=...``, required: nothing here is pinned to one model).
 
@@ -51,6 +56,8 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=4, help="parts: decoder layers (unscanned)")
     p.add_argument("--json", dest="json_out", required=True)
     p.add_argument("--hlo", dest="hlo_out")
+    p.add_argument("--gpu-target", help="step for GPUs: a GpuTargetConfig text file (no GPU needed)")
+    p.add_argument("--gpu-count", type=int, default=8, help="with --gpu-target: GPUs of one node")
     args = sys.argv[1:]
     cut = args.index("--") if "--" in args else len(args)
     a = p.parse_args(args[:cut])
@@ -91,6 +98,10 @@ def main() -> int:
         a.overrides = [o for o in a.overrides
                        if o.split("=")[0] not in ("gradient_clipping_threshold", "skip_step_on_spikes")]
     argv += a.overrides
+    if a.gpu_target:
+        if a.mode != "step":
+            p.error("--gpu-target compiles the step only")
+        _compile_only_gpus(tc, a.gpu_target, a.gpu_count)
 
     captured: dict = {}
     real_compile = tc.jit_and_compile
@@ -131,13 +142,21 @@ def main() -> int:
     if a.hlo_out:
         with open(a.hlo_out, "w") as f:
             f.write(text)
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
+
+    def _version(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
 
     out = {"mode": a.mode, "topology": a.topology, "layers": a.layers if a.mode == "parts" else None,
            "argv": argv[1:], "compile_s": captured["compile_s"], "wall_s": wall, "memory": memory,
            "cost": {k: cost.get(k) for k in ("flops", "bytes accessed", "optimal_seconds", "transcendentals")},
-           "versions": {"maxtext": version("maxtext"), "jax": jax.__version__, "libtpu": version("libtpu"),
-                        "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", "")},
+           "versions": {"maxtext": version("maxtext"), "jax": jax.__version__, "libtpu": _version("libtpu"),
+                        "jax_cuda12_plugin": _version("jax-cuda12-plugin"),
+                        "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", ""),
+                        "xla_flags": os.environ.get("XLA_FLAGS", "")},
            "custom_calls": _custom_calls(text)}
     config = captured.get("config")
     if config is not None:
@@ -145,6 +164,32 @@ def main() -> int:
     with open(a.json_out, "w") as f:
         json.dump(out, f, indent=2)
     return 0
+
+
+def _compile_only_gpus(tc, target_file: str, count: int) -> None:
+    """Make ``train_compile`` build its mesh from ``count`` compile-only GPUs of one node described
+    by a ``GpuTargetConfig`` (JAX's CUDA plugin, no GPU or driver needed). MaxText 0.2.5's
+    ``get_topology_mesh`` takes ``jax.devices()`` for a GPU topology -- the host's own GPUs --
+    so it is given these devices in their place while it builds the mesh; the rest of the
+    function (MaxText's device mesh and axis types) runs unchanged."""
+    import jax
+    from jax.experimental import topologies
+
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    with open(target_file) as f:
+        target = f.read()
+    devices = list(topologies.get_topology_desc(platform="cuda", target_config=target,
+                                                topology=f"1x1x{count}").devices)
+    real = tc.get_topology_mesh
+
+    def on_target_gpus(config):
+        local = jax.devices
+        jax.devices = lambda *args, **kwargs: devices
+        try:
+            return real(config)
+        finally:
+            jax.devices = local
+    tc.get_topology_mesh = on_target_gpus
 
 
 MODEL_FIELDS = ("model_name", "decoder_block", "emb_dim", "num_query_heads", "num_kv_heads", "head_dim",

@@ -113,7 +113,8 @@ def test_calibration_covers_a_gpu_family():
     h100 = calibration.for_accelerator(BY_NAME["h100"], shipped)
     h200 = calibration.for_accelerator(BY_NAME["h200"], shipped)
     assert h100["family"] == h200["family"] == "h200"
-    assert {c["case"] for c in h100["cases"]} == {"olmo3_7b_slice_h200", "olmo3_7b_slice_h200_heads16x256"}
+    assert {c["case"] for c in h100["cases"]} == {"olmo3_7b_slice_h200", "olmo3_7b_slice_h200_heads16x256",
+                                                  "llama2_7b_h100x8"}
     lo, hi = h100["ratio_range"]
     assert 0.85 <= lo <= hi <= 1.15
     assert calibration.for_accelerator(BY_NAME["b200"], shipped) == "uncalibrated"
@@ -135,3 +136,65 @@ def test_plan_prices_a_gpu_program(h200):
     assert e["mfu_causal"] == pytest.approx(6.535e13 / compute / 989e12)
     assert e["method"].startswith("estimate: every kernel") and "H200" in e["method"]
     assert details["gpu_kernels"]["by_kind"]["attention"]["kernels"] == 8
+
+
+# one cuDNN attention call as two XLA versions print its backend config: compact (jax 0.11.2, the
+# H200's program) and with spaces and other keys first (jax 0.12.0.1, MaxText's H100 program)
+_FMHA = ('  %fwd = (bf16[2,32,4096,128]{3,1,2,0}, f32[2,32,4096]{2,1,0}, u8[0]{0}) custom-call(%q, %k, %v), '
+         'custom_call_target="__cudnn$fmhaSoftmax", backend_config={CONFIG}')
+_COMPACT = ('{"cudnn_fmha_backend_config":{"intermediate_tensor_shape":{"dimensions":["2","32","4096","4096"]},'
+            '"mask_type":"CAUSAL","sliding_window_length":0}}')
+_SPACED = ('{"operation_queue_id": "0", "cudnn_fmha_backend_config": {"fmha_scale": 1.0, '
+           '"intermediate_tensor_shape": {"element_type": "BF16", "dimensions": ["2", "32", "4096", "4096"], '
+           '"tuple_shapes": []}, "mask_type": "CAUSAL", "sliding_window_length": 0}}')
+
+
+_MODULE = """HloModule m
+
+ENTRY %m (q: bf16[2,4096,32,128], k: bf16[2,4096,32,128], v: bf16[2,4096,32,128]) -> bf16[2,32,4096,128] {
+  %q = bf16[2,4096,32,128]{3,2,1,0} parameter(0)
+  %k = bf16[2,4096,32,128]{3,2,1,0} parameter(1)
+  %v = bf16[2,4096,32,128]{3,2,1,0} parameter(2)
+{CALL}
+  ROOT %o = bf16[2,32,4096,128]{3,1,2,0} get-tuple-element(%fwd), index=0
+}
+"""
+
+
+def test_attention_read_from_either_printing_of_its_config():
+    from olmax.perf import hlo
+
+    def read(config):
+        (ins,) = [i for i, _ in hlo.analyse(_MODULE.replace("{CALL}", _FMHA.replace("{CONFIG}", config)))
+                  .instructions() if i.opcode == "custom-call"]
+        return gpu_estimate._attention(ins)
+
+    expected = ("fwd", 4 * 2 * 32 * causal_attention_pairs(4096, None) * 128, 4096, 128, False)
+    assert read(_COMPACT) == read(_SPACED) == expected
+    assert read(_SPACED.replace('"CAUSAL"', '"NO_MASK"'))[1] == 4 * 2 * 32 * 4096 * 4096 * 128
+
+
+def test_maxtext_llama2_on_8_h100s_from_its_stored_program(h200):
+    """The MaxText calibration case's program (compiled here for 8 compile-only H100s): FSDP's
+    reduce-scatters carry every parameter's bf16 gradient once (Llama-2-7B's 6,738,415,616
+    parameters, counted by hand), its 96 cuDNN attention calls are priced, and the estimate is the
+    one the shipped table reports, within 0.85-1.15 of the published step."""
+    from olmax.perf import hlo
+
+    (path,) = (ROOT / "benchmarks" / "results" / "calibration" / "compiles").glob("step_a3_*.hlo.gz")
+    text = gzip.decompress(path.read_bytes()).decode()
+    d, mlp, vocab, layers = 4096, 11008, 32000, 32
+    params = layers * (4 * d * d + 3 * d * mlp + 2 * d) + 2 * d * vocab + d
+    assert params == 6_738_415_616
+    ops = hlo.collective_ops(hlo.analyse(text))
+    total = {k: sum(o["bytes"] * o["count"] for o in ops if o["kind"] == k) for k in ("all-gather", "reduce-scatter")}
+    assert total["reduce-scatter"] == 2 * params
+    assert 2 * params < total["all-gather"] <= 2 * 2 * params      # forward, and again for the backward
+    rows = gpu_estimate.kernels(text, gpu_estimate.rates_for(BY_NAME["h100"]))
+    attn = [r for r in rows if r["kind"] == "attention"]
+    assert sum(r["mult"] for r in attn) == 96          # 32 forward, 32 recomputed, 32 backward
+    shipped = {c["case"]: c for c in calibration.table()["cases"]}["llama2_7b_h100x8"]
+    assert 0.85 <= shipped["ratio"] <= 1.15
+    compute = sum(r["seconds"] for r in rows)
+    assert compute <= shipped["estimated_step_s"] <= 1.01 * compute   # its collectives hide under it
+
