@@ -842,6 +842,8 @@ def cases() -> list[Case]:
           r"^the job was written for 8 gpu devices, but this process sees \d+ cpu device\(s\) in all"),
         C("train", "watchdog of zero seconds", [*TRAIN, "train.watchdog_s=0"],
           r"^train.watchdog_s must be positive or null \(got 0"),
+        C("train", "splash block that is not a multiple of 128", [*TRAIN, "train.splash_block=192"],
+          r"^train.splash_block must be a positive multiple of 128 \(got 192\)$"),
         C("train", "start-up timeout that is negative", [*TRAIN, "distributed.init_timeout_s=-5"],
           r"^distributed.init_timeout_s must be positive or null \(got -5\)"),
         C("train", "--run-dir held by a later attempt of the same job",

@@ -8,6 +8,8 @@ own, within a small factor). The TPU compilation test (Mosaic) is in ``tests/per
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,6 +146,41 @@ def test_save_policies_keep_the_kernel_outputs():
     calls = {r: str(jax.make_jaxpr(grad(r))(params)).count("pallas_call")
              for r in ("full", "save_attn", "save_proj")}
     assert calls == {"full": 4, "save_attn": 3, "save_proj": 3}
+
+
+def test_the_configured_block_reaches_the_kernel():
+    """``train.splash_block`` runs through the runtime into every splash call of the model: the
+    compiled program's kernels run 128-blocks (by their named scope), the outputs equal the
+    reference's, and the default block is splash's own; a block that is not a multiple of 128 is
+    one line."""
+    from olmax.errors import ConfigError
+    from olmax.model import olmo3
+    from olmax.model.params import init_params
+    from olmax.model.runtime import Runtime
+    from olmax.model.splash import DEFAULT_BLOCK
+    from olmax.train.recipes import load_recipe
+
+    def blocks(train, tokens, params):
+        rt = Runtime.of(train)
+        fn = jax.jit(lambda p, t: olmo3.hidden_states(p, t, cfg, rt))
+        text = fn.lower(params, tokens).as_text(debug_info=True)
+        found = {s["block"] for s in map(parse_scope, re.findall(r"olmax_splash_[^/\"]*", text)) if s}
+        return found, fn(params, tokens)
+
+    base = load_recipe("olmo3_tiny", ["train.attn_impl=splash"], find_mix=False)
+    cfg = base.model
+    params = init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (1, 512), 0, cfg.vocab_size)
+    assert base.train.splash_block == DEFAULT_BLOCK == 512
+    small = load_recipe("olmo3_tiny", ["train.attn_impl=splash", "train.splash_block=128"], find_mix=False)
+    with jax.default_matmul_precision("highest"):
+        found, out = blocks(small.train, tokens, params)
+        found_default, _ = blocks(base.train, tokens, params)
+        ref = jax.jit(lambda p, t: olmo3.hidden_states(p, t, cfg, Runtime(attn_impl="xla")))(params, tokens)
+    assert found == {128} and found_default == {512}
+    assert _rel(out, ref) <= 1e-5
+    with pytest.raises(ConfigError, match="train.splash_block must be a positive multiple of 128 \\(got 192\\)"):
+        load_recipe("olmo3_tiny", ["train.splash_block=192"], find_mix=False)
 
 
 @pytest.mark.parametrize("block", [128, 512])

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from olmax.config import TrainConfig
 from olmax.errors import ConfigError
 from olmax.model.attention import IMPLEMENTATIONS
+from olmax.model.splash import DEFAULT_BLOCK as DEFAULT_SPLASH_BLOCK
 from olmax.model.kernels import FLOAT8_KERNELS, KERNELS, Kernels
 from olmax.platforms import Profile, auto_profile, backend_of, float8_matmuls, profile_for
 
@@ -92,6 +93,8 @@ class Runtime:
     context: int = 1
     # With ``context`` > 1: key heads whose keys and values are gathered at a time (None: all).
     context_head_stride: int | None = None
+    # Splash attention's query and key block (``train.splash_block``); other kernels ignore it.
+    splash_block: int = DEFAULT_SPLASH_BLOCK
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_dtype", dtype_of(self.compute_dtype))
@@ -112,13 +115,13 @@ class Runtime:
         devices when compiling ahead of time), with ``changes`` to those fields."""
         return cls.resolve(**{"compute_dtype": train.compute_dtype, "attn_impl": train.attn_impl,
                               "remat": train.remat, "profile": train.profile,
-                              "float8": train.float8, **changes},
+                              "float8": train.float8, "splash_block": train.splash_block, **changes},
                            devices=devices)
 
     @classmethod
     def resolve(cls, compute_dtype: Any = "float32", attn_impl: str = "auto", remat: str = "none",
                 profile: str = "auto", devices: Iterable | None = None,
-                float8: bool = False) -> "Runtime":
+                float8: bool = False, splash_block: int = DEFAULT_SPLASH_BLOCK) -> "Runtime":
         """A runtime with the platform profile ``profile`` (``auto``: the devices' platform) for
         a program compiled for ``devices``. ``float8`` only where those devices have float8
         matmuls (:func:`olmax.platforms.float8_matmuls`; elsewhere a ConfigError)."""
@@ -130,7 +133,7 @@ class Runtime:
                               "matmuls (GPUs of compute capability 8.9+, TPU7x); "
                               "set train.float8: false")
         return cls(compute_dtype, attn_impl, remat, profile_for(profile, auto_profile(devices)), backend,
-                   float8)
+                   float8, splash_block=splash_block)
 
     @property
     def kernels(self) -> Kernels:
