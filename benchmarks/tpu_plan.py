@@ -125,6 +125,11 @@ def cases() -> dict[str, dict]:
         "stage 1 at 512's per-device batch on 16 devices (weak-scaling twin)")
     add("original_stage2_v5p_128", "original", "v5p:4x4x8", [], "stage 2 on v5p, 128 chips",
         recipe="olmo3_7b_stage2")
+    # Splash blocks: stage 1 on 128 devices (4 x 8192 each, where MaxText's OLMo 3 launcher ran)
+    # with olmax's 512-blocks and with MaxText's 2048 (train.splash_block), compiled side by side.
+    for block in (512, 2048):
+        add(f"blocks_tpu7x_128_splash{block}", "blocks", "tpu7x:4x4x4", [f"train.splash_block={block}"],
+            f"stage 1 on 128 devices, splash blocks of {block}")
     # GPUs (JAX's CUDA plugin; XLA's GPU compiler gives no cost-model time, so no parts): the
     # recipe on one node of 8, and on 64 nodes of 8 with FSDP inside a node, replicas across (HSDP)
     add("original_stage1_h100_8", "original", "h100:8", ["--no-parts"], "stage 1 on 8 H100s")
@@ -354,7 +359,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--maxtext", action="store_true", help="the MaxText cases instead of olmax's")
     p.add_argument("--only", default="", help="comma-separated case names")
-    p.add_argument("--group", default="", help="comma-separated groups (remat, mesh, heads, v5p, scale, layout, recipe, original, 32b)")
+    p.add_argument("--group", default="", help="comma-separated groups (remat, mesh, heads, v5p, scale, layout, recipe, original, blocks, 32b)")
     p.add_argument("--python", default=sys.executable, help="interpreter for olmax plan (>= 3.12, tpu extra)")
     p.add_argument("--maxtext-python", default="/work/venvs/maxtext/bin/python")
     p.add_argument("--timeout", type=int, default=5400, help="seconds per case")
