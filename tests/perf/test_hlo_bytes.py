@@ -125,6 +125,40 @@ def test_bytes_per_op_counted_by_hand(tmp_path):
 
 
 
+ASYNC = """HloModule async_slices
+
+%update (buf: bf16[8,64,128], i: s32[], u: bf16[64,128]) -> bf16[8,64,128] {
+  %buf = bf16[8,64,128]{2,1,0} parameter(0)
+  %u = bf16[64,128]{1,0} parameter(2)
+  %b = bf16[1,64,128]{2,1,0} bitcast(%u)
+  %i = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %dus = bf16[8,64,128]{2,1,0} dynamic-update-slice(%buf, %b, %i, %zero, %zero)
+}
+
+ENTRY %main (stack: bf16[8,64,128], i: s32[], u: bf16[64,128]) -> bf16[1,64,128] {
+  %stack = bf16[8,64,128]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %u = bf16[64,128]{1,0} parameter(2)
+  %zero = s32[] constant(0)
+  %fs = ((bf16[8,64,128]{2,1,0}, s32[], bf16[64,128]{1,0}), bf16[8,64,128]{2,1,0}, u32[]) fusion-start(%stack, %i, %u), kind=kLoop, calls=%update
+  %fd = bf16[8,64,128]{2,1,0} fusion-done(%fs)
+  ROOT %ds = bf16[1,64,128]{2,1,0} dynamic-slice(%fd, %i, %zero, %zero), dynamic_slice_sizes={1,64,128}
+}
+"""
+
+
+def test_async_in_place_updates_and_slices_move_their_slice():
+    """GPU programs wrap an in-place update of a stacked buffer (a scanned layer's saved
+    activations) in an async fusion, and read a layer's slice back with a plain dynamic-slice:
+    each moves the slice, not the stacked buffer (8 slices here)."""
+    rows = {r["name"]: r for r in hlo.device_ops(ASYNC)}
+    slab = 64 * 128 * 2
+    assert (rows["fs"]["read"], rows["fs"]["written"]) == (slab + 4, slab)
+    assert (rows["ds"]["read"], rows["ds"]["written"]) == (slab + 2 * 4 + 4, slab)
+    assert "fd" not in rows                 # the async pair is one op, counted at its start
+
+
 @pytest.mark.slow
 def test_plan_parts_written_as_hlo_and_stacked_groups(tmp_path):
     """The parts' HLO is written where asked; part A at 2 layer groups adds one group's FLOPs

@@ -41,7 +41,7 @@ COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "coll
 _FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all", "partition-id",
          "replica-id", "iota", "opt-barrier", "add-dependency", "domain", "get-dimension-size",
          "copy-done", "send-done", "recv-done", "async-done", "async-update", "all-gather-done",
-         "all-reduce-done", "collective-permute-done", "custom-call-done"}
+         "all-reduce-done", "collective-permute-done", "custom-call-done", "fusion-done"}
 _CONTROL = {"while", "conditional", "call"}
 _ARRAY_RE = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) +
                        r")\[([0-9,]*)\](\{[^}]*\})?")
@@ -434,6 +434,12 @@ def _sliced_read(name: str, users: dict[str, list[Instruction]], comps: dict, de
     return total
 
 
+def _async_result(shape: str) -> str:
+    """The result part of an async start's shape ``((operands...), result, context...)``."""
+    parts = _split_top(shape.strip()[1:-1]) if shape.strip().startswith("(") else []
+    return parts[1] if len(parts) > 1 else shape
+
+
 def _fusion_io(ins: Instruction, fused: list[Instruction], shapes: dict[str, str],
                comps: dict | None = None) -> tuple[float, float]:
     """(bytes read, bytes written) of a fusion: an operand read only through slices counts their
@@ -569,13 +575,18 @@ def device_ops(text: str, prog: Program | None = None) -> list[dict]:
         for ins in comps[cname]:
             if ins.opcode in _FREE or ins.opcode in _CONTROL or ins.opcode == "async-start":
                 continue
-            if ins.opcode == "fusion":
+            if ins.opcode in ("fusion", "fusion-start"):
                 called = called_computations(ins).get("calls", [])
-                read, written = _fusion_io(ins, comps.get(called[0], []) if called else [], shapes, comps)
+                # an async fusion (GPU) returns ((operands...), result, context): its result is
+                # what it writes, and its body is read as a fusion's (slices, in-place updates)
+                body = ins if ins.opcode == "fusion" else dataclasses.replace(ins, shape=_async_result(ins.shape))
+                read, written = _fusion_io(body, comps.get(called[0], []) if called else [], shapes, comps)
             else:
                 args = _split_top(_args_text(ins))
                 read, written = sum(_operand_bytes(a, shapes) for a in args), array_bytes(ins.shape)
-                if ins.opcode == "dynamic-update-slice":
+                if ins.opcode == "dynamic-slice":      # reads its slice (and the indices), not the buffer
+                    read = written + sum(_operand_bytes(a, shapes) for a in args[1:])
+                elif ins.opcode == "dynamic-update-slice":
                     written = _operand_bytes(args[1], shapes) if len(args) > 1 else written
                     read = sum(_operand_bytes(a, shapes) for a in args[1:])
                 elif ins.opcode == "copy-start":   # result: (destination, source, context)
