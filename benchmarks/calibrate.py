@@ -8,13 +8,16 @@ environment (``maxtext_compile.py`` with MaxText's Python 3.12 interpreter: the 
 topology, and two unscanned one-device parts), puts it through olmax plan's estimation method
 (:func:`estimate`: XLA's TPU cost model over the parts, one layer as the difference of the two,
 MaxText's optimizer update over a device's share, the splash kernels at their FLOPs over the
-device's sustained matrix rate times their MXU occupancy, the step's collectives timed by :mod:`olmax.perf.network`, step =
-max(compute, asynchronous collectives) + synchronous ones), and prints one row: case, estimate (s,
-MFU in the case's convention), measurement, measured / estimated.
+device's sustained matrix rate times their MXU occupancy, the step's collectives timed by
+:mod:`olmax.perf.network`, step = max(compute, asynchronous collectives) + synchronous ones), and
+prints one row: case, estimate (s, MFU in the case's convention), measurement, measured / estimated.
 
 No factor is fitted: the ratios are reported as they come out. A GPU case goes through olmax plan's GPU
 method instead (:mod:`olmax.perf.gpu_estimate`: every kernel of the compiled step at the measured
-rates of the GPU's table). An ``olmax`` case (``peer.program: olmax``) is olmax's own step, measured
+rates of the GPU's table): MaxText's whole step is compiled for the case's GPUs as compile-only
+devices of olmax's target description (``maxtext_compile.py --gpu-target``, JAX's CUDA plugin in
+MaxText's environment) and its program is kept beside the record, so that the kernels and
+collectives are read again from it on every run. An ``olmax`` case (``peer.program: olmax``) is olmax's own step, measured
 on a GPU, whose compiled program is stored (``peer.hlo``): it is estimated from that program and
 needs no compile.
 
@@ -370,8 +373,10 @@ def _calibrate_gpu_step(case: dict, base: dict, maxtext_python: str, rerun: bool
         return {**base, "status": f"no stored program: {path.name} is missing"}
     text = gzip.decompress(path.read_bytes()).decode()
     tflops = (rec["result"].get("maxtext_tflops") or {}).get("total")
-    try:
-        est = estimate_gpu(case, text, rec["collective_ops"] or [], tflops)
+    from olmax.perf import hlo
+
+    try:   # the collectives read from the kept program with today's reader, as the kernels are
+        est = estimate_gpu(case, text, hlo.collective_ops(hlo.analyse(text)), tflops)
     except CaseError as e:
         return {**base, "status": f"no estimate: {e}"}
     est.update(peak_bytes=rec["result"]["memory"].get("peak_memory_in_bytes"),
