@@ -38,7 +38,7 @@ only; and the tracebacks Orbax logs from its writer threads for an olmax error r
 tensor found NaN while converting) or for a storage failure (a full disk, a bucket that stopped
 answering: one traceback per thread and item), which the command reports itself, or for a save
 that a newer attempt ended (it removed the save's temporary directory; the writer thread then
-meets the process's exit: "cannot schedule new futures after shutdown"); and gcsfs's
+meets the process's exit: "cannot schedule new futures after [interpreter] shutdown"); and gcsfs's
 traceback when a request of a library's (Orbax's directory operations) runs out of its retries,
 which reaches olmax as that request's error; and asyncio's "Task exception was never retrieved"
 traceback for a task a lost store ended: an HTTP client's writer task whose connection dropped,
@@ -159,9 +159,11 @@ def _save_dir_removed(exc: BaseException) -> bool:
 
 def _after_exit(exc: BaseException) -> bool:
     """What an Orbax writer thread still running at interpreter exit meets: Python's thread
-    pools take no new work once the process is exiting (after the run's one line)."""
-    return _runtime_error_from(exc, exc.__traceback__, "cannot schedule new futures after shutdown",
-                               "submit", "concurrent")
+    pools take no new work once the process is exiting (after the run's one line), in the words
+    of a pool already shut down or of one that meets the interpreter's own shutdown."""
+    return any(_runtime_error_from(exc, exc.__traceback__, text, "submit", "concurrent")
+               for text in ("cannot schedule new futures after shutdown",
+                            "cannot schedule new futures after interpreter shutdown"))
 
 
 def _store_lost(exc: BaseException) -> bool:

@@ -177,16 +177,26 @@ def test_orbax_notes_and_closed_loop_tracebacks_are_filtered(caplog, monkeypatch
     assert passed_on == [other]
 
 
-def test_a_save_ended_by_a_takeover_is_filtered_and_other_errors_stay(caplog, tmp_path):
+def test_a_save_ended_by_a_takeover_is_filtered_and_other_errors_stay(caplog, tmp_path, monkeypatch):
     """A superseded attempt's save: its temporary directory removed by the newer attempt, then its
-    writer thread still running at exit, where Python's thread pools refuse new work. The run's
-    one line is the takeover's; the same kinds of error from elsewhere are logged."""
+    writer thread still running at exit, where Python's thread pools refuse new work (a pool shut
+    down, or any pool once the interpreter is shutting down). The run's one line is the
+    takeover's; the same kinds of error from elsewhere are logged."""
+    import concurrent.futures.thread
     from concurrent.futures import ThreadPoolExecutor
 
     quiet_libraries()
     absl = logging.getLogger("absl")
     pool = ThreadPoolExecutor(1)
     pool.shutdown()
+    live = ThreadPoolExecutor(1)
+
+    def at_interpreter_exit():
+        monkeypatch.setattr(concurrent.futures.thread, "_shutdown", True)
+        try:
+            live.submit(print)
+        finally:
+            monkeypatch.undo()
     with caplog.at_level(logging.ERROR, logger="absl"):
         for path in (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp" / "_CHECKPOINT_METADATA",
                      tmp_path / "checkpoints" / "6" / "_CHECKPOINT_METADATA"):
@@ -197,7 +207,7 @@ def test_a_save_ended_by_a_takeover_is_filtered_and_other_errors_stay(caplog, tm
         def elsewhere():
             raise RuntimeError("cannot schedule new futures after shutdown")
 
-        for raise_it in (lambda: pool.submit(print), elsewhere):
+        for raise_it in (lambda: pool.submit(print), at_interpreter_exit, elsewhere):
             try:
                 raise_it()
             except RuntimeError:
