@@ -146,6 +146,42 @@ def test_heartbeat_keeps_the_lock_fresh_and_notices_a_takeover(tmp_path):
     assert (run / LOCK_NAME).exists()    # not ours any more: left alone
 
 
+def test_a_takeover_in_flight_is_read_until_its_record_is_written(tmp_path):
+    """A taker moves the lock aside, then creates its own and writes its record; a taker that
+    judged wrongly puts ours back. Between the two the holder's check finds no record: it reads
+    again, names the new holder once its record is there, and keeps a lock that was put back."""
+    import threading
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = RunDirLock(run, heartbeat=60, stale_after=600).acquire()
+    path, aside = run / LOCK_NAME, run / f"{LOCK_NAME}.stale-test"
+    try:
+        def take_over():
+            time.sleep(0.3)
+            path.write_text("")                       # created, not written yet
+            time.sleep(0.3)
+            path.write_text(_record(token="t" * 32))
+
+        def put_back():
+            time.sleep(0.5)
+            os.rename(aside, path)
+
+        os.rename(path, aside)
+        back = threading.Thread(target=put_back)
+        back.start()
+        assert lock.verify() and lock.lost is None     # ours again: not lost
+        back.join()
+        os.rename(path, aside)
+        taker = threading.Thread(target=take_over)
+        taker.start()
+        assert not lock.verify()
+        taker.join()
+        assert "pid 12345 on host other-host.example" in lock.lost
+    finally:
+        lock.release()
+
+
 def test_takers_queue_on_a_guard_and_a_dead_takers_guard_is_broken(tmp_path, monkeypatch):
     """A stale lock is taken over only under its takeover guard. A live taker's guard (another
     host, fresh) is waited for and the stale lock left alone; the guard of a taker that died (on

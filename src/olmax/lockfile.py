@@ -434,10 +434,18 @@ class LockFile:
             self.refresh()
 
     def verify(self) -> bool:
-        """Whether the lock file still holds this process's token (:attr:`lost` says why not)."""
+        """Whether the lock file still holds this process's token (:attr:`lost` says why not).
+        A lock file that is missing or empty is read again, as :meth:`acquire` does: a taker moves
+        the lock aside before writing its own (or puts ours back, having judged wrongly), and
+        for that moment there is no record to read."""
         if self.token is None or self.lost:
             return not self.lost
         holder = self.holder()
+        for _ in range(UNREADABLE_READS):
+            if holder:
+                break
+            time.sleep(0.2)
+            holder = self.holder()
         if holder.get("token") != self.token:
             self.lost = (f"{self.subject} was taken over by "
                          f"{describe_holder(holder) if holder else 'another process'} (its lock file "

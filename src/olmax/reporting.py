@@ -153,8 +153,12 @@ class _DropOrbaxNoise(logging.Filter):
 def _save_dir_removed(exc: BaseException) -> bool:
     """A file of a save in progress whose temporary directory is gone: a newer attempt that
     took the run over removed the incomplete checkpoint (the save fails, and the run stops with
-    the takeover's one line)."""
-    return isinstance(exc, FileNotFoundError) and ".orbax-checkpoint-tmp" in str(exc.filename)
+    the takeover's one line); or the save's commit, renaming that directory onto a step the newer
+    attempt has committed meanwhile (refused: nothing is overwritten)."""
+    if isinstance(exc, FileNotFoundError):
+        return ".orbax-checkpoint-tmp" in str(exc.filename)
+    return (isinstance(exc, FileExistsError) and str(exc).startswith("Cannot rename ")
+            and ".orbax-checkpoint-tmp. Destination " in str(exc))
 
 
 def _after_exit(exc: BaseException) -> bool:

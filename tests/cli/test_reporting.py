@@ -204,6 +204,14 @@ def test_a_save_ended_by_a_takeover_is_filtered_and_other_errors_stay(caplog, tm
                 open(path)
             except FileNotFoundError:
                 absl.error("Failed to write metadata path=%s", path, exc_info=True)
+        # the commit of a superseded save onto the step the newer attempt committed meanwhile
+        # (etils' words), and the same error of another rename
+        for src in ("6.orbax-checkpoint-tmp", "6.elsewhere"):
+            try:
+                raise FileExistsError(f"Cannot rename {tmp_path}/checkpoints/{src}. Destination "
+                                      f"{tmp_path}/checkpoints/6 already exists.")
+            except FileExistsError:
+                absl.error("Failed to finalize checkpoint", exc_info=True)
         def elsewhere():
             raise RuntimeError("cannot schedule new futures after shutdown")
 
@@ -214,9 +222,10 @@ def test_a_save_ended_by_a_takeover_is_filtered_and_other_errors_stay(caplog, tm
                 absl.error("_SignalingThread.run() raised an exception", exc_info=True)
     kept = [(r.getMessage(), r.exc_info[1]) for r in caplog.records]
     assert [m for m, _ in kept] == [f"Failed to write metadata path={tmp_path}/checkpoints/6/"
-                                    "_CHECKPOINT_METADATA",
+                                    "_CHECKPOINT_METADATA", "Failed to finalize checkpoint",
                                     "_SignalingThread.run() raised an exception"]
-    assert str(kept[1][1]) == "cannot schedule new futures after shutdown"   # not from a pool
+    assert "6.elsewhere" in str(kept[1][1])
+    assert str(kept[2][1]) == "cannot schedule new futures after shutdown"   # not from a pool
 
 
 def test_a_lost_connections_orphaned_task_is_filtered_and_other_task_errors_stay(caplog):

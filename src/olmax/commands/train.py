@@ -45,6 +45,7 @@ from olmax.errors import ConfigError, OlmaxError, RestartableError
 from olmax.lockfile import parse_attempt
 from olmax.store import run_location
 from olmax.parallel.distributed import parse_expected_devices
+from olmax.train.callbacks.run_lock import RunDirLockLost
 from olmax.train.recipes import default_run_dir, load_recipe
 from olmax.train import trainer as training   # looked up when run (tests replace the Trainer)
 
@@ -134,7 +135,24 @@ def run(args: argparse.Namespace) -> int:
         sys.warnoptions.append(RESOURCE_TRACKER_QUIET)
     trainer = training.Trainer(cfg, run_dir, quiet=args.quiet, attempt=args.attempt,
                                expect_devices=args.expect_devices)
-    summary = trainer.run()
+    try:
+        summary = trainer.run()
+    except RunDirLockLost as e:
+        _superseded(e)
     if trainer.is_main:
         print(f"olmax train: done: {format_summary(summary)}", file=sys.stdout)
     return args.exit_code_on_stop if summary.get("stopped_early") else 0
+
+
+def _superseded(e: RunDirLockLost) -> None:
+    """A newer attempt (or another process) took the run directory over: the run is its now. The
+    one line, then out at once with the restartable status. Nothing of this process may write to
+    the run any more, and a save it still had in flight -- whose temporary directory the newer
+    attempt removed -- may never finish: at interpreter exit Python would join its writer thread,
+    and the process could hang there after its line."""
+    from olmax.reporting import describe_error, exit_code
+
+    print(f"olmax train: error: {describe_error(e)}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(exit_code(e))
+
