@@ -26,6 +26,7 @@ from pathlib import Path
 from olmax.hardware import accelerator_of
 from olmax.io import write_json_atomic
 from olmax.perf import calibration, network
+from olmax.perf.plan import kernel_price
 
 _KERNEL_PRICE = re.compile(r"Pallas kernels at their FLOPs / \([^)]*\)")
 
@@ -55,9 +56,7 @@ def reprice(plan: dict) -> str | None:
              mfu_olmo_core=e["mfu_olmo_core"] * scale if e.get("mfu_olmo_core") else e.get("mfu_olmo_core"),
              mfu_causal=e["mfu_causal"] * scale if e.get("mfu_causal") else e.get("mfu_causal"),
              calibration=calibration.for_accelerator(acc))
-    e["method"] = _KERNEL_PRICE.sub(
-        f"Pallas kernels at their FLOPs / ({rate / 1e12:.1f} TFLOP/s, the device's sustained matrix "
-        f"rate, x the MXU occupancy of their block shapes)", e.get("method") or "")
+    e["method"] = _KERNEL_PRICE.sub(kernel_price(rate), e.get("method") or "")
     first = e.get("repriced", {}).get("before", before)   # a second run keeps the original figures
     e["repriced"] = {"date": datetime.date.today().isoformat(), "kernel_rate": rate,
                      "how": "benchmarks/reprice_plans.py: the stored estimate's parts, kernels "

@@ -118,8 +118,13 @@ def run_reporting(command: str, func: Callable[[], int | None], *, debug: bool) 
     except Exception as e:  # the last resort: every failure becomes one line
         if debug:
             traceback.print_exc()
-        print(f"olmax {command}: error: {describe_error(e)}", file=sys.stderr, flush=True)
+        print(error_line(command, e), file=sys.stderr, flush=True)
         return exit_code(e)
+
+
+def error_line(command: str, e: BaseException) -> str:
+    """The one line a command's failure ``e`` is reported in."""
+    return f"olmax {command}: error: {describe_error(e)}"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -150,9 +150,8 @@ def _superseded(e: RunDirLockLost) -> None:
     the run any more, and a save it still had in flight -- whose temporary directory the newer
     attempt removed -- may never finish: at interpreter exit Python would join its writer thread,
     and the process could hang there after its line."""
-    from olmax.reporting import describe_error, exit_code
+    from olmax.reporting import error_line, exit_code
 
-    print(f"olmax train: error: {describe_error(e)}", file=sys.stderr, flush=True)
+    print(error_line("train", e), file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(exit_code(e))
-

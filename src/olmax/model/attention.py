@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from olmax.model.attention_cp import SPLIT_IMPLS, context_parallel_attention
 from olmax.model.attention_impls import chunked_attention, cudnn_attention, dot_product_attention
 from olmax.model.attention_ref import xla_attention
-from olmax.model.splash import splash_attention
+from olmax.model.splash import DEFAULT_BLOCK as SPLASH_BLOCK, splash_attention
 
 # fn(q, k, v, window, scale, segment_ids=None) -> out
 AttentionFn = Callable[..., jnp.ndarray]
@@ -50,13 +50,13 @@ NATIVE_BACKEND = {"splash": "tpu", "cudnn": "gpu"}
 
 def attention(q, k, v, window: int | None, scale: float, impl: str = "xla",
               backend: str | None = None, segment_ids: jnp.ndarray | None = None,
-              context: int = 1, head_stride: int | None = None, block: int | None = None) -> jnp.ndarray:
+              context: int = 1, head_stride: int | None = None, block: int = SPLASH_BLOCK) -> jnp.ndarray:
     """Attention by the implementation ``impl`` in a program compiled by ``backend``;
     ``segment_ids`` [B, T] (None: one document per row) keeps it inside documents.
     ``context`` > 1 (only for :data:`olmax.model.attention_cp.SPLIT_IMPLS`): the sequence is in the
     zig-zag layout over that many context-parallel devices, each computing its own queries;
     ``head_stride``: key heads whose keys and values are gathered at a time (None: all);
-    ``block``: splash's query and key block (None: its default; other implementations ignore it)."""
+    ``block``: splash's query and key block (other implementations ignore it)."""
     try:
         fn = IMPLEMENTATIONS[impl]
     except KeyError:
@@ -68,14 +68,12 @@ def attention(q, k, v, window: int | None, scale: float, impl: str = "xla",
                              f"(those that do: {', '.join(SPLIT_IMPLS)})")
         if impl == "splash":
             return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl],
-                      context=context, head_stride=head_stride, **_splash_block(block))
+                      context=context, head_stride=head_stride, block_size=block)
         return context_parallel_attention(q, k, v, window, scale, context, segment_ids,
                                           head_stride=head_stride)
+    if impl == "splash":
+        return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl],
+                  block_size=block)
     if impl in NATIVE_BACKEND:
-        extra = _splash_block(block) if impl == "splash" else {}
-        return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl], **extra)
+        return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl])
     return fn(q, k, v, window, scale, segment_ids)
-
-
-def _splash_block(block: int | None) -> dict:
-    return {} if block is None else {"block_size": block}

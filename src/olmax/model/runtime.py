@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from olmax.config import TrainConfig
 from olmax.errors import ConfigError
 from olmax.model.attention import IMPLEMENTATIONS
-from olmax.model.splash import DEFAULT_BLOCK as DEFAULT_SPLASH_BLOCK
 from olmax.model.kernels import FLOAT8_KERNELS, KERNELS, Kernels
+from olmax.model.splash import DEFAULT_BLOCK as DEFAULT_SPLASH_BLOCK
 from olmax.platforms import Profile, auto_profile, backend_of, float8_matmuls, profile_for
 
 COMPUTE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}

@@ -215,7 +215,7 @@ def collective_bytes(ins: Instruction, kind: str) -> int:
     An all-reduce's shape is its (possibly combined) buffers."""
     if not ins.opcode.endswith("-start") or kind == "all-reduce":
         return shape_bytes(ins.shape)
-    parts = _split_top(ins.shape.strip()[1:-1]) if ins.shape.strip().startswith("(") else []
+    parts = _tuple_parts(ins.shape)
     if len(parts) >= 2:
         return shape_bytes(parts[1] if kind == "all-gather" else parts[0])
     return int(max((math.prod(dims) * DTYPE_BYTES[d] for d, dims in array_shapes(ins.shape)), default=0))
@@ -434,9 +434,15 @@ def _sliced_read(name: str, users: dict[str, list[Instruction]], comps: dict, de
     return total
 
 
+def _tuple_parts(shape: str) -> list[str]:
+    """The top-level members of a tuple shape text (none for an array's)."""
+    return _split_top(shape.strip()[1:-1]) if shape.strip().startswith("(") else []
+
+
 def _async_result(shape: str) -> str:
-    """The result part of an async start's shape ``((operands...), result, context...)``."""
-    parts = _split_top(shape.strip()[1:-1]) if shape.strip().startswith("(") else []
+    """The result part of an async op's shape ``((operands...), result, context...)`` (the shape
+    itself where it is no such tuple)."""
+    parts = _tuple_parts(shape)
     return parts[1] if len(parts) > 1 else shape
 
 
@@ -590,10 +596,9 @@ def device_ops(text: str, prog: Program | None = None) -> list[dict]:
                     written = _operand_bytes(args[1], shapes) if len(args) > 1 else written
                     read = sum(_operand_bytes(a, shapes) for a in args[1:])
                 elif ins.opcode == "copy-start":   # result: (destination, source, context)
-                    written = array_bytes(_split_top(ins.shape.strip()[1:-1])[0])
+                    written = array_bytes(_tuple_parts(ins.shape)[0])
                 elif ins.opcode == "custom-call-update":   # result: ((operands), output, context)
-                    parts = _split_top(ins.shape.strip()[1:-1])
-                    written = array_bytes(parts[1]) if len(parts) > 1 else written
+                    written = array_bytes(_async_result(ins.shape))
             names = op_names(ins)
             prim, scope, pas = op_scope(names[0] if names else "")
             fid = re.search(r"stack_frame_id=(\d+)", ins.text)

@@ -279,9 +279,14 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     if ctx > 1:
         method += f"; each row's {positions} positions on a device of its context group of {ctx}"
     if kernel:
-        method += (f"; Pallas kernels at their FLOPs / ({(rate or 0) / 1e12:.1f} TFLOP/s, the device's "
-                   f"sustained matrix rate, x the MXU occupancy of their block shapes)")
+        method += f"; {kernel_price(rate or 0)}"
     return _step(method, compute_s, kernel_s, coll, b * t, n, details["chips"], flops, peak_dev)
+
+
+def kernel_price(rate: float) -> str:
+    """How ``estimate.method`` says the Pallas kernels were priced, at ``rate`` FLOP/s."""
+    return (f"Pallas kernels at their FLOPs / ({rate / 1e12:.1f} TFLOP/s, the device's sustained "
+            "matrix rate, x the MXU occupancy of their block shapes)")
 
 
 def _step(method: str, compute_s: float, kernel_s: float, coll: dict | None, tokens: int, n: int,
