@@ -129,3 +129,69 @@ def test_the_job_refuses_another_platform_or_device_count():
                                    f"sees {n} cpu device(s) in all (JAX_PLATFORMS=")
     with pytest.raises(ConfigError, match=f"written for {n + 1} cpu devices, but this process sees {n} cpu"):
         check_devices(("cpu", n + 1))
+
+
+
+ONE_WORKER = [{"TPU_WORKER_HOSTNAMES": "localhost"},          # a one-host TPU VM or container
+              {"TPU_PROCESS_ADDRESSES": "10.0.0.2:8476"},
+              {"SLURM_NTASKS": "1"}, {"SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1"},
+              {"OMPI_COMM_WORLD_SIZE": "1"},
+              {"TPU_WORKER_HOSTNAMES": "localhost", "MEGASCALE_NUM_SLICES": "1"}]
+
+# One fresh process (JAX's distributed runtime starts only before its backends do) runs
+# maybe_initialize with JAX's real cluster detection as on a Cloud TPU VM (JAX sets this flag
+# when it finds TPU chips at import), its metadata server at GCE_METADATA_IP, for each case.
+_PROBE = r"""
+import json, os, sys
+from jax._src.clusters import cloud_tpu_cluster
+cloud_tpu_cluster.running_in_cloud_tpu_vm = True
+from olmax.config import DistributedConfig
+from olmax.parallel.distributed import maybe_initialize
+out = []
+for env in json.loads(sys.argv[1]):
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        out.append(["started" if maybe_initialize(DistributedConfig(), env) else "one process", ""])
+    except Exception as e:
+        out.append([type(e).__name__, str(e)])
+    os.environ.clear(); os.environ.update(saved)
+print(json.dumps(out))
+"""
+
+
+def _probe(cases: list[dict]) -> list[list[str]]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "SLURM_", "OMPI_"))}
+    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(cases)], env=env, text=True,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_cluster_of_one_worker_starts_no_distributed_runtime_and_a_failed_detection_is_one_line():
+    """A hint that names one worker is one process: JAX's detection would ask the metadata
+    server, which a host without one (a container, a VM outside Google Cloud) does not answer.
+    Two TPU workers: JAX's real detection runs and asks the metadata server for the slice's
+    coordinator. A server name that does not resolve is a configuration error; a server that
+    refuses may answer a restart."""
+    nowhere = "127.0.0.1:9"     # nothing listens there
+    cases = ([{**env, "GCE_METADATA_IP": nowhere} for env in ONE_WORKER]
+             + [{"TPU_WORKER_HOSTNAMES": "w-0,w-1", "GCE_METADATA_IP": server}
+                for server in ("olmax-no-metadata.invalid", nowhere)])
+    results = _probe(cases)
+    assert [r[0] for r in results[:len(ONE_WORKER)]] == ["one process"] * len(ONE_WORKER)
+    for (kind, line), server, expected in zip(results[len(ONE_WORKER):],
+                                              ("olmax-no-metadata.invalid", "127.0.0.1"),
+                                              ("ConfigError", "RestartableError")):
+        assert kind == expected and "\n" not in line, (kind, line)
+        assert line.startswith("distributed: 2 processes by TPU_WORKER_HOSTNAMES=w-0,w-1, but JAX's "
+                               f"cluster detection failed: it asked http://{server}")
+        assert "/computeMetadata/v1/instance/attributes/" in line
+        assert line.endswith("set distributed.coordinator, distributed.num_processes and "
+                             "distributed.process_id (or OLMAX_COORDINATOR, OLMAX_NUM_PROCESSES, "
+                             "OLMAX_PROCESS_ID), or OLMAX_NUM_PROCESSES=1 for one process")

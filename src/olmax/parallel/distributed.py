@@ -7,7 +7,12 @@ Each of coordinator address, process count and process id comes from ``distribut
 pod 0, and the count). What is still unset is left to JAX's own cluster detection (SLURM, Open MPI,
 GKE TPU pods, Cloud TPU VMs: ``olmax launch tpu-vm`` sets only the count). With nothing set, a job
 JAX recognises by its environment (``srun``, ``mpirun``, GKE TPU pods) is initialised from it; a
-plain single process needs nothing.
+plain single process needs nothing, and neither does one whose cluster environment names one
+worker (:func:`hinted_processes`: a one-host TPU VM's ``TPU_WORKER_HOSTNAMES=localhost``, ``srun
+-n 1``): JAX's cluster detection would ask a metadata server that a container or a VM outside
+Google Cloud does not have. Where a multi-process job needs that detection and it fails, one line
+says what it asked and what to set instead (exit 2 when the name does not resolve, 75 when a
+server did not answer).
 
 Under ``srun`` with one process per node (``olmax launch slurm``), each process gets every GPU of
 its node; JAX's SLURM detection alone would give it only GPU ``SLURM_LOCALID``. In a multi-slice
@@ -25,6 +30,7 @@ for (``olmax train --expect-devices gpu:512``).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from typing import Mapping
@@ -33,7 +39,7 @@ import jax
 
 from olmax.config import DistributedConfig
 from olmax.config.schema import check_coordinator
-from olmax.errors import EXIT_RESTART, ConfigError
+from olmax.errors import EXIT_RESTART, ConfigError, RestartableError
 from olmax.hardware import GPU_VENDORS, VENDORS
 from olmax.platforms import backend_of
 
@@ -45,7 +51,53 @@ _ENV = {"coordinator": "OLMAX_COORDINATOR", "num_processes": "OLMAX_NUM_PROCESSE
         "process_id": "OLMAX_PROCESS_ID"}
 INDEX_ENV = "JOB_COMPLETION_INDEX"   # set by Kubernetes in every pod of an Indexed Job / JobSet
 _CLUSTER_HINTS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES",
-                  "JAX_COORDINATOR_ADDRESS")
+                  "TPU_PROCESS_ADDRESSES", "JAX_COORDINATOR_ADDRESS")
+_SETTINGS = ("distributed.coordinator, distributed.num_processes and distributed.process_id (or "
+             "OLMAX_COORDINATOR, OLMAX_NUM_PROCESSES, OLMAX_PROCESS_ID)")
+
+
+def hinted_processes(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The process count the cluster environment names: Slurm's and Open MPI's task counts, a TPU
+    slice's worker list (times its slices); the largest where several speak, None where none
+    gives a count (``JAX_COORDINATOR_ADDRESS`` alone: JAX's detection must find the rest). A
+    variable that is no count is a ConfigError naming it."""
+    counts = []
+    for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+        if environ.get(name):
+            counts.append(_env_int(environ, name))
+    hosts = environ.get("TPU_PROCESS_ADDRESSES") or environ.get("TPU_WORKER_HOSTNAMES")
+    if hosts:
+        slices = _env_int(environ, "MEGASCALE_NUM_SLICES") if environ.get("MEGASCALE_NUM_SLICES") else 1
+        counts.append(len([h for h in hosts.split(",") if h.strip()]) * slices)
+    return max(counts) if counts else None
+
+
+def _detection_failed(e: BaseException, hints: list[str], environ: Mapping[str, str]) -> Exception:
+    """JAX's cluster detection failing, as one line: what it asked (a metadata server, a
+    coordinator's name) and what to set instead. A name that does not resolve (no metadata
+    server on this host: a container, a VM outside Google Cloud) is a configuration error; a
+    server that did not answer may answer a restart (exit 75)."""
+    text = " ".join(str(e).split())
+    host = re.search(r"host='([^']+)'", text)
+    url = re.search(r"with url: (\S+)", text)
+    asked = (f"http://{host.group(1)}{url.group(1) if url else ''}" if host else
+             (re.search(r"coordinator address (\S+)", text) or [None, None])[1])
+    what = f"it asked {asked}" if asked else "it failed"
+    cause = next((m.group(0) for m in re.finditer(
+        r"Name or service not known|Temporary failure in name resolution|nodename nor servname|"
+        r"Failed to resolve [^ ]+|Connection refused|timed out|Max retries exceeded", text)), None)
+    resolve = any(k in text for k in ("NameResolution", "Failed to resolve", "Name or service not known",
+                                      "Failed to recognize coordinator", "nodename nor servname",
+                                      "gaierror"))
+    n = hinted_processes(environ)
+    line = (f"distributed: {n if n else 'several'} processes by {', '.join(hints)}, but JAX's cluster "
+            f"detection failed: {what} ({cause or _first_line(text)}); set {_SETTINGS}, or "
+            f"OLMAX_NUM_PROCESSES=1 for one process")
+    return ConfigError(line) if resolve else RestartableError(line)
+
+
+def _first_line(text: str) -> str:
+    return text[:200] + ("..." if len(text) > 200 else "")
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int:
@@ -148,21 +200,39 @@ def maybe_initialize(cfg: DistributedConfig, environ: Mapping[str, str] = os.env
                 raise ConfigError(f"distributed.{missing[0]} is not set (nor {_ENV[missing[0]]}) and "
                                   "no cluster environment JAX recognises supplies it") from None
             raise ConfigError(f"distributed: {e}") from None
+        except (OSError, RuntimeError) as e:    # JAX's cluster detection (a metadata server, DNS)
+            if complete or not _detection_error(e):
+                raise
+            raise _detection_failed(e, [f"{k}={v}" for k, v in args.items() if v is not None],
+                                    environ) from None
         finally:
             deadline.cancel()
         return True
-    if any(environ.get(h) for h in _CLUSTER_HINTS):
-        deadline = _StartupDeadline(timeout, "processes found by the cluster environment", who)
-        try:
-            jax.distributed.initialize(**options)
-            devices()
-            return True
-        except (RuntimeError, ValueError):
-            if int(environ.get("SLURM_NTASKS", "1")) > 1:
-                raise
-        finally:
-            deadline.cancel()
-    return False
+    hints = [h for h in _CLUSTER_HINTS if environ.get(h)]
+    if not hints:
+        return False
+    if hinted_processes(environ) == 1:    # one worker (a one-host TPU VM, srun -n 1): one process
+        return False
+    deadline = _StartupDeadline(timeout, "processes found by the cluster environment", who)
+    try:
+        jax.distributed.initialize(**options)
+        devices()
+        return True
+    except (OSError, RuntimeError, ValueError) as e:
+        if not _detection_error(e) and not isinstance(e, ValueError):
+            raise
+        raise _detection_failed(e, [f"{h}={environ[h]}" for h in hints], environ) from None
+    finally:
+        deadline.cancel()
+
+
+def _detection_error(e: BaseException) -> bool:
+    """Whether ``e`` is JAX's cluster detection failing to learn the cluster (a metadata server
+    or a coordinator's name that cannot be reached), not the peers failing to meet."""
+    text = str(e)
+    return isinstance(e, OSError) or any(k in text for k in (
+        "metadata", "Failed to recognize coordinator", "NameResolution", "Failed to resolve",
+        "Getting metadata"))
 
 
 def parse_expected_devices(text: str) -> tuple[str, int]:
