@@ -6,7 +6,9 @@ others are listed with their one-line help), so ``olmax COMMAND`` pays for its o
 this is where olmax defers imports for start-up time (see the README's layout section).
 Every failure, a usage mistake included, prints one line and exits non-zero, with a traceback only
 under ``--debug`` or ``OLMAX_DEBUG=1`` (:mod:`olmax.reporting`). ``key=value`` overrides may stand
-anywhere among a command's options. Status lines and warnings of the ``olmax`` loggers go to stderr.
+anywhere among a command's options. Status lines and warnings of the ``olmax`` loggers go to stderr;
+JAX's and libtpu's start-up warnings (transparent hugepages and the like) do not: they go to the
+start-up log (:func:`olmax.reporting.route_startup_noise`), which ``--debug`` prints.
 Run as a program with ``OLMAX_HOST_MALLOC=keep``, a CPU process first keeps its large host blocks
 mapped between steps (:mod:`olmax.host_memory`, opt-in: faster steps, growing memory).
 """
@@ -23,7 +25,8 @@ from typing import Sequence
 import olmax
 from olmax.commands import HELP
 from olmax.host_memory import keep_host_memory_mapped
-from olmax.reporting import DEBUG_FLAG, debug_requested, quiet_libraries, run_reporting
+from olmax.reporting import (DEBUG_FLAG, debug_requested, quiet_libraries, route_startup_noise,
+                             run_reporting)
 
 
 class Parser(argparse.ArgumentParser):
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
     argv = [a for a in argv if a != DEBUG_FLAG]
+    route_startup_noise(echo=debug)     # before the command's module imports JAX
     quiet_libraries()
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)

@@ -8,7 +8,8 @@ the generated jobs of ``olmax launch`` act on it; :func:`exit_code` decides it):
 0     finished, or stopped as asked (a SIGTERM stop; ``olmax train --exit-code-on-stop``
       may choose another code for that)
 2     a configuration or input error: a restart cannot help (a bad key or value, a missing or
-      malformed input file, a run directory another trainer holds)
+      malformed input file, a run directory another trainer holds, a program that does not fit
+      the device's memory)
 3     the run cannot go on without a person (:class:`~olmax.errors.NeedsAttentionError`: a
       non-finite loss)
 75    a failure that a restart may cure (:class:`~olmax.errors.RestartableError`, and
@@ -24,6 +25,10 @@ The lines:
   their message, which names the key or file;
 - any ``OSError`` prints its reason and the file it concerns (``cannot read FILE: Permission
   denied``);
+- an out-of-memory error of XLA or a device runtime (``RESOURCE_EXHAUSTED``, at compile or run
+  time, on any platform: :mod:`olmax.device_memory`) is a configuration error: the program does
+  not fit the device (exit status 2, never a restart); the commands that run a step name the step
+  and the settings that lower its memory themselves;
 - any other ``ValueError`` (a malformed input a library rejected) prints its first line;
 - anything else is a bug: one line saying so, with the exception's first line.
 
@@ -51,8 +56,10 @@ import logging
 import os
 import sys
 import traceback
+import warnings
 from typing import Callable, Sequence
 
+from olmax.device_memory import as_does_not_fit
 from olmax.errors import (EXIT_ATTENTION, EXIT_DONE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_RESTART,
                           ConfigError, OlmaxError)
 from olmax.io import input_error, storage_errno
@@ -73,8 +80,16 @@ def _first_line(text: str) -> str:
     return ""
 
 
+def _device_memory(e: BaseException) -> BaseException:
+    """An out-of-memory error of XLA or a device runtime that no command explained in its own
+    words, as :class:`~olmax.device_memory.DoesNotFit` (a configuration error: the program does not
+    fit the device, and running it again cannot help); any other error unchanged."""
+    return as_does_not_fit(e, "the program") or e
+
+
 def describe_error(e: BaseException) -> str:
     """The one line an exception becomes (see the module docstring)."""
+    e = _device_memory(e)
     if isinstance(e, (ConfigError, OlmaxError)):
         return " ".join(str(e).split("\n"))
     if isinstance(e, OSError):
@@ -97,6 +112,7 @@ def exit_code(e: BaseException) -> int:
     """The exit status a command that failed with ``e`` ends with (see the module docstring)."""
     if isinstance(e, KeyboardInterrupt):
         return EXIT_INTERRUPTED
+    e = _device_memory(e)
     if isinstance(e, ConfigError):
         return EXIT_INPUT
     if isinstance(e, OlmaxError):
@@ -219,6 +235,63 @@ def _is_closed_loop_noise(exc: BaseException | None, tb) -> bool:
     return _runtime_error_from(exc, tb, "Event loop is closed", "_check_closed", "asyncio")
 
 
+# Where JAX says what it found while starting: its Cloud TPU set-up (transparent hugepages, a
+# TPU_LIBRARY_PATH that does not exist) and its backends' discovery (a GPU without a CUDA jaxlib,
+# a platform that failed to start). Warnings raised there, and its loggers' records below ERROR,
+# are start-up noise: they go to olmax's start-up log (``startup_messages``; ``olmax train`` keeps
+# it in run_info.json; ``--debug`` prints it), not to the terminal.
+STARTUP_SOURCES = ("jax/_src/cloud_tpu_init.py", "jax/_src/xla_bridge.py", "jax/__init__.py")
+STARTUP_LOGGERS = ("jax._src.xla_bridge", "jax._src.cloud_tpu_init")
+_startup: list[str] = []
+_startup_echo = False
+
+
+def startup_messages() -> list[str]:
+    """What JAX and libtpu said while starting in this process (see :func:`route_startup_noise`)."""
+    return list(_startup)
+
+
+def _startup_record(text: str) -> None:
+    text = " ".join(text.split())
+    if text not in _startup:
+        _startup.append(text)
+    if _startup_echo:
+        print(f"debug: start-up: {text}", file=sys.stderr, flush=True)
+
+
+class _StartupLog(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        _startup_record(f"{record.name}: {record.getMessage()}")
+        return False
+
+
+def route_startup_noise(echo: bool = False) -> None:
+    """Send JAX's and libtpu's start-up warnings to the start-up log instead of the terminal
+    (idempotent); ``echo``: print them too, marked as debug lines (``--debug``). Installed before
+    JAX is imported: its Cloud TPU set-up warns at import."""
+    global _startup_echo
+    _startup_echo = _startup_echo or echo
+    for name in STARTUP_LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _StartupLog) for f in log.filters):
+            log.addFilter(_StartupLog())
+    previous = warnings.showwarning
+    if getattr(previous, "_olmax_startup", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        where = str(filename).replace(os.sep, "/")
+        if any(where.endswith(src) for src in STARTUP_SOURCES) or "/libtpu/" in where:
+            _startup_record(f"{category.__name__}: {message}")
+            return
+        previous(message, category, filename, lineno, file, line)
+
+    show._olmax_startup = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def quiet_libraries() -> None:
     """Install the noise filters of the module docstring (idempotent)."""
     absl = logging.getLogger("absl")
@@ -244,4 +317,5 @@ def quiet_libraries() -> None:
 
 
 __all__ = ["describe_error", "run_reporting", "exit_code", "EXIT_DONE", "EXIT_INPUT",
-           "EXIT_ATTENTION", "EXIT_RESTART", "quiet_libraries", "debug_requested", "DEBUG_FLAG"]
+           "EXIT_ATTENTION", "EXIT_RESTART", "quiet_libraries", "debug_requested", "DEBUG_FLAG",
+           "route_startup_noise", "startup_messages"]

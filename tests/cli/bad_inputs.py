@@ -817,8 +817,29 @@ def cases() -> list[Case]:
           r"^--topology h100:0: the GPU count must be a positive whole number"),
         C("plan", "a step larger than the local devices' memory (a result: exit 1)",
           ["plan", "tiny.yaml", "--no-parts", "model.mlp_hidden=1073741824"],
-          r"^does not fit: the step \(cpu x1, .*\) needs [\d.]+ GiB per device .*, [\d.]+ GiB available$",
+          r"^does not fit: the step \(cpu x1, .*\) needs [\d.]+ GiB of device memory per device, "
+          r"[\d.]+ GiB available \(host memory / devices, for the step's parameters, optimizer state "
+          r"and batch\); to lower it: mesh\.fsdp",
           result=True),
+        C("train", "a step larger than train.memory_limit_gib", [*TRAIN, "train.memory_limit_gib=0.0001"],
+          r"^does not fit: the training step \(1 x cpu, .*, batch 4 x 32\) needs [\d.]+ MiB of device "
+          r"memory per device, 0.1 MiB available \(train.memory_limit_gib\); to lower it: "
+          r"train.micro_batch_size \(now 4; auto picks the largest that fits\), train.remat"),
+        C("train", "auto settings of which none fits",
+          [*TRAIN, "train.micro_batch_size=auto", "train.remat=auto", "train.memory_limit_gib=0.0001"],
+          r"^does not fit: the training step \(.*\), at micro-batch 1 and remat \w+ \(the least memory "
+          r"train.micro_batch_size=auto and train.remat=auto can choose\), needs [\d.]+ MiB .*; to "
+          r"lower it: mesh.fsdp"),
+        C("train", "parameters larger than the machine's memory", [*TRAIN, "model.mlp_hidden=1073741824"],
+          r"^does not fit: the training step \(.*\) needs [\d.]+ GiB of device memory per device, "
+          r"[\d.]+ GiB available \(host memory / devices, for the step's parameters, optimizer state "
+          r"and batch\); to lower it: mesh.fsdp"),
+        C("train", "train.memory_limit_gib of zero", [*TRAIN, "train.memory_limit_gib=0"],
+          r"^train.memory_limit_gib must be positive or null \(got 0.0\)$"),
+        C("bench", "a step larger than train.memory_limit_gib",
+          ["bench", "train", "tiny.yaml", "--steps", "1", "--no-ceiling", "train.memory_limit_gib=0.0001"],
+          r"^does not fit: the training step \(1 x cpu, batch 4 x 32\) needs [\d.]+ MiB of device "
+          r"memory per device"),
         C("eval", "--json that is the held-out file, with --force",
           ["eval", "ckpt", "--heldout", "tokens.npy", "--json", "tokens.npy", "--force"],
           r"^--json tokens.npy is a held-out file this command reads"),

@@ -4,6 +4,7 @@ request; ``key=value`` overrides anywhere; library noise filtered."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import sys
@@ -270,3 +271,38 @@ def test_version_names_the_release(capsys):
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"olmax {olmax.__version__}" == f"olmax {version('olmax')}"
+
+
+_STARTUP_PROBE = r"""
+import json, sys
+from olmax.reporting import route_startup_noise, startup_messages
+if sys.argv[1] == "routed":
+    route_startup_noise()
+import jax._src.cloud_tpu_init as tpu_init
+import jax._src.hardware_utils as hw
+# JAX's own start-up code as on a TPU v5e VM without transparent hugepages
+hw.num_available_tpu_chips_and_device_id = lambda: (1, hw.TpuVersion.v5e)
+hw.transparent_hugepages_enabled = lambda: False
+tpu_init.cloud_tpu_init()
+print(json.dumps(startup_messages()))
+"""
+
+
+def test_jax_start_up_warnings_go_to_the_start_up_log_not_the_terminal():
+    """What a TPU v5e host printed on every command (JAX's Cloud TPU set-up warning about
+    transparent hugepages) is kept from the terminal once olmax routes start-up noise (as
+    ``olmax`` does before importing JAX), and kept in the start-up log instead."""
+    import subprocess
+    import sys
+
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", _STARTUP_PROBE, mode], text=True,
+                             capture_output=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stderr, json.loads(out.stdout.strip().splitlines()[-1])
+
+    err, logged = run("plain")
+    assert "Transparent hugepages are not enabled" in err and logged == []   # the probe warns
+    err, logged = run("routed")
+    assert "Transparent hugepages" not in err and err.strip() == "", err
+    assert len(logged) == 1 and logged[0].startswith("UserWarning: Transparent hugepages are not enabled")

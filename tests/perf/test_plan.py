@@ -13,7 +13,7 @@ from olmax.errors import OlmaxError
 from olmax.model.flops import flops_per_token
 from olmax.model.params import count_params
 from olmax.perf import hlo
-from olmax.perf.costs import parse_hbm_oom
+from olmax.device_memory import parse_oom
 from olmax.train.recipes import load_recipe
 
 
@@ -95,11 +95,11 @@ def test_shape_bytes_and_oom_message():
     assert hlo.shape_bytes("(f32[4], s32[], pred[2,2])") == 16 + 4 + 4
     msg = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory "
            "required for HLO temporaries (17.18G) exceeds available HBM (15.75G). HLO module: jit_step.")
-    need, have = parse_hbm_oom(msg)
-    assert need == int(17.18 * 2 ** 30) and have == int(15.75 * 2 ** 30)
-    assert parse_hbm_oom("Used 139.38G of 94.74G hbm. Exceeded hbm capacity by 44.64G.") == (
-        int(139.38 * 2 ** 30), int(94.74 * 2 ** 30))
-    assert parse_hbm_oom("INVALID_ARGUMENT: something else") is None
+    oom = parse_oom(msg)
+    assert (oom.needed, oom.available) == (int(17.18 * 2 ** 30), int(15.75 * 2 ** 30))
+    oom = parse_oom("Used 139.38G of 94.74G hbm. Exceeded hbm capacity by 44.64G.")
+    assert (oom.needed, oom.available) == (int(139.38 * 2 ** 30), int(94.74 * 2 ** 30))
+    assert parse_oom("INVALID_ARGUMENT: something else") is None
 
 
 def test_gpu_target_names_and_missing_plugin(capsys):
@@ -151,7 +151,7 @@ def test_local_plan_that_does_not_fit_exits_1(tmp_path, capsys):
     need, have = memory["peak_bytes"], memory["hbm_bytes"]
     assert memory["fits"] is False
     assert need > 4 * 3 * 32 * 2 ** 30 * 4 > have
-    assert f"needs {need / 2 ** 30:.2f} GiB per device" in line and f"{have / 2 ** 30:.2f} GiB available" in line
+    assert f"needs {need / 2 ** 30:.2f} GiB of device memory per device" in line and f"{have / 2 ** 30:.2f} GiB available" in line
 
 
 def test_hlo_and_json_refuse_to_replace(tmp_path, capsys):

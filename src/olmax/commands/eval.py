@@ -14,6 +14,7 @@ import sys
 
 from olmax.commands import HELP
 from olmax.config import to_dict
+from olmax.device_memory import raising_does_not_fit
 from olmax.errors import ConfigError, OlmaxError
 from olmax.data.tokenizer import get_tokenizer
 from olmax.eval.runner import EvalSuite, load_model, log_metrics
@@ -65,8 +66,12 @@ def run(args: argparse.Namespace) -> int:
                               vocab_size=model.cfg.vocab_size, limit=args.limit,
                               heldout_max_docs=args.heldout_max_docs)
     scorer = Scorer(model.cfg, Runtime.resolve(args.dtype, attn_impl="xla"), softmax_vocab=model.softmax_vocab)
-    results = suite.run(scorer, model.params, batch_size=args.batch_size,
-                        progress=not args.no_progress and sys.stderr.isatty())
+    hints = [f"--batch-size (now {args.batch_size})", f"--max-length (now {ctx})"]
+    if args.dtype == "float32":
+        hints.append("--dtype bfloat16")
+    with raising_does_not_fit(f"the evaluation (batches of {args.batch_size} x up to {ctx} tokens)", hints):
+        results = suite.run(scorer, model.params, batch_size=args.batch_size,
+                            progress=not args.no_progress and sys.stderr.isatty())
     report = {"checkpoint": str(args.checkpoint), "source": model.source, "model": to_dict(model.cfg),
               "compute_dtype": args.dtype, "model_ctx_len": ctx, "softmax_vocab": model.softmax_vocab,
               "limit": args.limit, **results, "metrics": log_metrics(results)}

@@ -28,6 +28,7 @@ from typing import get_args
 
 from olmax.commands import HELP
 from olmax.config import AttnImpl
+from olmax.device_memory import raising_does_not_fit
 from olmax.errors import OlmaxError
 from olmax.interop.parity import HF_ATTN, format_report, run_parity
 from olmax.io import as_inputs, refuse_existing, write_json_atomic
@@ -78,10 +79,14 @@ def _run(args) -> int:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
             raise OlmaxError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    report = run_parity(args.hf_dir, checkpoint=args.checkpoint, seq_len=args.seq_len,
-                        batch=args.batch, dtype=args.dtype, seed=args.seed,
-                        token_file=args.tokens, text=text, profile=args.profile,
-                        attn_impl=args.attn_impl, hf_dtype=args.hf_dtype, hf_attn=args.hf_attn)
+    hints = [f"--batch (now {args.batch})", f"--seq-len (now {args.seq_len or 'the model context'})"]
+    if args.dtype == "float32":
+        hints.append("--dtype bfloat16")
+    with raising_does_not_fit(f"the parity forward pass (batch {args.batch})", hints):
+        report = run_parity(args.hf_dir, checkpoint=args.checkpoint, seq_len=args.seq_len,
+                            batch=args.batch, dtype=args.dtype, seed=args.seed,
+                            token_file=args.tokens, text=text, profile=args.profile,
+                            attn_impl=args.attn_impl, hf_dtype=args.hf_dtype, hf_attn=args.hf_attn)
     print(format_report(report))
     if args.json:
         write_json_atomic(args.json, report, overwrite=args.force)

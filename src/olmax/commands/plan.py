@@ -23,7 +23,7 @@ import argparse
 from olmax.commands import HELP
 from olmax.errors import EXIT_DOES_NOT_FIT
 from olmax.io import as_inputs, refuse_existing, write_json_atomic
-from olmax.perf.costs import DoesNotFit
+from olmax.device_memory import DoesNotFit
 from olmax.perf.plan import format_plan, plan
 from olmax.perf.targets import check_topology_name
 from olmax.platforms import PROFILE_NAMES

@@ -269,8 +269,9 @@ class DataConfig:
 ComputeDtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["auto", "xla", "chunked", "dot_product", "cudnn", "splash"]   # olmax.model.attention
 PlatformProfile = Literal["auto", "cpu", "tpu", "gpu", "rocm"]   # olmax.platforms.PROFILE_NAMES
-Remat = Literal["none", "full", "dots", "dots_no_batch", "save_outputs", "save_attn",
-                "save_proj"]   # olmax.model.runtime.REMAT_POLICIES
+# olmax.model.runtime.REMAT_POLICIES; "auto": the least recomputation that fits (olmax.train.fit)
+Remat = Literal["auto", "none", "full", "dots", "dots_no_batch", "save_outputs", "save_attn",
+                "save_proj"]
 
 
 LENGTH_KEYS = ("max_steps", "max_epochs", "max_tokens")   # TrainConfig: one of them, the run's length
@@ -282,10 +283,14 @@ class TrainConfig:
     seq_len: int = 8192
     global_batch_size: int = 512         # sequences
     # Sequences per device per micro-step (None: the whole per-device batch, no accumulation);
-    # "auto": the largest divisor of the per-device batch that is at most micro_batch_max
-    # (olmax.train.step.micro_batch_size), so a recipe runs at every device count dividing its batch.
+    # "auto": the largest divisor of the per-device batch that is at most micro_batch_max and
+    # whose compiled step fits the device (olmax.train.fit), so a recipe runs at every device
+    # count dividing its batch and on every device it fits.
     micro_batch_size: int | Literal["auto"] | None = None
     micro_batch_max: int | None = None   # the limit of micro_batch_size=auto (None: none); a number ignores it
+    # Device memory (GiB) a step may use: what auto fits into and every step is checked against
+    # before it runs. None: what the device gives a program (TPU, GPU); nothing on the CPU.
+    memory_limit_gib: float | None = None
     # The run's length, OLMo-core's max_duration: one of a step count, epochs of the data (epoch
     # numbers count as data.epoch does, from 1: 1 is the first epoch's end) or tokens (ceil of
     # tokens / (global_batch_size x seq_len) steps). None of them: 100 steps. The scheduler's
@@ -305,6 +310,8 @@ class TrainConfig:
     # and the window's edge (OLMo 3 7B at 8,192: 1.06/1.12x the kept pairs at 512, 1.25/1.50x at
     # 2,048, full/windowed layers). MaxText's OLMo 3 launcher runs 2,048.
     splash_block: int = 512
+    # What the backward pass recomputes instead of storing (olmax.model.runtime.REMAT_POLICIES);
+    # "auto": the policy of olmax.train.fit.REMAT_LADDER with the least recomputation that fits.
     remat: Remat = "none"
     # How the model is computed (kernels, layer scan, RoPE tables, attn_impl=auto, loss chunks):
     # "auto" follows the devices; "cpu", "tpu", "gpu" force that platform's code path anywhere.
@@ -338,6 +345,7 @@ class TrainConfig:
             object.__setattr__(self, "max_steps", DEFAULT_MAX_STEPS)
         check_positive(self, "train", "micro_batch_max", "watchdog_s", "context_head_stride",
                        optional=True)
+        check_number(self, "train", "memory_limit_gib", low=0, low_open=True, optional=True)
         if self.micro_batch_size != "auto":
             check_positive(self, "train", "micro_batch_size", optional=True)
         if self.seq_len <= 1:

@@ -98,6 +98,9 @@ class Runtime:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_dtype", dtype_of(self.compute_dtype))
+        if self.remat == "auto":   # a training config's choice, made by fitting its step
+            raise ConfigError("train.remat=auto is chosen by fitting the training step to the "
+                              "devices (olmax.train.fit); this program was built without that")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"unknown remat policy '{self.remat}' (known: {', '.join(REMAT_POLICIES)})")
         if self.attn_impl == "auto":

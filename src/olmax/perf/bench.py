@@ -10,8 +10,14 @@ loss, SkipStep AdamW, donated state) on synthetic tokens, on one device. It repo
 - ``mfu_olmo_core`` / ``mfu_causal``: ``tokens_per_s * flops_per_token / peak`` in both
   conventions of :mod:`olmax.model.flops` (None where the device has no peak entry, e.g. CPU);
 - ``pct_of_ceiling_*``: the same achieved FLOP/s against a measured matmul ceiling;
-- ``peak_memory_bytes``: the device allocator's peak where it reports one (GPU/TPU), else the
-  process's peak resident set (CPU; includes everything the process allocated).
+- ``peak_memory_bytes``: the step's peak per device from the compiled program (XLA's memory
+  analysis: the buffer assignment's peak on TPU/GPU; on the CPU, which reports none, arguments +
+  outputs + temporaries), against ``memory_limit_bytes`` (what the step was fitted to); beside it
+  ``device_peak_bytes``, the runtime's own counter where it keeps one (the device allocator's
+  ``peak_bytes_in_use``; the process's peak resident set on the CPU), labelled in
+  ``device_peak_kind``;
+- ``micro_batch_size``, ``remat``: the step's, ``auto`` ones as chosen (``fit_trials``: each
+  candidate compiled, its peak and whether it fit).
 """
 
 from __future__ import annotations
@@ -27,14 +33,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olmax.config import RunConfig
+from olmax.config import MeshConfig, RunConfig
+from olmax.device_memory import gib, raising_does_not_fit
 from olmax.errors import ConfigError
 from olmax.model.flops import flops_per_token, mfu, peak_flops
-from olmax.model.params import count_params, init_params
-from olmax.model.runtime import Runtime, dtype_of
+from olmax.model.params import count_params
+from olmax.model.runtime import dtype_of
+from olmax.parallel.mesh import make_mesh
+from olmax.train.fit import fit_step, memory_hints
 from olmax.train.optim import build_optimizer
-from olmax.train.state import init_train_state
-from olmax.train.step import jit_train_step, make_train_step, num_micro_batches
+from olmax.train.step import abstract_batch
 
 def _sync(x: Any) -> Any:
     return jax.block_until_ready(x)
@@ -84,6 +92,8 @@ class TrainBench:
     profile: str
     attn_impl: str
     remat: str
+    micro_batch_size: int
+    auto: list
     steps: int
     compile_s: float
     step_s: float
@@ -100,50 +110,80 @@ class TrainBench:
     pct_of_ceiling_causal: float | None
     peak_memory_bytes: int | None
     peak_memory_kind: str
+    memory_limit_bytes: int | None
+    memory_limit_source: str
+    device_peak_bytes: int | None
+    device_peak_kind: str
+    fit_trials: list
     final_loss: float
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _peak_memory(device: jax.Device) -> tuple[int | None, str]:
+# What ``peak_memory_bytes`` is: the compiled step's own peak per device.
+PEAK_KIND = "compiled step (XLA's buffer assignment: peak of live buffers)"
+PEAK_KIND_CPU = "compiled step (XLA CPU reports no peak: arguments + outputs + temporaries)"
+
+
+def _device_peak(device: jax.Device) -> tuple[int | None, str]:
+    """The runtime's own peak counter, labelled: the device allocator's ``peak_bytes_in_use``
+    where it keeps one (it counts the buffers it allocated, which on TPU need not include a
+    program's temporaries), else the process's peak resident set (CPU: everything the process
+    allocated, the Python heap and the compiler's included)."""
     stats = None
     try:
         stats = device.memory_stats()
     except Exception:  # some backends do not implement it
         pass
     if stats and "peak_bytes_in_use" in stats:
-        return int(stats["peak_bytes_in_use"]), "device_peak"
+        return int(stats["peak_bytes_in_use"]), "device allocator's peak_bytes_in_use (runtime counter)"
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024), "process_max_rss"
+    return int(rss if sys.platform == "darwin" else rss * 1024), "process max RSS (host)"
 
 
 class TrainStepRunner:
     """The trainer's compiled step on synthetic tokens, one device; ``run()`` does one step and
-    waits for it. ``compile_s`` is the ahead-of-time lowering + compilation time."""
+    waits for it. The step is the trainer's own (:func:`olmax.train.step.build_sharded_training`
+    on a mesh of one device), compiled ahead of time and fitted to the device's memory as the
+    trainer fits it (:func:`olmax.train.fit.fit_step`: ``auto`` settings chosen, a step that does
+    not fit refused in one line); ``compile_s`` is the lowering + compilation of the step it runs,
+    ``fit`` what was chosen and its compiled peak."""
 
     def __init__(self, cfg: RunConfig, seed: int = 0):
         model_cfg, train_cfg = cfg.model, cfg.train
         b, t = train_cfg.global_batch_size, train_cfg.seq_len
         tx = build_optimizer(cfg.optim)
-        self.runtime = Runtime.of(train_cfg, jax.devices()[:1])
-        step = make_train_step(model_cfg, train_cfg, tx, n_micro=num_micro_batches(train_cfg, 1),
-                               runtime=self.runtime)
-        self.state = init_train_state(init_params(model_cfg, jax.random.key(seed)), tx)
-        rng = np.random.default_rng(seed)
-        self.batch = {"tokens": jnp.asarray(rng.integers(0, model_cfg.vocab_size, (b, t)), jnp.int32),
-                      "instance_mask": jnp.ones((b,), jnp.bool_)}
-        self.lr = jnp.asarray(cfg.optim.lr, jnp.float32)
+        device = jax.devices()[0]
+        mesh = make_mesh(MeshConfig(), [device])
+        where = f"the training step (1 x {device.device_kind}, batch {b} x {t})"
         t0 = time.perf_counter()
-        self.compiled = jit_train_step(step).lower(self.state, self.batch, self.lr).compile()
+        self.fit = fit_step(model_cfg, train_cfg, tx, mesh, jax.random.key(seed),
+                            lambda st: abstract_batch(st, b, t), where=where)
         self.compile_s = time.perf_counter() - t0
+        if len(self.fit.trials) > 1:   # the search compiled others too: the step's own compile alone
+            self.compile_s /= len(self.fit.trials)
+        st = self.fit.training
+        assert st is not None
+        self.runtime, self.compiled, self.n_micro = st.runtime, self.fit.compiled, st.n_micro
+        self.state = st.fresh_state(None)      # init_params from the seed's key, on the device
+        rng = np.random.default_rng(seed)
+        tokens = jnp.asarray(rng.integers(0, model_cfg.vocab_size, (b, t)), jnp.int32)
+        self.batch = {"tokens": jax.device_put(tokens, st.batch_shardings["tokens"]),
+                      "instance_mask": jax.device_put(jnp.ones((b,), jnp.bool_),
+                                                      st.batch_shardings["instance_mask"])}
+        self.lr = jnp.asarray(cfg.optim.lr, jnp.float32)
         self.metrics: dict = {}
+        self._where = where
+        self._hints = memory_hints(train_cfg, self.fit.micro_batch_size, self.fit.remat)
 
     def run(self) -> float:
-        """One step; returns its wall time in seconds."""
+        """One step; returns its wall time in seconds. Out of device memory while running (what
+        the compiled program's analysis did not foresee): :class:`DoesNotFit`."""
         t0 = time.perf_counter()
-        self.state, self.metrics = self.compiled(self.state, self.batch, self.lr)
-        _sync((self.state, self.metrics))
+        with raising_does_not_fit(self._where, self._hints):
+            self.state, self.metrics = self.compiled(self.state, self.batch, self.lr)
+            _sync((self.state, self.metrics))
         return time.perf_counter() - t0
 
 
@@ -177,13 +217,15 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
     f_oc = flops_per_token(model_cfg, t, "olmo_core")
     f_c = flops_per_token(model_cfg, t, "causal")
     peak = peak_flops(device)
-    mem, mem_kind = _peak_memory(device)
+    counter, counter_kind = _device_peak(device)
+    fit = runner.fit
     ratio = (lambda f: tps * f / ceiling_flops) if ceiling_flops else (lambda f: None)
     return TrainBench(
         device=device.device_kind, platform=device.platform, n_params=count_params(model_cfg),
         batch=b, seq_len=t, compute_dtype=train_cfg.compute_dtype,
         profile=runner.runtime.profile_name, attn_impl=runner.runtime.attn_impl,
-        remat=train_cfg.remat, steps=steps, compile_s=compile_s, step_s=step_s,
+        remat=fit.remat, micro_batch_size=fit.micro_batch_size, auto=list(fit.auto),
+        steps=steps, compile_s=compile_s, step_s=step_s,
         step_s_mean=statistics.fmean(times), step_s_min=min(times), tokens_per_s=tps,
         flops_per_token_olmo_core=f_oc, flops_per_token_causal=f_c,
         tflops_per_s_causal=tps * f_c / 1e12,
@@ -191,7 +233,11 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
         mfu_causal=mfu(tps, model_cfg, t, peak, "causal"),
         ceiling_flops_per_s=ceiling_flops,
         pct_of_ceiling_olmo_core=ratio(f_oc), pct_of_ceiling_causal=ratio(f_c),
-        peak_memory_bytes=mem, peak_memory_kind=mem_kind, final_loss=float(metrics["loss"]))
+        peak_memory_bytes=fit.peak_bytes,
+        peak_memory_kind=PEAK_KIND_CPU if device.platform == "cpu" else PEAK_KIND,
+        memory_limit_bytes=fit.limit_bytes, memory_limit_source=fit.limit_source,
+        device_peak_bytes=counter, device_peak_kind=counter_kind,
+        fit_trials=[tr.to_dict() for tr in fit.trials], final_loss=float(metrics["loss"]))
 
 
 def _write_text(path: str, text: str) -> None:
@@ -209,7 +255,8 @@ def format_train(r: TrainBench) -> str:
     lines = [
         f"device            {r.device} ({r.platform})",
         f"model             {r.n_params / 1e6:.1f}M params, batch {r.batch} x seq {r.seq_len}, "
-        f"{r.compute_dtype}, profile={r.profile}, attn={r.attn_impl}, remat={r.remat}",
+        f"micro-batch {r.micro_batch_size}, {r.compute_dtype}, profile={r.profile}, "
+        f"attn={r.attn_impl}, remat={r.remat}" + (f" ({', '.join(r.auto)} auto)" if r.auto else ""),
         f"compile           {r.compile_s:.2f} s",
         f"step (median)     {r.step_s * 1e3:.1f} ms  (mean {r.step_s_mean * 1e3:.1f}, "
         f"min {r.step_s_min * 1e3:.1f}; {r.steps} steps)",
@@ -218,8 +265,9 @@ def format_train(r: TrainBench) -> str:
         f"MFU               {pct(r.mfu_olmo_core)} (OLMo-core convention), {pct(r.mfu_causal)} (causal)",
         f"% of ceiling      {pct(r.pct_of_ceiling_olmo_core)} (OLMo-core), "
         f"{pct(r.pct_of_ceiling_causal)} (causal)",
-        f"peak memory       {'n/a' if r.peak_memory_bytes is None else f'{r.peak_memory_bytes / 2**30:.2f} GiB'}"
-        f" ({r.peak_memory_kind})",
+        f"peak memory       {gib(r.peak_memory_bytes)} of {gib(r.memory_limit_bytes)} "
+        f"({r.memory_limit_source}): {r.peak_memory_kind}",
+        f"device counter    {gib(r.device_peak_bytes)} ({r.device_peak_kind})",
         f"loss (last step)  {r.final_loss:.4f}",
     ]
     return "\n".join(lines)

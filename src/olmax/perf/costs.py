@@ -11,47 +11,15 @@ import os
 import re
 
 from olmax.config import RunConfig
-from olmax.errors import OlmaxError
+from olmax.device_memory import raising_does_not_fit
 from olmax.io import write_bytes_atomic
 from olmax.perf import hlo
-from olmax.hardware import GiB
 
 
-_OOM_PATTERNS = (
-    re.compile(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
-    re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm"),
-)
-_UNIT = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
-
-
-def parse_hbm_oom(message: str) -> tuple[int, int] | None:
-    """(bytes needed, bytes available) from XLA's compile-time out-of-HBM error, else None."""
-    for pat in _OOM_PATTERNS:
-        m = pat.search(message)
-        if m:
-            need = float(m.group(1)) * _UNIT[m.group(2)]
-            have = float(m.group(3)) * _UNIT[m.group(4)]
-            return int(need), int(have)
-    return None
-
-
-class DoesNotFit(OlmaxError):
-    """The step needs more device memory than there is (found at compile time)."""
-
-    def __init__(self, needed: int, available: int, where: str):
-        self.needed, self.available = needed, available
-        super().__init__(f"does not fit: {where} needs {needed / GiB:.2f} GiB per device of HBM "
-                         f"temporaries, {available / GiB:.2f} GiB available")
-
-
-def compile_or_explain(lowered, where: str):
-    try:
+def compile_or_explain(lowered, where: str, hints=()):
+    """``lowered.compile()``; an out-of-memory error of the compiler as :class:`DoesNotFit`."""
+    with raising_does_not_fit(where, hints):
         return lowered.compile()
-    except Exception as e:  # XLA raises its runtime error type; only an HBM OOM is ours to explain
-        oom = parse_hbm_oom(str(e))
-        if oom is None:
-            raise
-        raise DoesNotFit(*oom, where) from None
 
 
 # XLA-internal custom calls that XLA's TPU cost model enters into ``optimal_seconds`` as -1 s each

@@ -3,7 +3,11 @@ knows -- per-device memory and whether it fits, FLOPs, an estimated step time, t
 
 The program compiled is the one ``olmax train`` runs: :func:`olmax.train.step.build_sharded_training`
 with the recipe's model, optimizer (SkipStep AdamW, clipping), loss (z-loss, chunked head), remat
-policy, attention implementation, micro-batch accumulation, mesh and sharding rules. Parameters,
+policy, attention implementation, micro-batch accumulation, mesh and sharding rules; its ``auto``
+micro-batch and remat policy chosen to fit the target's memory as the trainer chooses them
+(:mod:`olmax.train.fit`; ``details.fit`` lists the candidates compiled). Whether the step fits is
+the step's own verdict (its compiled peak against the target's memory, or the compiler's
+refusal), never that of a part compiled for the estimate below. Parameters,
 optimizer state and batch are abstract (shapes and shardings only): nothing is allocated. The
 target is a TPU topology (``--topology tpu7x:2x2x2``: libtpu compiles for it on any host, no TPU
 needed) or the local devices.
@@ -19,7 +23,10 @@ FLOPs per step (per device) are reported three ways:
   everything outside the layers (embedding, LM head, loss) ``2 A1 - A2``, and
   ``xla = n_micro * (groups * (A2 - A1) + 2 A1 - A2) + O``, plus the FLOPs the Pallas kernels
   execute, counted from the compiled step's HLO (each kernel call times its loop trip counts) at
-  the blocks the kernel visits. It exceeds the analytic count by remat's recomputed forward, by
+  the blocks the kernel visits. An unscanned part holds every layer's activations at once, which
+  the scanned step never does: where the micro-batch's rows do not fit that way, the layer parts
+  are compiled for the most rows that do and scaled to the micro-batch (``details.parts_rows``;
+  the estimate's method says so). It exceeds the analytic count by remat's recomputed forward, by
   attention computed densely (``xla``: the full T x T scores; ``chunked``: whole blocks; splash:
   whole 512-blocks on the mask's edge) and by the elementwise work (norms, softmax, optimizer)
   that model FLOPs leave out.
@@ -58,11 +65,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from typing import Any, cast
 
 from olmax.config import RunConfig
+from olmax.config.schema import Remat
 from olmax.io import write_bytes_atomic
 from olmax.perf import calibration, hlo, network
-from olmax.perf.costs import DoesNotFit, compile_or_explain, cost, kernel_flops, part_costs
+from olmax.device_memory import DoesNotFit, compiled_peak
+from olmax.perf.costs import cost, kernel_flops, part_costs
 from olmax.hardware import GiB, accelerator_of
 from olmax.perf.targets import (chips, filtered_stderr, hbm_bytes, libtpu_topology, parse_gpu,
                                 slice_wrap, tell_libtpu_no_tpu, topology_devices, usable_hbm)
@@ -100,10 +110,10 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     """Compile the training step of ``cfg`` for ``topology`` (or the local devices); see module.
     ``hlo_out``: also write the compiled step's optimized HLO text there."""
     import jax
-    import jax.numpy as jnp
 
+    from olmax.train.fit import fit_step, memory_hints
     from olmax.train.optim import build_optimizer
-    from olmax.train.step import build_sharded_training
+    from olmax.train.step import abstract_batch
     from olmax.parallel.mesh import make_mesh
     from olmax.platforms import backend_of, compiler_options
 
@@ -113,26 +123,29 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     n = len(devices)
     dev = devices[0]
     model, train = cfg.model, cfg.train
-    st = build_sharded_training(model, train, build_optimizer(cfg.optim), mesh, jax.random.key(0))
     b, t = train.global_batch_size, train.seq_len
-    batch = {"tokens": jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=st.batch_shardings["tokens"]),
-             "instance_mask": jax.ShapeDtypeStruct((b,), jnp.bool_,
-                                                   sharding=st.batch_shardings["instance_mask"])}
-    if cfg.data.instances == "packed":   # the step packed rows run: padding, and documents masked
-        batch["label_mask"] = jax.ShapeDtypeStruct((b, t), jnp.bool_,
-                                                   sharding=st.batch_shardings["label_mask"])
-        if cfg.data.doc_lens:
-            batch["doc_lens"] = jax.ShapeDtypeStruct((b, PLAN_DOC_LENS_WIDTH), jnp.int32,
-                                                     sharding=st.batch_shardings["doc_lens"])
-    lr = jax.ShapeDtypeStruct((), jnp.float32)
-    where = (f"{topology or dev.platform} x{n}, batch {b} x {t}, remat={train.remat}, "
-             f"attn={st.runtime.attn_impl}, profile={st.runtime.profile_name}")
+    packed = cfg.data.instances == "packed"   # the step packed rows run: padding, documents masked
+    width = PLAN_DOC_LENS_WIDTH if packed and cfg.data.doc_lens else None
+    where = (f"the step ({topology or dev.platform} x{n}, batch {b} x {t}, "
+             f"micro-batch {train.micro_batch_size or 'whole'}, remat={train.remat})")
+    quiet = filtered_stderr if topology and dev.platform == "tpu" else contextlib.nullcontext
     t0 = time.perf_counter()
-    with filtered_stderr() if topology and dev.platform == "tpu" else contextlib.nullcontext():
-        compiled = compile_or_explain(st.step_fn.lower(st.abstract_state, batch, lr), f"the step ({where})")
-    compile_s = time.perf_counter() - t0
-
-    memory = _memory(compiled, dev, where)
+    with quiet():
+        # The step the trainer would run: auto settings chosen to fit the target's memory as the
+        # trainer chooses them (olmax.train.fit), the verdict the step's own.
+        fit = fit_step(model, train, build_optimizer(cfg.optim), mesh, jax.random.key(0),
+                       lambda st: abstract_batch(st, b, t, packed=packed, doc_lens_width=width),
+                       where=where)
+    compile_s = (time.perf_counter() - t0) / len(fit.trials)    # the step's own compile
+    st, compiled = fit.training, fit.compiled
+    assert st is not None
+    train = dataclasses.replace(train, micro_batch_size=fit.micro_batch_size,
+                                remat=cast(Remat, fit.remat))
+    cfg = dataclasses.replace(cfg, train=train)
+    batch_keys = sorted(abstract_batch(st, b, t, packed=packed, doc_lens_width=width))
+    where = (f"the step ({topology or dev.platform} x{n}, batch {b} x {t}, remat={train.remat}, "
+             f"attn={st.runtime.attn_impl}, profile={st.runtime.profile_name})")
+    memory = _memory(compiled, dev, where, memory_hints(train, fit.micro_batch_size, fit.remat))
     text = compiled.as_text()
     if hlo_out:
         write_bytes_atomic(hlo_out, text.encode())
@@ -142,13 +155,15 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     whole = cost(compiled)
     groups = model.n_layers // len(model.window_pattern)
     details: dict = {"mesh": dict(mesh.shape), "n_micro": st.n_micro, "layer_groups": groups,
-                     "batch_keys": sorted(batch),
+                     "batch_keys": batch_keys,
                      "chips": chips(devices), "xla_whole_program_flops": whole.get("flops"),
                      "xla_whole_program_optimal_seconds": whole.get("optimal_seconds"),
                      "kernel_flops": kernel, "kernel_calls": kernel_calls,
                      "kernel_flops_at_mxu_occupancy": kernel_effective,
                      "loops_with_unknown_trip_count": prog.unknown_loops,
                      "compiler_options": compiler_options(backend_of(devices), devices) or {}}
+    if fit.auto:
+        details["fit"] = fit.record()
     flops = _flops(model, b, t, n)
     estimate: dict = dict(_NO_ESTIMATE)
     coll = _time_collectives(prog, mesh, topology, details)
@@ -168,7 +183,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
                 compile_s=compile_s, details=details)
 
 
-def _memory(compiled, dev, where: str) -> dict:
+def _memory(compiled, dev, where: str, hints: list[str]) -> dict:
     """Per-device memory of the compiled step against the device's usable memory; a step that
     compiled but needs more than there is raises :class:`DoesNotFit`, as an OOM at compile."""
     from olmax.platforms import backend_of
@@ -177,17 +192,14 @@ def _memory(compiled, dev, where: str) -> dict:
     hbm, hbm_fraction, hbm_source = usable_hbm(backend_of([dev]), *hbm_bytes(dev))
     arg, out, tmp = ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.temp_size_in_bytes
     alias, code = ma.alias_size_in_bytes, ma.generated_code_size_in_bytes
-    # XLA's buffer-assignment peak (live buffers at the worst point) on TPU/GPU; the CPU backend's
-    # figure is not one (it reports the arguments), so there: everything, as if all live at once.
-    xla_peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0) if dev.platform != "cpu" else 0
-    peak = xla_peak or arg + out - alias + tmp + code
+    peak = compiled_peak(compiled, dev.platform)
     memory = {"argument_bytes": int(arg), "output_bytes": int(out), "temp_bytes": int(tmp),
               "alias_bytes": int(alias), "code_bytes": int(code), "peak_bytes": int(peak),
               "hbm_bytes": hbm, "hbm_fraction": hbm_fraction,
               "fits": None if hbm is None else bool(peak <= hbm),
               "headroom": None if hbm is None else 1.0 - peak / hbm, "hbm_source": hbm_source}
     if memory["fits"] is False:
-        raise DoesNotFit(int(peak), int(hbm), f"the step ({where})")
+        raise DoesNotFit(int(peak), int(hbm), where, hints, source=hbm_source)
     return memory
 
 
@@ -244,16 +256,23 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     # attention kernels' work, which depends on the keys it sees too, is the compiled program's)
     ctx = mesh.shape["context"]
     positions = t // ctx
-    pc = part_costs(*args, only=("A", "O"), positions=positions)
-    a1, o = pc["A"], pc["O"]
-    a2 = part_costs(*args, only=("A",), groups=2, positions=positions)["A"]
+    o = part_costs(*args, only=("O",), positions=positions)["O"]
+    layers = _layer_parts(args, positions)
+    if layers is None:
+        details["parts"] = {"optimizer": o}
+        return dict(_NO_ESTIMATE, collective_s=None if coll is None else coll["collective_s"],
+                    method=("unavailable: the layer parts, compiled unscanned for the estimate, do "
+                            "not fit the device even at one row (the step itself fits: see memory)"))
+    rows, a1, a2 = layers
+    scale = per_device / rows    # the layer parts were compiled for fewer rows: scaled to the step's
+    details["parts_rows"] = rows
     m = st.n_micro
 
     def combine(key):
         if any(x.get(key) is None for x in (a1, a2, o)):
             return None
         group, rest = a2[key] - a1[key], 2 * a1[key] - a2[key]
-        return m * (groups * group + rest) + o[key]
+        return m * scale * (groups * group + rest) + o[key]
 
     xla = combine("flops")
     flops["xla"] = None if xla is None else xla + kernel
@@ -278,9 +297,28 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
               f"({groups} layer groups + embedding/LM head/loss) + optimizer")
     if ctx > 1:
         method += f"; each row's {positions} positions on a device of its context group of {ctx}"
+    if rows != per_device:
+        method += (f"; the layer parts compiled for {rows} of the micro-batch's {per_device} rows "
+                   f"(the {per_device} do not fit unscanned) and scaled x{per_device // rows}")
     if kernel:
         method += f"; {kernel_price(rate or 0)}"
     return _step(method, compute_s, kernel_s, coll, b * t, n, details["chips"], flops, peak_dev)
+
+
+def _layer_parts(args: tuple, positions: int) -> tuple[int, Any, Any] | None:
+    """(rows, one layer group's part, two groups' part) compiled for the micro-batch's rows per
+    device, or for the most rows dividing them whose unscanned parts fit the device (an unscanned
+    part keeps every layer's activations at once, which the scanned step never does): the step's
+    fit is the step's own verdict, never a part's. None when not even one row fits."""
+    cfg, dev, per_device, *rest = args
+    for rows in [d for d in range(per_device, 0, -1) if per_device % d == 0]:
+        try:
+            a1 = part_costs(cfg, dev, rows, *rest, only=("A",), positions=positions)["A"]
+            a2 = part_costs(cfg, dev, rows, *rest, only=("A",), groups=2, positions=positions)["A"]
+            return rows, a1, a2
+        except DoesNotFit:
+            continue
+    return None
 
 
 def kernel_price(rate: float) -> str:

@@ -15,53 +15,25 @@ import contextlib
 import os
 import re
 import sys
-from typing import Any, Mapping
 
 from olmax import hardware
 from olmax.errors import ConfigError, OlmaxError
 from olmax.hardware import Accelerator
+# The device-memory figures live with the rest of what is known of device memory; ``olmax plan``
+# and ``olmax launch`` read them from here too.
+from olmax.device_memory import (HBM_BYTES, MEM_FRACTION, MEM_FRACTION_ENV, hbm_bytes,  # noqa: F401
+                                 mem_fraction, usable_hbm)
 
 GPUS_PER_NODE = 8     # an HGX node: 8 GPUs behind NVSwitch
 
-# The share of a GPU's memory JAX's allocator takes (``XLA_PYTHON_CLIENT_MEM_FRACTION``; JAX's own
-# default is 0.75): ``olmax launch`` exports this value in GPU jobs and ``olmax plan`` judges a GPU
-# step against it, so that "fits" means what the job will have. The rest is left to the CUDA
-# context, NCCL's buffers and cuDNN's workspaces, which live outside JAX's allocator.
-MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
-MEM_FRACTION = 0.90
-
 # What ``olmax plan --topology`` compiles for.
 ACCELERATORS: tuple[Accelerator, ...] = tuple(a for a in hardware.ACCELERATORS if a.plan_target)
-# HBM per device (bytes), matched as lower-case substrings of ``device_kind``, in table order.
-HBM_BYTES: tuple[tuple[str, int], ...] = tuple(
-    (k, a.hbm) for a in hardware.ACCELERATORS if a.hbm for k in a.kinds)
 TPU_GENERATIONS = tuple(a.name for a in ACCELERATORS if a.platform == "tpu")   # libtpu's topology names
 GPU_TARGETS = {a.name: a.gpu_target for a in ACCELERATORS if a.gpu_target}
 
 _LIBTPU_NOISE = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "Failed to find host bounds",
                  "Logging before InitGoogle", "libtpu_init_utils", "Source Location Trace",
                  "could not determine TPU")
-
-
-def hbm_bytes(device: Any) -> tuple[int | None, str]:
-    """(bytes, source) of one device's memory: the runtime's limit where a real device reports one,
-    else the table above, else (CPU) the host's physical memory shared by its devices."""
-    try:
-        stats = device.memory_stats() or {}
-    except Exception:  # topology devices and some backends have none
-        stats = {}
-    if stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), "runtime"
-    kind = str(getattr(device, "device_kind", "")).lower()
-    for key, value in HBM_BYTES:
-        if key in kind:
-            return value, "table"
-    if getattr(device, "platform", "") == "cpu":
-        import jax
-
-        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return host // max(1, len(jax.local_devices(backend="cpu"))), "host memory / devices"
-    return None, "unknown"
 
 
 def parse_gpu(name: str) -> tuple[str, int] | None:
@@ -77,35 +49,6 @@ def parse_gpu(name: str) -> tuple[str, int] | None:
         raise OlmaxError(f"--topology {name}: the GPU count must be a positive whole number "
                          f"(e.g. {kind}:8, or {kind}:64x8 for 64 nodes of 8)")
     return kind, int(nodes or 1) * int(per_node or 1)
-
-
-def mem_fraction(environ: Mapping[str, str] = os.environ) -> float:
-    """The allocator's share of GPU memory: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` when set (what the
-    job will export), else :data:`MEM_FRACTION` (what ``olmax launch`` exports)."""
-    raw = environ.get(MEM_FRACTION_ENV)
-    if raw is None or raw == "":
-        return MEM_FRACTION
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 < value <= 1.0:
-        raise OlmaxError(f"{MEM_FRACTION_ENV}={raw!r}: expected a fraction in (0, 1]")
-    return value
-
-
-def usable_hbm(backend: str, hbm: int | None, source: str,
-               environ=os.environ) -> tuple[int | None, float, str]:
-    """(bytes a step may use, the share of the device's memory that is, where it comes from). On
-    GPUs JAX's allocator takes ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the memory (0.90 in the jobs
-    ``olmax launch`` writes: :data:`MEM_FRACTION`); a real GPU's runtime
-    limit has it applied already. Elsewhere the whole memory."""
-    if backend != "gpu":
-        return hbm, 1.0, source
-    fraction = mem_fraction(environ)
-    if hbm is None or source != "table":
-        return hbm, fraction, source
-    return int(hbm * fraction), fraction, f"{source} x {MEM_FRACTION_ENV} {fraction:g}"
 
 
 def _no_tpu_attached() -> bool:

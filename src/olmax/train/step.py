@@ -287,7 +287,7 @@ def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings:
 class ShardedTraining(NamedTuple):
     """Everything a loop needs to train on a mesh (built by :func:`build_sharded_training`)."""
 
-    step_fn: Callable            # jitted (state, batch, lr) -> (state, metrics)
+    step_fn: Any                 # jitted (state, batch, lr) -> (state, metrics); .lower(...) for AOT
     fresh_state: Callable        # params | None -> TrainState at step 0 (None: fresh params from ``key``)
     state_shardings: Any         # TrainState of NamedShardings
     abstract_state: Any          # TrainState of ShapeDtypeStructs carrying those shardings
@@ -323,3 +323,23 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
     step = make_train_step(model_cfg, train_cfg, tx, n_micro=n_micro, mesh=mesh, runtime=runtime)
     return ShardedTraining(jit_train_step(step, state_sh, b_sh, mesh), fresh_state, state_sh,
                            abstract_state, b_sh, n_micro, runtime)
+
+
+def abstract_batch(st: ShardedTraining, batch_size: int, seq_len: int, *, packed: bool = False,
+                   doc_lens_width: int | None = None) -> dict:
+    """The batch a step of ``st`` takes, as ``jax.ShapeDtypeStruct`` with its shardings: tokens and
+    the instance mask; packed rows (``data.instances=packed``) also their label mask, and with
+    documents masked (``data.doc_lens``) their document lengths, ``doc_lens_width`` columns."""
+    def spec(key: str, shape: tuple, dtype: Any) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=st.batch_shardings[key])
+
+    batch = {"tokens": spec("tokens", (batch_size, seq_len), jnp.int32),
+             "instance_mask": spec("instance_mask", (batch_size,), jnp.bool_)}
+    if packed:
+        batch["label_mask"] = spec("label_mask", (batch_size, seq_len), jnp.bool_)
+        if doc_lens_width:
+            batch["doc_lens"] = spec("doc_lens", (batch_size, doc_lens_width), jnp.int32)
+    return batch
+
+
+ABSTRACT_LR = jax.ShapeDtypeStruct((), jnp.float32)

@@ -3,7 +3,10 @@
 ``Trainer(cfg, run_dir).run()``:
 
 1. ``jax.distributed`` from ``cfg.distributed``/the environment; the (data, fsdp, tensor) mesh;
-   parameter and optimizer-state shardings from the logical-axis rules (FSDP by default).
+   parameter and optimizer-state shardings from the logical-axis rules (FSDP by default); the
+   step compiled ahead of time and checked against the devices' memory, its ``auto`` micro-batch
+   and remat policy chosen from that memory (:mod:`olmax.train.fit`), before the run directory is
+   written.
 2. Training data (``olmax.data.loader.build_train_data``); trainer step s >= 1 consumes data batch
    b = s - 1. Each process reads only its rows (``host_batch``) and the global array is assembled
    with ``jax.make_array_from_process_local_data``.
@@ -24,7 +27,9 @@ they see a :class:`~olmax.train.callbacks.base.RunView`, not the trainer.
 Run directory (created by process 0 if needed): ``metrics.jsonl``, ``tb/`` (TensorBoard),
 ``config.yaml`` (the resolved config: a length in epochs or tokens written as its step count),
 ``run_info.json`` (olmax version, git revision, JAX version, devices, the length as given and
-resolved, command line), ``checkpoints/``, ``hangs/`` (stacks the watchdog wrote), and
+resolved, command line, what JAX and libtpu said while starting), ``fit.json`` (the step's ``auto`` micro-batch and remat policy as chosen,
+with the memory of each candidate tried: :mod:`olmax.train.fit`; a resumed run keeps them),
+``checkpoints/``, ``hangs/`` (stacks the watchdog wrote), and
 ``.olmax-lock`` while a trainer holds it (one writer per run directory:
 :mod:`olmax.train.callbacks.run_lock`).
 """
@@ -41,7 +46,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, cast
 
 import jax
 import numpy as np
@@ -50,6 +55,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 import olmax
+from olmax.reporting import startup_messages
 from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.config import RunConfig, to_dict
 from olmax.errors import NeedsAttentionError, OlmaxError
@@ -65,9 +71,17 @@ from olmax.train.start import start_state
 from olmax.train.run_log import MetricsLogger, metrics_location
 from olmax.train.optim import build_optimizer
 from olmax.train.schedules import build_schedule
-from olmax.train.step import build_sharded_training
+from olmax.config import TrainConfig
+from olmax.config.schema import Remat
+from olmax.device_memory import raising_does_not_fit
+from olmax.train.fit import (FSDP_HINT, StepFit, agree_across_processes, check_record, fit_step,
+                             memory_hints)
+from olmax.train.step import abstract_batch
 
 log = logging.getLogger(__name__)
+
+FIT_RECORD = "fit.json"    # the step's auto settings, as chosen (olmax.train.fit)
+STATE_WHERE = "the training state (parameters and optimizer state)"
 
 
 class NonFiniteLossError(NeedsAttentionError):
@@ -190,19 +204,19 @@ class Trainer:
                 "device_kind": jax.devices()[0].device_kind, "processes": jax.process_count(),
                 "profile": self.runtime.profile_name, "attn_impl": self.runtime.attn_impl,
                 "length": self.length, "max_steps": self.cfg.train.max_steps, "command": sys.argv,
+                "startup_messages": startup_messages(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         store.write_bytes(store.join(self.run_dir, "run_info.json"),
                           (json.dumps(info, indent=2) + "\n").encode())
+        if self.fit.auto:    # reused on resume, so the run keeps its micro-batches
+            record = {**self.fit.record(), "device_kind": info["device_kind"], "devices": info["devices"]}
+            store.write_bytes(store.join(self.run_dir, FIT_RECORD),
+                              (json.dumps(record, indent=2) + "\n").encode())
 
     def _build(self) -> None:
         cfg, t = self.cfg, self.cfg.train
         self.mesh = make_mesh(cfg.mesh)
         check_rows_per_process(self.mesh.devices)
-        seed = cfg.init.seed if cfg.init.seed is not None else cfg.seed
-        st = build_sharded_training(cfg.model, t, self.tx, self.mesh, jax.random.key(seed))
-        # The resolved platform profile is part of the run's config (config.yaml, checkpoint meta).
-        self.runtime = st.runtime
-        self.cfg = cfg = replace(cfg, train=replace(t, profile=st.runtime.profile_name))
         if t.global_batch_size % jax.process_count():
             raise OlmaxError(f"train.global_batch_size {t.global_batch_size} is not divisible by "
                              f"the process count {jax.process_count()}")
@@ -211,6 +225,16 @@ class Trainer:
         if self.data.num_instances < t.global_batch_size:
             raise OlmaxError(f"training data has {self.data.num_instances} instances of {t.seq_len} "
                              f"tokens, fewer than one global batch ({t.global_batch_size})")
+        # The step compiled ahead of time, before the run directory is touched: a step that does
+        # not fit the devices is one line, and auto settings are chosen from its memory.
+        self.fit = fit = self._fit_step()
+        st = fit.training
+        assert st is not None
+        # The resolved settings are part of the run's config (config.yaml, checkpoint meta).
+        self.runtime = st.runtime
+        t = replace(t, profile=st.runtime.profile_name, micro_batch_size=fit.micro_batch_size,
+                    remat=cast(Remat, fit.remat))
+        self.cfg = cfg = replace(cfg, train=t)
         # The run's length as a step count (train.max_epochs / max_tokens resolved on this data):
         # config.yaml records it, and the schedule's horizon is it unless scheduler.t_max is set.
         self.length = t.length
@@ -223,9 +247,54 @@ class Trainer:
         self.last_step: int = train.last_step       # the length's end, or the hard stop before it
         self.cfg = cfg = replace(cfg, train=train)
         self.schedule = build_schedule(cfg.scheduler, cfg.optim.lr, train.max_steps)
-        self.step_fn, self._fresh_state = st.step_fn, st.fresh_state
+        self.step_fn, self._fresh_state = fit.compiled, st.fresh_state
         self.abstract_state = st.abstract_state
         self.batch_sharding, self.n_micro = st.batch_shardings, st.n_micro
+
+    def _fit_step(self) -> StepFit:
+        """The compiled training step, its ``auto`` settings chosen to fit the devices (an earlier
+        choice of this run first: ``RUN_DIR/fit.json``), the same on every process."""
+        cfg, t = self.cfg, self.cfg.train
+        seed = cfg.init.seed if cfg.init.seed is not None else cfg.seed
+        packed = getattr(self.data, "packing", None) is not None
+        width = getattr(self.data, "doc_lens_width", None)
+        devices = list(self.mesh.devices.flat)
+        where = (f"the training step ({len(devices)} x {devices[0].device_kind}, mesh "
+                 f"{dict(self.mesh.shape)}, batch {t.global_batch_size} x {t.seq_len})")
+
+        def fit_with(train: TrainConfig, prefer=None) -> StepFit:
+            return fit_step(cfg.model, train, self.tx, self.mesh, jax.random.key(seed),
+                            lambda st: abstract_batch(st, t.global_batch_size, t.seq_len,
+                                                      packed=packed, doc_lens_width=width),
+                            where=where, prefer=prefer)
+
+        self.step_where = where
+        prefer = self._earlier_fit() if "auto" in (t.micro_batch_size, t.remat) else None
+        fit = fit_with(t, prefer)
+        agreed = agree_across_processes((fit.micro_batch_size, fit.remat))
+        if agreed != (fit.micro_batch_size, fit.remat):   # this process chose otherwise: process 0's
+            fit = fit_with(replace(t, micro_batch_size=agreed[0], remat=cast(Remat, agreed[1])))
+            fit.auto = tuple(k for k in ("micro_batch_size", "remat") if getattr(t, k) == "auto")
+        self.memory_hints = memory_hints(t, fit.micro_batch_size, fit.remat)
+        if fit.auto:
+            earlier = "" if prefer is None else (
+                ", this run's earlier choice" if prefer == agreed else
+                f" (this run's earlier micro-batch {prefer[0]} with remat {prefer[1]} no longer fits)")
+            if self.is_main:
+                log.info(f"olmax train: chose {fit.summary()}{earlier}")
+        return fit
+
+    def _earlier_fit(self) -> tuple[int, str] | None:
+        """The (micro-batch, remat) this run chose before (``RUN_DIR/fit.json``), if any."""
+        path = store.join(self.run_dir, FIT_RECORD)
+        raw = store.read_bytes(path)
+        if raw is None:
+            return None
+        try:
+            record = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise OlmaxError(f"{path}: not JSON; remove it to choose the step's settings again") from None
+        return check_record(record, str(path))
 
     def _global_batch(self, host: dict) -> tuple[dict, str]:
         t = self.cfg.train
@@ -282,8 +351,9 @@ class Trainer:
                                   flush_fn=self._flush_logs)
         bar, losses, failed = None, [], True
         try:
-            start = start_state(self.cfg, ckpt, self.abstract_state, self._fresh_state, self.data,
-                                  metrics_path=metrics_location(self.run_dir))
+            with raising_does_not_fit(STATE_WHERE, [FSDP_HINT]):
+                start = start_state(self.cfg, ckpt, self.abstract_state, self._fresh_state, self.data,
+                                    metrics_path=metrics_location(self.run_dir))
             run.state, run.step, run.origin = start.state, start.step, start.origin
             self.logger = MetricsLogger(self.run_dir, self.cfg.logging, enabled=self.is_main,
                                         run_config=to_dict(self.cfg), purge_step=start.step + 1)
@@ -336,9 +406,10 @@ class Trainer:
                 raise OlmaxError(f"data loader served batch {b} for step {step}")
             batch, digest = self._global_batch(host)
             lr = self.schedule(step)
-            state, m = self.step_fn(run.state, batch, np.float32(lr))
-            run.state, run.step = state, step
-            m = jax.device_get(m)
+            with raising_does_not_fit(self.step_where, self.memory_hints):   # at run time
+                state, m = self.step_fn(run.state, batch, np.float32(lr))
+                run.state, run.step = state, step
+                m = jax.device_get(m)
             metrics: dict[str, Any] = {
                 "loss": float(m["loss"]), "z_loss": float(m["z_loss"]), "lr": lr,
                 "grad_norm": float(m["grad_norm"]), "skipped": bool(m["skipped"] > 0),

@@ -1,0 +1,114 @@
+"""``train.micro_batch_size=auto`` / ``train.remat=auto``: the step chosen from its compiled memory
+against a limit (``train.memory_limit_gib`` here: the CPU has no device memory of its own), the
+search's answer held against the brute-force answer over every candidate, each candidate's peak
+read from XLA's memory analysis of that candidate compiled on its own."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import replace
+
+import jax
+import numpy as np
+import pytest
+
+from helpers.tiny import narrow_cfg
+from olmax.config import MeshConfig, OptimConfig, TrainConfig
+from olmax.device_memory import DoesNotFit, compiled_peak
+from olmax.parallel.mesh import make_mesh
+from olmax.train.fit import REMAT_LADDER, choose, fit_step
+from olmax.train.optim import build_optimizer
+from olmax.train.step import ABSTRACT_LR, abstract_batch, build_sharded_training
+
+MODEL = narrow_cfg(vocab_size=64, padded_vocab_size=64, window_pattern=(8, None), max_seq_len=64)
+B, T = 8, 32
+TRAIN = TrainConfig(seq_len=T, global_batch_size=B, max_steps=1)
+TX = build_optimizer(OptimConfig())
+
+
+def test_the_search_finds_the_largest_that_fits_in_few_compiles():
+    micros = [24, 12, 8, 6, 4, 3, 2, 1]
+    for limit in range(26):
+        asked: list[int] = []
+
+        def fits(micro, remat, limit=limit, asked=asked):
+            asked.append(micro)
+            return micro <= limit
+
+        best = max((m for m in micros if m <= limit), default=None)
+        assert choose(micros, ["none"], fits) == (None if best is None else (best, "none"))
+        assert len(asked) <= 2 + math.ceil(math.log2(len(micros)))     # largest, smallest, bisection
+
+
+def test_the_lightest_policy_comes_first():
+    """Memory per row by policy (a model of it): the lightest policy under which anything fits
+    wins, with the largest micro-batch that fits under it, not the largest micro-batch anywhere."""
+    per_row = {"none": 10, "save_proj": 7, "save_attn": 5, "full": 3}
+
+    def run(limit):
+        return choose([8, 4, 2, 1], REMAT_LADDER, lambda m, r: m * per_row[r] <= limit)
+
+    assert run(20) == (2, "none")            # full would take 4 (12 <= 20): recomputation loses
+    assert run(9) == (1, "save_proj")
+    assert run(4) == (1, "full")
+    assert run(2) is None
+
+
+@functools.cache
+def _compiled(micro: int, remat: str = "none"):
+    """A candidate compiled on its own, the way the trainer builds its step (not through the
+    search): its peak is the reference the search's figures must equal."""
+    mesh = make_mesh(MeshConfig(), jax.devices()[:1])
+    st = build_sharded_training(MODEL, replace(TRAIN, micro_batch_size=micro, remat=remat), TX,
+                                mesh, jax.random.key(0))
+    return st, st.step_fn.lower(st.abstract_state, abstract_batch(st, B, T), ABSTRACT_LR).compile()
+
+
+def _fit(train: TrainConfig, limit: int):
+    mesh = make_mesh(MeshConfig(), jax.devices()[:1])
+    return fit_step(MODEL, train, TX, mesh, jax.random.key(0), lambda st: abstract_batch(st, B, T),
+                    where="the step", limit=(limit, "given"))
+
+
+def test_auto_takes_the_largest_micro_batch_under_a_given_limit():
+    (_, c4), (st2, c2) = _compiled(4), _compiled(2)
+    p4, p2 = compiled_peak(c4, "cpu"), compiled_peak(c2, "cpu")
+    assert p4 > p2
+    fit = _fit(replace(TRAIN, micro_batch_size="auto"), (p2 + p4) // 2)
+    assert (fit.micro_batch_size, fit.remat, fit.peak_bytes) == (2, "none", p2)
+    # the largest (8), the smallest (1), then bisection: 4 does not fit, 2 does
+    assert [(t.micro_batch_size, t.fits) for t in fit.trials] == [(8, False), (1, True), (4, False),
+                                                                 (2, True)]
+    assert fit.auto == ("micro_batch_size",) and fit.training.n_micro == B // 2
+    # The step it keeps is the program it chose: one step equals the directly compiled one's.
+    tokens = np.random.default_rng(0).integers(0, 64, (B, T)).astype(np.int32)
+    results = []
+    for st, compiled in ((fit.training, fit.compiled), (st2, c2)):
+        batch = {"tokens": jax.device_put(tokens, st.batch_shardings["tokens"]),
+                 "instance_mask": jax.device_put(np.ones(B, bool), st.batch_shardings["instance_mask"])}
+        results.append(float(compiled(st.fresh_state(None), batch, np.float32(1e-3))[1]["loss"]))
+    assert results[0] == results[1]
+
+
+def test_auto_remat_takes_the_least_recomputation_that_fits():
+    micro = 4
+    peaks = {r: compiled_peak(_compiled(micro, r)[1], "cpu") for r in REMAT_LADDER}
+    lighter = min(peaks[r] for r in REMAT_LADDER[1:])
+    assert lighter < peaks["none"]              # some policy of the ladder stores less
+    limit = (lighter + peaks["none"]) // 2
+    expected = next(r for r in REMAT_LADDER if peaks[r] <= limit)     # brute force, ladder order
+    fit = _fit(replace(TRAIN, micro_batch_size=micro, remat="auto"), limit)
+    assert (fit.micro_batch_size, fit.remat, fit.peak_bytes) == (micro, expected, peaks[expected])
+
+
+def test_nothing_that_fits_is_one_line_naming_the_least_tried():
+    with pytest.raises(DoesNotFit) as info:
+        _fit(replace(TRAIN, micro_batch_size="auto"), 1000)
+    line = str(info.value)
+    assert line.startswith("does not fit: the step, at micro-batch 1 and remat none (the least "
+                           "memory train.micro_batch_size=auto can choose), needs ")
+    assert line.endswith("0.0 MiB available (given); to lower it: train.remat (now "
+                         "none; full stores least, auto picks what fits), mesh.fsdp (more devices to "
+                         "shard the parameters and optimizer state over), train.seq_len (now 32)")
+    assert info.value.exit_code == 2 and info.value.available == 1000
