@@ -251,3 +251,48 @@ def test_plan_takes_the_accelerator_type_launch_takes(tiny_plan, tmp_path):
     assert p["memory"]["hbm_fraction"] == tiny_plan["memory"]["hbm_fraction"] == 1.0
     for key in ("olmo_core", "causal"):
         assert p["flops_per_step"][key] == tiny_plan["flops_per_step"][key]
+
+
+# One full-attention layer of width 1024 under a 300,032-entry vocabulary: 0.63 G parameters,
+# whose training state (12 bytes each) fits one v5e device, but whose optimizer update compiled
+# apart, undonated (gradients, parameters and moments in, new ones out: 28 bytes each), does not.
+WIDE = ["model.preset=olmo3-tiny", "model.n_layers=1", "model.window_pattern=[null]",
+        "model.d_model=1024", "model.n_heads=8", "model.n_kv_heads=8", "model.head_dim=128",
+        "model.mlp_hidden=1024", "model.vocab_size=300000", "model.padded_vocab_size=300032",
+        "model.max_seq_len=2048", "train.compute_dtype=bfloat16", "train.attn_impl=xla"]
+
+
+@pytest.mark.slow
+def test_a_part_of_the_estimate_never_decides_the_fit(tmp_path, capsys):
+    """The step fits a v5e device; the optimizer part compiled for the estimate does not (the
+    chip ran a step olmax plan had called "does not fit: a part of the step needs 17.64 GiB"). The
+    verdict is the step's; the part is compiled for half the state and scaled, and says so."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", *WIDE, "train.seq_len=128",
+                 "train.global_batch_size=1", "--json", str(out)]) == 0, capsys.readouterr()
+    p = json.loads(out.read_text())
+    assert p["memory"]["fits"] is True and p["memory"]["peak_bytes"] < p["memory"]["hbm_bytes"]
+    assert p["details"]["optimizer_part_share"] == 2
+    assert "the optimizer part compiled for 1/2 of the device's state" in p["estimate"]["method"]
+    assert p["estimate"]["step_s"] > 0
+
+
+@pytest.mark.slow
+def test_auto_micro_batch_is_the_largest_the_tpu_compiler_accepts(tmp_path, capsys):
+    """``train.micro_batch_size=auto`` for a v5e device: the compiler itself refuses the
+    candidates that do not fit (its out-of-memory error, read for its figures); the choice fits
+    and the next larger divisor was refused."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", *WIDE, "train.seq_len=2048",
+                 "train.global_batch_size=8", "train.micro_batch_size=auto", "--no-parts",
+                 "--json", str(out)]) == 0, capsys.readouterr()
+    p = json.loads(out.read_text())
+    fit, hbm = p["details"]["fit"], p["memory"]["hbm_bytes"]
+    trials = {t["micro_batch_size"]: t for t in fit["trials"]}
+    chosen = fit["micro_batch_size"]
+    assert fit["auto"] == ["micro_batch_size"] and fit["limit_bytes"] == hbm
+    assert trials[chosen]["fits"] and trials[chosen]["peak_bytes"] == p["memory"]["peak_bytes"] <= hbm
+    larger = [d for d in (8, 4, 2, 1) if d > chosen]
+    assert larger, "every micro-batch fits: the case no longer tests the search"
+    assert not trials[min(larger)]["fits"] and trials[min(larger)]["peak_bytes"] > hbm
+    assert p["details"]["n_micro"] == 8 // chosen

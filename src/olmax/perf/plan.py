@@ -256,7 +256,9 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     # attention kernels' work, which depends on the keys it sees too, is the compiled program's)
     ctx = mesh.shape["context"]
     positions = t // ctx
-    o = part_costs(*args, only=("O",), positions=positions)["O"]
+    o, o_share = _optimizer_part(args, positions)
+    if o_share > 1:
+        details["optimizer_part_share"] = o_share
     layers = _layer_parts(args, positions)
     if layers is None:
         details["parts"] = {"optimizer": o}
@@ -300,9 +302,38 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     if rows != per_device:
         method += (f"; the layer parts compiled for {rows} of the micro-batch's {per_device} rows "
                    f"(the {per_device} do not fit unscanned) and scaled x{per_device // rows}")
+    if o_share > 1:
+        method += (f"; the optimizer part compiled for 1/{o_share} of the device's state (the whole "
+                   f"does not fit undonated) and scaled x{o_share}")
     if kernel:
         method += f"; {kernel_price(rate or 0)}"
     return _step(method, compute_s, kernel_s, coll, b * t, n, details["chips"], flops, peak_dev)
+
+
+def _optimizer_part(args: tuple, positions: int) -> tuple[dict, int]:
+    """The optimizer update's part (O) over the device's share of the state, and 1: or, where that
+    share does not fit the device compiled apart (gradients, parameters and moments in and the new
+    ones out, none donated, unlike in the step), over 1/k of it scaled by k (k = 2, 4, ...: the
+    update is elementwise but for the global norm's sum), and k."""
+    cfg, dev, per_device, tensor, n_devices, runtime = args
+    share = 1
+    while True:
+        try:
+            o = part_costs(cfg, dev, per_device, tensor, n_devices * share, runtime, only=("O",),
+                           positions=positions)["O"]
+        except DoesNotFit:
+            if share >= 1024:
+                raise
+            share *= 2
+            continue
+        if share > 1:
+            o = {k: (v * share if isinstance(v, (int, float)) and k in _SCALED else v)
+                 for k, v in o.items()}
+        return o, share
+
+
+# the figures of a part that grow with the elements it updates
+_SCALED = ("flops", "optimal_seconds", "optimal_seconds_raw", "bytes accessed")
 
 
 def _layer_parts(args: tuple, positions: int) -> tuple[int, Any, Any] | None:
