@@ -112,3 +112,37 @@ def test_nothing_that_fits_is_one_line_naming_the_least_tried():
                          "none; full stores least, auto picks what fits), mesh.fsdp (more devices to "
                          "shard the parameters and optimizer state over), train.seq_len (now 32)")
     assert info.value.exit_code == 2 and info.value.available == 1000
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_the_micro_batches_it_chose(token_files, tmp_path, caplog):
+    """The choice is saved in the run directory and taken again on resume wherever it still fits,
+    though the resumed command would choose otherwise (the losses depend on how a batch is
+    accumulated): here the first run may take at most 2 sequences a micro-step, the resumed one
+    up to all 8."""
+    import json
+    import logging
+
+    import yaml
+
+    from olmax.cli import main
+
+    _, recipe = token_files
+    run = tmp_path / "run"
+    common = ["train", str(recipe), "--run-dir", str(run), "train.micro_batch_size=auto",
+              "checkpoint.interval=2", "logging.tensorboard=false"]
+    assert main([*common, "train.micro_batch_max=2", "train.max_steps=2"]) == 0
+    record = json.loads((run / "fit.json").read_text())
+    assert (record["micro_batch_size"], record["auto"]) == (2, ["micro_batch_size"])
+    with caplog.at_level(logging.INFO, logger="olmax.train.trainer"):
+        assert main([*common, "train.max_steps=4"]) == 0
+    said = [r.getMessage() for r in caplog.records if "chose micro-batch" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith("this run's earlier choice"), said
+    assert json.loads((run / "fit.json").read_text())["micro_batch_size"] == 2
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["micro_batch_size"] == 2
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    # without the record the same command chooses the largest: the record is what kept it
+    fresh = tmp_path / "fresh"
+    assert main([*common[:3], str(fresh), *common[4:], "train.max_steps=1"]) == 0
+    assert json.loads((fresh / "fit.json").read_text())["micro_batch_size"] == 8

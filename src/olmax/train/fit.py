@@ -186,7 +186,8 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
     limit_bytes, source = limit if limit is not None else memory_limit(train, devices)
     auto = tuple(k for k in ("micro_batch_size", "remat") if getattr(train, k) == "auto")
     dp = data_parallel_size(mesh)
-    micros, remats = micro_candidates(train, dp), remat_candidates(train)
+    all_micros, all_remats = micro_candidates(train, dp), remat_candidates(train)
+    micros, remats = all_micros, all_remats
     if limit_bytes is None:           # nothing to fit against: the largest, the lightest
         micros, remats = micros[:1], remats[:1]
     # With no limit on the CPU, only what cannot be less is checked: a step's arguments (its
@@ -226,7 +227,7 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
         return ok
 
     choice = None
-    if prefer is not None and prefer[0] in micros and prefer[1] in remats and fits(*prefer):
+    if prefer is not None and prefer[0] in all_micros and prefer[1] in all_remats and fits(*prefer):
         choice = prefer
     if choice is None:
         choice = choose(micros, remats, fits)
@@ -244,7 +245,8 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
     st, compiled = built.pop(choice)
     built.clear()     # the other candidates' executables
     peak = next(t.peak_bytes for t in reversed(trials) if (t.micro_batch_size, t.remat) == choice)
-    fit = StepFit(choice[0], choice[1], peak or 0, limit_bytes, source, auto, trials, st, compiled)
+    fit = StepFit(choice[0], choice[1], peak or 0, host[0] if host else limit_bytes, source, auto,
+                  trials, st, compiled)
     if auto:
         log.debug("step fit: %s", fit.summary())
     return fit
