@@ -32,6 +32,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 MESH_DEVICES = 8
 
+# tests/device/ runs on a real accelerator (scripts/test --tpu-device), against references made
+# on a CPU beforehand: collected only when asked for.
+collect_ignore = [] if os.environ.get("OLMAX_DEVICE_TESTS") == "1" else ["device"]
+
 # The default tier's per-test budget: a test not marked slow takes at most this many seconds (its
 # setup, call and teardown, module fixtures included) on a 2-core CI machine. The run's summary
 # names every default-tier test over it: mark it slow, or make it cheaper. (Each tier's total

@@ -156,3 +156,46 @@ def test_bf16_parity_sweep(tmp_path, window, seq_len):
             assert r["kl_max"] <= 1e-9 and r["top1_agreement"] == 1.0
         else:
             assert r["kl_mean"] <= 1.5e-3
+
+
+def test_a_saved_reference_gives_the_same_report_without_torch(hf_dirs, tmp_path, monkeypatch, capsys):
+    """HF's logits saved on this machine (``--save-reference``) stand in for HF where there is no
+    torch (a TPU host): the same tokens and logits, so the same report to the last bit; another
+    HF directory's weights are refused."""
+    import json
+    import shutil
+
+    from olmax.cli import main
+    from olmax.interop import parity
+
+    case = "gqa-default-pattern"
+    kw, seq_len, batch = CASES[case]
+    ref = tmp_path / "ref.npz"
+    live = run_parity(hf_dirs / case, seq_len=seq_len, batch=batch, seed=3, save_reference=ref)
+
+    def no_torch():
+        raise AssertionError("the reference run must not import torch")
+    monkeypatch.setattr(parity, "_reference", no_torch)
+    saved = run_parity(hf_dirs / case, reference=ref)
+    for key in ("kl_mean", "kl_max", "top1_agreement", "max_abs_logit_diff", "num_positions",
+                "seq_len", "batch", "hf_rope_dtype", "hf_dtype"):
+        assert saved[key] == live[key], key
+    assert saved["inputs"] == f"reference file {ref} (seed 3)"
+    assert saved["versions"]["torch"] == live["versions"]["torch"]
+
+    other = tmp_path / "other"
+    shutil.copytree(hf_dirs / case, other)
+    weights = next(other.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-4:] = bytes(4)                    # one weight changed, the same size
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["parity", str(other), "--reference", str(ref)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"olmax parity: error: --reference {ref} holds HF logits of another model: "
+                   f"{other}'s config.json or weights differ from those it was computed from")
+    assert main(["parity", str(hf_dirs / case), "--reference", str(ref), "--seq-len", "8"]) == 2
+    assert "--seq-len cannot be given with it" in capsys.readouterr().err
+    out = tmp_path / "r.json"
+    assert main(["parity", str(hf_dirs / case), "--reference", str(ref), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["kl_max"] == live["kl_max"]

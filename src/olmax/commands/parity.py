@@ -5,6 +5,10 @@
                  [--attn-impl auto|IMPL] [--hf-attn eager|sdpa] [--seed S] [--json OUT.json]
                  [--tokens FILE | --text FILE]
 
+--save-reference FILE.npz also writes the token ids and HF's logits; on a machine without torch
+(a TPU host) --reference FILE.npz compares olmax against them instead of running HF, for the same
+HF directory only (config and weights are fingerprinted).
+
 Without --checkpoint the HF weights are converted in memory. Reports KL(HF||olmax) mean and max
 per position, top-1 agreement and max |logit diff| over the first vocab_size logits. The default
 sequence length is twice the largest sliding window (capped at max_position_embeddings). Needs
@@ -29,7 +33,7 @@ from typing import get_args
 from olmax.commands import HELP
 from olmax.config import AttnImpl
 from olmax.device_memory import raising_does_not_fit
-from olmax.errors import OlmaxError
+from olmax.errors import ConfigError, OlmaxError
 from olmax.interop.parity import HF_ATTN, format_report, run_parity
 from olmax.io import as_inputs, refuse_existing, write_json_atomic
 from olmax.platforms import PROFILE_NAMES
@@ -61,15 +65,31 @@ def add_parser(subparsers) -> None:
                           "file, told apart by content)")
     src.add_argument("--text", metavar="FILE", default=None,
                      help="a text file, tokenized with HF_DIR's tokenizer.json (else dolma2)")
+    p.add_argument("--save-reference", metavar="FILE.npz", default=None,
+                   help="also write the token ids and HF's logits there, for --reference on a "
+                        "machine without torch")
+    p.add_argument("--reference", metavar="FILE.npz", default=None,
+                   help="compare with HF's logits saved by --save-reference (for this HF "
+                        "directory) instead of running HF: no torch needed")
     p.add_argument("--json", metavar="OUT.json", default=None, help="also write the report as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing --json file")
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
-    if args.json:
-        refuse_existing(args.json, args.force, flag="--json",
-                        inputs=as_inputs([x for x in (args.tokens, args.text) if x], "an input"))
+    read = as_inputs([x for x in (args.tokens, args.text, args.reference) if x], "an input")
+    for flag, out in (("--json", args.json), ("--save-reference", args.save_reference)):
+        if out:
+            refuse_existing(out, args.force, flag=flag, inputs=read)
+    if args.reference:
+        fixed = [flag for flag, given in (("--tokens", args.tokens), ("--text", args.text),
+                                          ("--seq-len", args.seq_len), ("--hf-dtype", args.hf_dtype),
+                                          ("--save-reference", args.save_reference),
+                                          ("--batch", args.batch != 1), ("--seed", args.seed != 0),
+                                          ("--hf-attn", args.hf_attn != "eager")) if given]
+        if fixed:
+            raise ConfigError(f"--reference fixes the inputs and the reference's settings; "
+                              f"{fixed[0]} cannot be given with it")
     text = None
     if args.text is not None:
         path = Path(args.text)
@@ -86,9 +106,13 @@ def _run(args) -> int:
         report = run_parity(args.hf_dir, checkpoint=args.checkpoint, seq_len=args.seq_len,
                             batch=args.batch, dtype=args.dtype, seed=args.seed,
                             token_file=args.tokens, text=text, profile=args.profile,
-                            attn_impl=args.attn_impl, hf_dtype=args.hf_dtype, hf_attn=args.hf_attn)
+                            attn_impl=args.attn_impl, hf_dtype=args.hf_dtype, hf_attn=args.hf_attn,
+                            reference=args.reference, save_reference=args.save_reference)
     print(format_report(report))
     if args.json:
         write_json_atomic(args.json, report, overwrite=args.force)
         print(f"wrote {args.json}")
+    if args.save_reference:
+        print(f"wrote {args.save_reference} (HF's logits: olmax parity HF_DIR --reference "
+              f"{args.save_reference} compares against them without torch)")
     return 0

@@ -15,13 +15,22 @@ Inputs are deterministic: uniform token ids from ``seed``, or the first ``batch 
 a token file (``.npy`` or raw uint32 as OLMo token files) or a text (tokenized with the HF
 directory's ``tokenizer.json`` if present, else dolma2). torch and transformers are optional
 dependencies imported only here.
+
+A machine without torch (a TPU host) compares against HF's logits computed elsewhere: with
+``save_reference`` a run with the reference writes its token ids and HF's logits to an ``.npz``
+file (with the HF directory's config and weights fingerprinted), and ``reference`` reads them back
+instead of running HF: the same tokens, the same report, for the same HF directory only.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import platform
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -197,13 +206,17 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
                seq_len: int | None = None, batch: int = 1, dtype: str = "float32", seed: int = 0,
                tokens: np.ndarray | None = None, token_file: str | None = None,
                text: str | None = None, profile: str = "auto", attn_impl: str = "auto",
-               hf_dtype: str | None = None, hf_attn: str = "eager") -> dict[str, Any]:
+               hf_dtype: str | None = None, hf_attn: str = "eager",
+               reference: str | os.PathLike | None = None,
+               save_reference: str | os.PathLike | None = None) -> dict[str, Any]:
     """Run both models on the same batch and return the parity report (a JSON-able dict).
     ``profile``: the platform profile whose code path olmax runs (``auto``: this machine's
     devices'; ``cpu``, ``tpu``, ``gpu`` force it, see :mod:`olmax.platforms`), with its attention
     for ``attn_impl=auto``. ``hf_dtype``: the reference's dtype (default: ``dtype``), e.g.
     olmax in bfloat16 against HF in float32. ``hf_attn``: the reference's attention (``eager``, the
-    default, holds [heads, T, T] scores; ``sdpa`` does not, for long sequences)."""
+    default, holds [heads, T, T] scores; ``sdpa`` does not, for long sequences). ``reference``:
+    HF's logits and their token ids from a file ``save_reference`` wrote (no torch needed; the
+    inputs, ``hf_dtype`` and ``hf_attn`` are the file's); ``save_reference``: write them there."""
     hf_dtype = hf_dtype or dtype
     if hf_attn not in HF_ATTN:
         raise ConfigError(f"unsupported reference attention '{hf_attn}' (choose from {', '.join(HF_ATTN)})")
@@ -213,18 +226,37 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     if batch < 1 or (seq_len is not None and seq_len < 1):
         raise ConfigError("batch and seq_len must be positive")
     runtime = Runtime.resolve(dtype, attn_impl=attn_impl, profile=profile)
-    torch, transformers = _reference()
     params, cfg, source = _olmax_params(hf_dir, checkpoint, dtype)
-    tokens, inputs = _inputs(cfg, hf_dir, tokens, token_file, text, batch,
-                             seq_len or default_seq_len(cfg), seed)
-    model = _hf_model(hf_dir, hf_dtype, hf_attn)
+    v = cfg.vocab_size
+    rows: list[np.ndarray] = []       # HF's logits, kept for save_reference
+    if reference is not None:
+        saved = read_reference(reference, hf_dir, v)
+        tokens, meta = saved["tokens"], saved["meta"]
+        inputs = f"reference file {reference} ({meta['inputs']})"
+        hf_dtype, hf_attn = meta["hf_dtype"], meta["hf_attn"]
+        ref_fn: Any = lambda b, row: saved["logits"][b]  # noqa: E731
+        hf_meta = {k: meta[k] for k in ("hf_attn_implementation", "hf_rope_dtype", "warnings", "versions")}
+    else:
+        torch, transformers = _reference()
+        tokens, inputs = _inputs(cfg, hf_dir, tokens, token_file, text, batch,
+                                 seq_len or default_seq_len(cfg), seed)
+        model = _hf_model(hf_dir, hf_dtype, hf_attn)
+        ref_fn = hf_logits(model, v)
+        hf_meta = {"hf_attn_implementation": getattr(model.config, "_attn_implementation", None) or hf_attn,
+                   "hf_rope_dtype": _hf_rope_dtype(model, getattr(torch, hf_dtype)),
+                   "warnings": _hf_rope_warnings(model, cfg),
+                   "versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
+        if save_reference is not None:
+            ref_fn = _recording(ref_fn, rows)
     # fp32 means fp32: no TF32 / reduced-precision matmul passes on accelerators.
     with jax.default_matmul_precision("highest"):
         fwd = jax.jit(lambda p, t: forward(p, t, cfg, runtime))
-    v = cfg.vocab_size
     windows = [w for w in cfg.window_pattern if w is not None]
-    kl, agree, far_kl, max_diff, t_hf, t_ox = _compare(model, fwd, params, tokens, v,
+    kl, agree, far_kl, max_diff, t_hf, t_ox = _compare(ref_fn, fwd, params, tokens, v,
                                                        max(windows) if windows else None)
+    if reference is None and save_reference is not None:
+        write_reference(save_reference, hf_dir, tokens, np.stack(rows),
+                        {"inputs": inputs, "hf_dtype": hf_dtype, "hf_attn": hf_attn, **hf_meta})
     return {
         "kl_mean": float(kl.mean()),
         "kl_max": float(kl.max()),
@@ -244,30 +276,104 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         "kl_max_beyond_window": float(far_kl.max()) if far_kl.size else None,
         "inputs": inputs,
         "olmax_params": source,
-        "hf_attn_implementation": getattr(model.config, "_attn_implementation", None) or hf_attn,
+        "hf_attn_implementation": hf_meta["hf_attn_implementation"],
         "olmax_device": jax.devices()[0].device_kind,
-        "hf_rope_dtype": _hf_rope_dtype(model, getattr(torch, hf_dtype)),
-        "warnings": _hf_rope_warnings(model, cfg),
+        "hf_rope_dtype": hf_meta["hf_rope_dtype"],
+        "warnings": hf_meta["warnings"],
         "seconds_hf": round(t_hf, 3),
         "seconds_olmax": round(t_ox, 3),
-        "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
-                     "jax": jax.__version__, "python": platform.python_version()},
+        "versions": {**hf_meta["versions"], "jax": jax.__version__,
+                     "python": platform.python_version()},
     }
 
 
-def _compare(model: Any, fwd: Any, params: Any, tokens: np.ndarray, v: int, far: int | None
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float]:
-    """Both models row by row over the first ``v`` logits: per-position KL and top-1 agreement,
-    the KL of positions from ``far`` on, max |logit diff|, and each model's seconds."""
+# ----------------------------------------------------------------------------------------------
+# Saved references: HF's logits computed on a machine with torch, compared where there is none
+
+
+REFERENCE_FORMAT = "olmax-parity-reference-1"
+
+
+def hf_fingerprint(hf_dir: str | os.PathLike) -> str:
+    """sha256 over an HF directory's config.json and its safetensors files (names and bytes): a
+    saved reference is compared only against the weights it was computed from."""
+    root = Path(hf_dir)
+    h = hashlib.sha256()
+    for path in [root / "config.json", *sorted(root.glob("*.safetensors"))]:
+        h.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def write_reference(path: str | os.PathLike, hf_dir: str | os.PathLike, tokens: np.ndarray,
+                    logits: np.ndarray, meta: dict) -> None:
+    """HF's ``logits`` [B, T, V] (float32) for ``tokens`` [B, T] and how they were made, as one
+    ``.npz`` file, written atomically."""
+    from olmax.io import write_bytes_atomic
+
+    meta = {"format": REFERENCE_FORMAT, "hf_fingerprint": hf_fingerprint(hf_dir), **meta}
+    buf = io.BytesIO()
+    np.savez(buf, tokens=tokens.astype(np.int32), logits=logits.astype(np.float32),
+             meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def read_reference(path: str | os.PathLike, hf_dir: str | os.PathLike, vocab: int) -> dict:
+    """A saved reference, checked: its format, that it was computed from ``hf_dir``'s config and
+    weights, and its shapes (``vocab`` logits per position)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in ("tokens", "logits", "meta")}
+        meta = json.loads(bytes(data["meta"]).decode())
+    except FileNotFoundError:
+        raise OlmaxError(f"--reference {path}: file not found") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError):
+        raise OlmaxError(f"--reference {path}: not a parity reference (olmax parity "
+                         "--save-reference writes them)") from None
+    if not isinstance(meta, dict) or meta.get("format") != REFERENCE_FORMAT:
+        raise OlmaxError(f"--reference {path}: not a parity reference (olmax parity "
+                         "--save-reference writes them)")
+    if meta.get("hf_fingerprint") != hf_fingerprint(hf_dir):
+        raise OlmaxError(f"--reference {path} holds HF logits of another model: {hf_dir}'s "
+                         "config.json or weights differ from those it was computed from")
+    tokens, logits = data["tokens"], data["logits"]
+    if tokens.ndim != 2 or logits.shape != (*tokens.shape, vocab):
+        raise OlmaxError(f"--reference {path}: logits {logits.shape} do not match tokens "
+                         f"{tokens.shape} x vocabulary {vocab}")
+    return {"tokens": tokens, "logits": logits, "meta": meta}
+
+
+def hf_logits(model: Any, v: int):
+    """``row -> HF's logits [T, v] (float32)`` of a transformers model, row by row."""
     torch, _ = _reference()
+
+    def run(b: int, row: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return model(torch.from_numpy(row.astype(np.int64))).logits[0, :, :v].float().numpy()
+    return run
+
+
+def _recording(reference: Any, rows: list) -> Any:
+    """``reference`` that also keeps every row's logits in ``rows``."""
+    def run(b: int, row: np.ndarray) -> np.ndarray:
+        rows.append(reference(b, row))
+        return rows[-1]
+    return run
+
+
+def _compare(reference: Any, fwd: Any, params: Any, tokens: np.ndarray, v: int, far: int | None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float]:
+    """The reference's logits (``reference(b, row)`` -> [T, v]) and olmax's, row by row over the
+    first ``v`` logits: per-position KL and top-1 agreement, the KL of positions from ``far`` on,
+    max |logit diff|, and each side's seconds."""
     kls, agrees, far_kls, max_diff = [], [], [], 0.0
     t_hf = t_ox = 0.0
     for b in range(tokens.shape[0]):
         row = tokens[b:b + 1]
         t0 = time.perf_counter()
-        with torch.no_grad():
-            ref = model(torch.from_numpy(row.astype(np.int64))).logits[0, :, :v]
-            ref = ref.float().numpy()
+        ref = reference(b, row)
         t1 = time.perf_counter()
         with jax.default_matmul_precision("highest"):
             out = np.asarray(fwd(params, jnp.asarray(row)))[0, :, :v]
