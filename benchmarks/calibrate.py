@@ -19,7 +19,8 @@ devices of olmax's target description (``maxtext_compile.py --gpu-target``, JAX'
 MaxText's environment) and its program is kept beside the record, so that the kernels and
 collectives are read again from it on every run. An ``olmax`` case (``peer.program: olmax``) is olmax's own step, measured
 on a GPU, whose compiled program is stored (``peer.hlo``): it is estimated from that program and
-needs no compile.
+needs no compile. A TPU ``olmax`` case (``benchmarks/tpu.sh`` writes them: olmax's step measured on
+a chip) is ``olmax plan`` of its recipe and overrides for its topology, kept like a compile.
 
 Compiles are cached in ``results/calibration/compiles/`` by what was compiled (mode, topology,
 arguments, flags, peer version): a compile whose record exists is not repeated unless ``--rerun``;
@@ -384,6 +385,36 @@ def _calibrate_gpu_step(case: dict, base: dict, maxtext_python: str, rerun: bool
     return {**base, "estimate": est, "status": "estimated"}
 
 
+def _calibrate_olmax_tpu(case: dict, base: dict, rerun: bool, compile_: bool) -> dict:
+    """An olmax step measured on a TPU (``benchmarks/tpu.sh`` writes these cases): ``olmax plan``
+    of its recipe and overrides (``peer.recipe``, ``peer.args``) for its topology, which is the
+    estimate; the plan is kept in the compile records by what it was asked."""
+    from olmax.io import write_json_atomic
+    from olmax.perf.plan import plan
+    from olmax.train.recipes import load_recipe
+
+    recipe, overrides = case["peer"]["recipe"], case["peer"]["args"]
+    req = {"mode": "olmax-plan", "topology": case["topology"], "recipe": recipe, "args": overrides,
+           "layers": None}
+    path = COMPILES / f"{_key(req)}.json"
+    if path.exists() and not rerun:
+        p = json.loads(path.read_text())
+    elif compile_:
+        t0 = time.perf_counter()
+        p = plan(load_recipe(recipe, overrides, find_mix=False), case["topology"]).to_dict()
+        p["wall_s"] = time.perf_counter() - t0
+        write_json_atomic(path, p)
+    else:
+        return {**base, "status": f"not compiled: olmax plan ({path.name} is missing)"}
+    base["compiles"]["plan"] = {"key": _key(req), "rc": 0, "wall_s": p.get("wall_s"), "reused_from": None}
+    est = dict(p["estimate"])
+    if not est.get("step_s"):
+        return {**base, "status": f"no estimate: {est.get('method')}"}
+    est["mfu"] = est.get("mfu_causal")
+    est["peak_bytes"] = p["memory"]["peak_bytes"]
+    return {**base, "estimate": est, "status": "estimated"}
+
+
 def calibrate_case(case: dict, maxtext_python: str, rerun: bool, compile_: bool, timeout: int) -> dict:
     from olmax.hardware import BY_NAME
 
@@ -391,6 +422,8 @@ def calibrate_case(case: dict, maxtext_python: str, rerun: bool, compile_: bool,
     base = {"case": case["name"], "accelerator": case["accelerator"], "topology": case["topology"],
             "devices": case["devices"], "convention": case["measured"]["convention"],
             "source": case["measured"]["source"].strip(), "estimate": None, "status": None, "compiles": {}}
+    if case["peer"]["program"] == "olmax" and acc.platform == "tpu":
+        return _calibrate_olmax_tpu(case, base, rerun, compile_)
     if case["peer"]["program"] == "olmax":
         import gzip
 
@@ -447,7 +480,8 @@ def main() -> int:
     if a.check:
         print(f"{len(cases)} case files valid: {', '.join(cases)}")
         return 0
-    if not a.no_compile and not Path(a.maxtext_python).exists():
+    maxtext = any(c["peer"]["program"] == "maxtext" for c in chosen.values())
+    if maxtext and not a.no_compile and not Path(a.maxtext_python).exists():
         print(f"calibrate: MaxText's interpreter {a.maxtext_python} does not exist (see benchmarks/README.md, "
               "'Calibration'); --no-compile uses the compile records there are", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ def test_every_case_file_matches_the_schema():
         assert case["measured"]["source"].strip()
         named = "model.preset=" if case["peer"]["program"] == "olmax" else "model_name="
         assert any(a.startswith(named) for a in case["peer"]["args"])
-        if case["peer"]["program"] == "olmax":      # the stored program is there
+        if case["peer"]["program"] == "olmax" and "hlo" in case["peer"]:   # the stored program is there
             assert (CASES.parent / case["peer"]["hlo"]).is_file()
     cases = calibration_cases.load_cases(CASES)     # relative_to names a case too
     assert {"olmo3_7b_maxtext_512", "olmo3_7b_maxtext_128", "olmo3_7b_maxtext_128_heads16x256",
@@ -46,6 +46,52 @@ def test_an_olmax_case_names_its_stored_program():
     for case, what in ((no_hlo, "hlo"), (maxtext_with_hlo, "hlo"), (no_model, "model.preset")):
         with pytest.raises(calibration_cases.CaseError, match=what):
             calibration_cases.validate(case)
+
+
+TPU_OLMAX_CASE = {
+    "name": "tiny_v5e", "accelerator": "v5e", "topology": "v5e:1x1", "devices": 1,
+    "peer": {"program": "olmax", "version": "olmax", "launcher": "benchmarks/tpu.sh",
+             "topology": "v5e:1x1", "recipe": "olmo3_tiny",
+             "args": ["model.preset=olmo3-tiny", "train.global_batch_size=4", "train.micro_batch_size=4",
+                      "train.remat=none", "train.attn_impl=auto"]},
+    "measured": {"step_s": 0.01, "convention": "causal", "source": "a test's case"}}
+
+
+def test_an_olmax_tpu_case_names_its_recipe_and_no_program():
+    """A step measured on a TPU (benchmarks/tpu.sh writes such cases) is planned, not read from a
+    stored program: it names its recipe, and no HLO."""
+    calibration_cases.validate(copy.deepcopy(TPU_OLMAX_CASE))
+    with_hlo = copy.deepcopy(TPU_OLMAX_CASE)
+    with_hlo["peer"]["hlo"] = "results/x.txt"
+    no_recipe = copy.deepcopy(TPU_OLMAX_CASE)
+    del no_recipe["peer"]["recipe"]
+    for case, what in ((with_hlo, "hlo"), (no_recipe, "recipe")):
+        with pytest.raises(calibration_cases.CaseError, match=what):
+            calibration_cases.validate(case)
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+def test_an_olmax_tpu_case_is_estimated_by_olmax_plan(tmp_path, monkeypatch):
+    """benchmarks/calibrate.py estimates such a case by olmax plan of its recipe and overrides for
+    its topology (what a user's plan says), kept like a compile and reused."""
+    import importlib.util
+
+    from olmax.perf.plan import plan
+    from olmax.train.recipes import load_recipe
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))     # its sibling modules
+    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "benchmarks" / "calibrate.py")
+    cal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cal)
+    monkeypatch.setattr(cal, "COMPILES", tmp_path)
+    case = calibration_cases.validate(copy.deepcopy(TPU_OLMAX_CASE))
+    first = cal.calibrate_case(case, "", rerun=False, compile_=True, timeout=600)
+    assert first["status"] == "estimated", first
+    direct = plan(load_recipe("olmo3_tiny", TPU_OLMAX_CASE["peer"]["args"], find_mix=False), "v5e:1x1")
+    assert first["estimate"]["step_s"] == pytest.approx(direct.estimate["step_s"], rel=1e-9)
+    again = cal.calibrate_case(case, "", rerun=False, compile_=False, timeout=600)   # the record
+    assert again["estimate"]["step_s"] == first["estimate"]["step_s"]
 
 
 def test_the_schema_refuses_what_the_script_would_not_read():

@@ -20,7 +20,8 @@ CONVENTIONS = {
 }
 PROGRAMS = {
     "maxtext": "compiled here ahead of time in MaxText's environment (maxtext_compile.py)",
-    "olmax": "olmax's own step, compiled where it was measured; its optimized HLO stored (peer.hlo)",
+    "olmax": "olmax's own step: on a GPU compiled where it was measured, its optimized HLO stored "
+             "(peer.hlo); on a TPU, olmax plan of its recipe and overrides (peer.recipe, peer.args)",
 }
 
 # field -> (types, required, what it is); nested mappings have their own schemas below
@@ -42,8 +43,9 @@ PEER_SCHEMA: dict = {
     "args": ((list,), True, "the peer's configuration overrides, key=value (model_name= among them)"),
     "libtpu_init_args": ((list,), False, "LIBTPU_INIT_ARGS flags its launcher exported"),
     "xla_flags": ((list,), False, "XLA_FLAGS its launcher exported (GPU)"),
-    "hlo": ((str,), False, "olmax cases: the measured step's optimized HLO, stored (a path under "
+    "hlo": ((str,), False, "olmax GPU cases: the measured step's optimized HLO, stored (a path under "
                            "benchmarks/, gzip if .gz)"),
+    "recipe": ((str,), False, "olmax TPU cases: the recipe peer.args override (olmax plan plans it)"),
 }
 PARTS_SCHEMA: dict = {
     "topology": ((str,), True, "the peer's topology name whose first device compiles the parts"),
@@ -95,8 +97,11 @@ def validate(case: dict, stem: str | None = None) -> dict:
     if peer["program"] not in PROGRAMS:
         raise CaseError(f"{where}.peer.program: one of {sorted(PROGRAMS)}")
     olmax = peer["program"] == "olmax"
-    if olmax != ("hlo" in peer):
-        raise CaseError(f"{where}.peer.hlo: an olmax case, and only one, names its stored program")
+    on_tpu = BY_NAME[case["accelerator"]].platform == "tpu"
+    if (olmax and not on_tpu) != ("hlo" in peer):
+        raise CaseError(f"{where}.peer.hlo: an olmax GPU case, and only one, names its stored program")
+    if (olmax and on_tpu) != ("recipe" in peer):
+        raise CaseError(f"{where}.peer.recipe: an olmax TPU case, and only one, names its recipe")
     for key in ("args", "libtpu_init_args", "xla_flags"):
         if not all(isinstance(x, str) for x in peer.get(key, [])):
             raise CaseError(f"{where}.peer.{key}: strings expected")
@@ -105,7 +110,7 @@ def validate(case: dict, stem: str | None = None) -> dict:
     named = "model.preset=" if olmax else "model_name="
     if not any(x.startswith(named) for x in peer["args"]):
         raise CaseError(f"{where}.peer.args: the model must be named ({named}...)")
-    tpu = BY_NAME[case["accelerator"]].platform == "tpu" and not olmax
+    tpu = on_tpu and not olmax
     if tpu and "parts" not in case:
         raise CaseError(f"{where}: a TPU case needs parts (where its one-device parts compile)")
     if "parts" in case:

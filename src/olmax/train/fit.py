@@ -140,9 +140,13 @@ def choose(micros: Sequence[int], remats: Sequence[str],
            fits: Callable[[int, str], bool]) -> tuple[int, str] | None:
     """The lightest policy under which some micro-batch fits, with the largest micro-batch that
     fits under it (``micros`` largest first); None when nothing fits. ``fits(micro, remat)``
-    compiles, so it is asked as few times as the search allows (memory grows with the micro-batch:
-    the largest, then the smallest, then bisection between the last that did not fit and the last
-    that did)."""
+    compiles, so it is asked as few times as the search allows.
+
+    The largest (the whole per-device batch) first, then the smallest, then bisection between the
+    last that did not fit and the last that did. Memory grows with the micro-batch among the
+    micro-batches that accumulate; the whole batch keeps no gradient accumulator (an fp32 copy of
+    the gradients: for a 7B-wide slice more than a micro-batch's activations), so it may need less
+    than the next smaller one, never more than the bisection assumes of the ones below it."""
     for remat in remats:
         if fits(micros[0], remat):
             return micros[0], remat

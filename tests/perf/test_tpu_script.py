@@ -1,0 +1,39 @@
+"""``benchmarks/tpu.sh`` must run anywhere: without a TPU it runs the same code on tiny shapes, and
+what it writes for the chip's run (the table, the JSON, each row as a calibration case) is checked
+here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from olmax.perf.calibration_cases import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_tpu_script_runs_tiny_on_cpu(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu.sh"), "--rows", "olmo3-190m,7b-slice",
+                           "--steps", "2"], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "| olmo3-190m | 4 x 64 | 4 | none |" in proc.stdout and "| 7b-slice | 4 x 64 |" in proc.stdout
+    result = json.loads((tmp_path / "tpu.json").read_text())
+    assert result["tiny"] and result["versions"]["device"] == "cpu"
+    for row in result["rows"]:
+        assert row["tokens_per_s"] > 0 and row["auto"] == ["micro_batch_size", "remat"]
+        assert row["peak_memory_bytes"] <= row["memory_limit_bytes"]
+        assert row["plan"]["fits"] is True        # planned for the local devices on a CPU
+    for path in sorted((tmp_path / "cases").glob("*.yaml")):
+        case = validate(yaml.safe_load(path.read_text()), path.stem)
+        assert case["peer"]["program"] == "olmax" and case["topology"] == "v5e:1x1"
+        assert "train.micro_batch_size=4" in case["peer"]["args"] and "train.remat=none" in case["peer"]["args"]
+        assert case["measured"]["step_s"] > 0
+    assert "matmul ceiling" in (tmp_path / "log.txt").read_text()
