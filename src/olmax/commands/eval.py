@@ -63,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
                          f"vocabulary is {model.cfg.padded_vocab_size}")
     suite = EvalSuite.prepare(tasks=args.tasks, heldout=args.heldout, tokenizer=tok, model_ctx_len=ctx,
                               vocab_size=model.cfg.vocab_size, limit=args.limit,
-                              heldout_max_docs=args.heldout_max_docs)
+                              heldout_max_docs=args.heldout_max_docs,
+                              vocab_setting=f"the vocabulary of {args.checkpoint} (vocab_size "
+                                            f"{model.cfg.vocab_size}; --tokenizer {args.tokenizer})")
     scorer = Scorer(model.cfg, Runtime.resolve(args.dtype, attn_impl="xla"), softmax_vocab=model.softmax_vocab)
     results = suite.run(scorer, model.params, batch_size=args.batch_size,
                         progress=not args.no_progress and sys.stderr.isatty())

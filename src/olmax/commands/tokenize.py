@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from olmax.commands import HELP
+from olmax.commands import HELP, number
 from olmax.errors import ConfigError
 from olmax.data.tokenize_files import TokenizeSettings, tokenize_files
 
@@ -24,7 +24,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--text-field", default="text", help="JSONL field / Parquet column with the text")
     p.add_argument("--max-file-tokens", type=int, default=1 << 28,
                    help="split output files at this many tokens (default 2^28)")
-    p.add_argument("--group-mb", type=float, default=32.0,
+    p.add_argument("--group-mb", type=number(low=0, low_open=True, high=1e6), default=32.0,
                    help="input megabytes per unit of work (resume granularity; default 32)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -80,10 +80,12 @@ class EvalSuite:
                 model_ctx_len: int, heldout_seq_len: int | None = None, vocab_size: int | None = None,
                 limit: int | None = None, heldout_max_docs: int | None = None,
                 cache: str | None = None, data_cache_dir: str | None = None,
-                exclude_overlap_with: OverlapGuard | None = None) -> "EvalSuite":
+                exclude_overlap_with: OverlapGuard | None = None,
+                vocab_setting: str | None = None) -> "EvalSuite":
         """Tokenized tasks and padded held-out sets. ``cache``: the OLMES data cache;
         ``data_cache_dir``: where the embedded corpus is cached; ``exclude_overlap_with``: check
-        the held-out sets against training files first (see :class:`OverlapGuard`)."""
+        the held-out sets against training files first (see :class:`OverlapGuard`);
+        ``vocab_setting``: what sets ``vocab_size``, as the user changes it (error lines)."""
         names = expand_tasks(list(tasks))
         for name in names:  # fail on a bad name before any slow work
             get_task(name, cache)
@@ -97,7 +99,8 @@ class EvalSuite:
         if files:
             sets = load_heldout_sets(files, heldout_seq_len or model_ctx_len,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                     vocab_size=vocab_size, max_docs=heldout_max_docs)
+                                     vocab_size=vocab_size, max_docs=heldout_max_docs,
+                                     vocab_setting=vocab_setting)
         for label, drop in flagged.items():
             tokens, mask = sets[label]
             keep = np.setdiff1d(np.arange(len(tokens)), np.asarray(drop, dtype=np.int64))

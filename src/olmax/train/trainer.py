@@ -211,6 +211,9 @@ class Trainer:
         if self.data.num_instances < t.global_batch_size:
             raise OlmaxError(f"training data has {self.data.num_instances} instances of {t.seq_len} "
                              f"tokens, fewer than one global batch ({t.global_batch_size})")
+        self.data.limit_ids(cfg.model.padded_vocab_size,
+                            f"the model's vocabulary (model.padded_vocab_size "
+                            f"{cfg.model.padded_vocab_size}; data.tokenizer {cfg.data.tokenizer!r})")
         # The run's length as a step count (train.max_epochs / max_tokens resolved on this data):
         # config.yaml records it, and the schedule's horizon is it unless scheduler.t_max is set.
         self.length = t.length
