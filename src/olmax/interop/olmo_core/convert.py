@@ -270,7 +270,7 @@ def _dcp_items(cfg: ModelConfig, params: Any, opt_state: Any, optim: OptimConfig
 
 def olmo_core_config(cfg: ModelConfig, base: dict | None) -> dict:
     """``config.json`` for the export: the imported one (its model checked against ``cfg``), else
-    a model section OLMo-core's ``TransformerConfig`` reads."""
+    a model section OLMo-core's ``TransformerConfig.from_dict`` reads as this model."""
     if base is not None:
         got = model_config_from_olmo_core(base, "the imported config.json")
         if got.replace(init_std=cfg.init_std, max_seq_len=cfg.max_seq_len) != cfg:
@@ -279,8 +279,8 @@ def olmo_core_config(cfg: ModelConfig, base: dict | None) -> dict:
         return copy.deepcopy(base)
     window = [-1 if w is None else int(w) for w in cfg.window_pattern]
     norm = {"name": "rms", "eps": cfg.norm_eps, "bias": False}
-    attn: dict[str, Any] = {
-        "name": "default", "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+    attn: dict[str, Any] = {   # "type" and the scaling's "_CLASS_" pick OLMo-core's classes
+        "type": "attention", "name": "default", "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim, "bias": False,
         "rope": {"name": "default", "theta": cfg.rope_theta, "full_precision": True},
         "qk_norm": None if cfg.qk_norm == "none" else dict(norm),
@@ -303,7 +303,7 @@ def olmo_core_config(cfg: ModelConfig, base: dict | None) -> dict:
                              f"config cannot say this model")
         scaled = copy.deepcopy(block)
         scaled["sequence_mixer"]["rope"]["scaling"] = {
-            "factor": y.factor, "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
+            "_CLASS_": "olmo_core.nn.rope.YaRNRoPEScalingConfig", "factor": y.factor, "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
             "old_context_len": y.original_max_position_embeddings}
         if y.full_attention_only:      # on the full-attention layers: those layers' blocks
             model["block_overrides"] = {str(i): copy.deepcopy(scaled)
