@@ -171,7 +171,8 @@ def averaged(leaves: Sequence[Any], alphas: Sequence[float], stacked: bool,
             x = np.asarray(_block(leaf, index), dtype=np.float32)
             if acc is None:
                 acc = np.zeros(x.shape, np.float32)
-            acc += alpha * x
+            with np.errstate(over="ignore"):    # a sum past float32 is refused below
+                acc += alpha * x
             del x
         assert acc is not None
         problem = tensor_problem(f"{name}[{index[0].start}]" if stacked else name, acc)
