@@ -91,7 +91,7 @@ class TrainData:
                 and self.index.num_documents == 0:
             eos = int(tokenizer["eos_token_id"])
             raise OlmaxError(f"data.instances=packed: no token file holds a document ending in "
-                             f"{tokenizer_setting or 'the tokenizer'}'s EOS id {eos}, so there is "
+                             f"EOS id {eos} ({tokenizer_setting or 'the tokenizer'}), so there is "
                              f"nothing to pack (packing takes whole documents, each ending in "
                              f"EOS; were the files made with another tokenizer?)")
         self.plan = BatchPlan(self.index.num_instances, global_batch_size, seed, epoch, cache_dir)

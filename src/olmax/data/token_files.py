@@ -204,8 +204,8 @@ def check_ids(ids: np.ndarray, vocab_size: int, where: str, setting: str | None 
     if ids.size and int(ids.max()) >= vocab_size:
         pos = int(np.argmax(ids >= vocab_size))
         if setting:
-            raise OlmaxError(f"{setting} does not hold token id {int(ids[pos])} of {where} "
-                             f"(position {pos}): the ids come from another tokenizer")
+            raise OlmaxError(f"{setting} does not hold token id {int(ids[pos])}, at position "
+                             f"{pos} of {where}: the ids come from another tokenizer")
         raise OlmaxError(
             f"{where}: token id {int(ids[pos])} at position {pos} is >= vocab size {vocab_size}"
         )
