@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 import types
 from datetime import datetime
 from pathlib import Path

@@ -509,6 +509,10 @@ def INSPECT(*paths: str) -> list[str]:
             "--seed", "1", "--batches", "0:1"]
 
 
+def OC_IMPORT(folder: str) -> list[str]:
+    return ["convert", "olmo-core-to-olmax", folder, "OUT"]
+
+
 def EVAL(checkpoint: str, *options: str, heldout: str = HELDOUT) -> list[str]:
     return ["eval", checkpoint, "--heldout", heldout, *options, "--json", "OUT.json"]
 
@@ -1038,44 +1042,39 @@ def cases() -> list[Case]:
           ["launch", "k8s", "tiny.yaml", "--topology", "v5p:3x3x3", "--out", "OUT.yaml"],
           r"^--topology 'v5p:3x3x3': 3x3x3 is no v5p slice"),
         # -- what olmax reads from the field is verified, never assumed
-        C("convert", "OLMo-core config.json whose feed-forward is GELU",
-          ["convert", "olmo-core-to-olmax", "oc-gelu", "OUT"],
+        C("convert", "OLMo-core config.json whose feed-forward is GELU", OC_IMPORT("oc-gelu"),
           r"^oc-gelu/config.json: model.block.feed_forward.activation is 'gelu': olmax's MLP is "
           r"SwiGLU \(olmax reads 'silu'\)$"),
         C("convert", "OLMo-core config.json whose layer norm is OLMo-core's default (LayerNorm)",
-          ["convert", "olmo-core-to-olmax", "oc-layernorm", "OUT"],
+          OC_IMPORT("oc-layernorm"),
           r"model.block.layer_norm.name is 'default': olmax's norms are RMSNorm \(OLMo-core's "
           r"default is LayerNorm\)"),
         C("convert", "OLMo-core config.json without the attention's bias (OLMo-core's default: true)",
-          ["convert", "olmo-core-to-olmax", "oc-bias", "OUT"],
+          OC_IMPORT("oc-bias"),
           r"model.block.sequence_mixer.bias is None \(OLMo-core's default: biases\): olmax's "
           r"layers have no biases"),
-        C("convert", "OLMo-core config.json with complex RoPE",
-          ["convert", "olmo-core-to-olmax", "oc-complex-rope", "OUT"],
+        C("convert", "OLMo-core config.json with complex RoPE", OC_IMPORT("oc-complex-rope"),
           r"model.block.sequence_mixer.rope.name is 'complex'"),
-        C("convert", "OLMo-core config.json of a mixture-of-experts block",
-          ["convert", "olmo-core-to-olmax", "oc-moe", "OUT"],
+        C("convert", "OLMo-core config.json of a mixture-of-experts block", OC_IMPORT("oc-moe"),
           r"model.block.name is 'moe_reordered_norm'"),
         C("convert", "OLMo-core config.json with a field OLMo-core 3.0 does not have",
-          ["convert", "olmo-core-to-olmax", "oc-unknown-field", "OUT"],
+          OC_IMPORT("oc-unknown-field"),
           r"model.block.sequence_mixer.softcap is 30.0: OLMo-core 3.0's AttentionConfig has no "
           r"field 'softcap', so olmax cannot know what it computes"),
         C("convert", "OLMo-core .distcp chunk with 8 bytes flipped (same size)",
-          ["convert", "olmo-core-to-olmax", "oc-flipped", "OUT"],
+          OC_IMPORT("oc-flipped"),
           r"^oc-flipped/model_and_optim/__0_0.distcp \(model.embeddings.weight\): entry "
           r"archive/data/0 fails its CRC-32 check"),
-        C("convert", "OLMo-core train/rank0.pt with 8 bytes flipped",
-          ["convert", "olmo-core-to-olmax", "oc-flipped-state", "OUT"],
+        C("convert", "OLMo-core train/rank0.pt with 8 bytes flipped", OC_IMPORT("oc-flipped-state"),
           r"^oc-flipped-state/train/rank0.pt: entry archive/data.pkl fails its CRC-32 check"),
-        C("convert", "OLMo-core train/rank0.pt that is a link to itself",
-          ["convert", "olmo-core-to-olmax", "oc-loop", "OUT"],
+        C("convert", "OLMo-core train/rank0.pt that is a link to itself", OC_IMPORT("oc-loop"),
           r"^oc-loop/train/rank0.pt: not a readable file \(a broken link or a link loop\)"),
         C("init", "continuing an OLMo-core checkpoint without train/rank0.pt",
           [*TRAIN, "init.checkpoint=oc-no-state", "init.load_optimizer=true",
            "init.load_trainer_state=true"],
           r"^init.load_trainer_state=true: init.checkpoint oc-no-state has no train/rank0.pt: its "
           r"step, data position and seed are unknown"),
-        C("convert", "OLMo-core weights holding a NaN", ["convert", "olmo-core-to-olmax", "oc-nan", "OUT"],
+        C("convert", "OLMo-core weights holding a NaN", OC_IMPORT("oc-nan"),
           r"^oc-nan: non-finite weights in 1 tensor\(s\): model.blocks.1.feed_forward.w1.weight "
           r"\(1 NaN\)$"),
         C("merge", "an OLMo-core checkpoint holding a NaN", ["merge", "oc-full", "oc-nan", "--out", "OUT"],
@@ -1089,7 +1088,7 @@ def cases() -> list[Case]:
           env={"AWS_ENDPOINT_URL": "notaurl", "AWS_ACCESS_KEY_ID": "x",
                "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}),
         C("convert", "OLMo-core checkpoint at an http:// address nothing answers (exit 75)",
-          ["convert", "olmo-core-to-olmax", "@CLOSED/step12", "OUT"],
+          OC_IMPORT("@CLOSED/step12"),
           r"^http://127.0.0.1:\d+/step12/model_and_optim/.metadata: size request failed after 5 "
           r"attempts: connection refused"),
         C("merge", "merge of a checkpoint at an http:// address nothing answers (exit 75)",

@@ -33,9 +33,10 @@ def _file(tmp_path, edit=None, tail=b""):
 
 
 def _reference_refuses(path) -> None:
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
-    with pytest.raises(Exception):
+    with pytest.raises(SafetensorError):
         load_file(str(path))
 
 

@@ -81,19 +81,19 @@ class TrainData:
             if token_limits is not None or max_target_seq_len is not None:
                 raise ConfigError("packed instances take neither a source mixture nor "
                                   "data.max_target_seq_len")
-            self.index = PackedIndex(
+            packed = PackedIndex(
                 paths, seq_len, self.dtype, eos_token_id=int(tokenizer["eos_token_id"]),
                 pad_token_id=int(tokenizer["pad_token_id"]), bos_token_id=tokenizer.get("bos_token_id"),
                 source_group_size=packing.source_group_size,
                 long_doc_strategy=packing.long_doc_strategy, cache_dir=cache_dir,
                 start_group=random.random())
-        if packing is not None and self.index.num_instances < global_batch_size \
-                and self.index.num_documents == 0:
-            eos = int(tokenizer["eos_token_id"])
-            raise OlmaxError(f"data.instances=packed: no token file holds a document ending in "
-                             f"EOS id {eos} ({tokenizer_setting or 'the tokenizer'}), so there is "
-                             f"nothing to pack (packing takes whole documents, each ending in "
-                             f"EOS; were the files made with another tokenizer?)")
+            if packed.num_instances < global_batch_size and packed.num_documents == 0:
+                raise OlmaxError(f"data.instances=packed: no token file holds a document ending "
+                                 f"in EOS id {packed.eos} ({tokenizer_setting or 'the tokenizer'}), "
+                                 f"so there is nothing to pack (packing takes whole documents, "
+                                 f"each ending in EOS; were the files made with another "
+                                 f"tokenizer?)")
+            self.index = packed
         self.plan = BatchPlan(self.index.num_instances, global_batch_size, seed, epoch, cache_dir)
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size

@@ -289,12 +289,14 @@ def olmo_core_config(cfg: ModelConfig, base: dict | None) -> dict:
         "sliding_window": {"pattern": window, "force_full_attention_on_first_layer": False,
                            "force_full_attention_on_last_layer": False},
     }
-    block = {"name": "default" if cfg.block_type == "prenorm" else "reordered_norm",
-             "sequence_mixer": attn, "layer_norm": dict(norm),
-             "feed_forward": {"hidden_size": cfg.mlp_hidden, "bias": False, "activation": "silu"}}
-    model = {"d_model": cfg.d_model, "vocab_size": cfg.padded_vocab_size, "n_layers": cfg.n_layers,
-             "block": block, "lm_head": {"layer_norm": dict(norm), "bias": False},
-             "init_std": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings}
+    block: dict[str, Any] = {
+        "name": "default" if cfg.block_type == "prenorm" else "reordered_norm",
+        "sequence_mixer": attn, "layer_norm": dict(norm),
+        "feed_forward": {"hidden_size": cfg.mlp_hidden, "bias": False, "activation": "silu"}}
+    model: dict[str, Any] = {
+        "d_model": cfg.d_model, "vocab_size": cfg.padded_vocab_size, "n_layers": cfg.n_layers,
+        "block": block, "lm_head": {"layer_norm": dict(norm), "bias": False},
+        "init_std": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings}
     if cfg.rope_scaling is not None:   # YaRN as TransformerConfig.with_rope_scaling writes it
         y = cfg.rope_scaling
         if y.attention_factor is not None and y.attention_factor != 0.1 * math.log(y.factor) + 1:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, NoReturn
 
 from olmax.config import ModelConfig, YarnConfig, shown
 from olmax.errors import ConfigError, OlmaxError
@@ -64,7 +64,7 @@ class _Reader:
     def __init__(self, where: str) -> None:
         self.where = where
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str) -> NoReturn:
         raise OlmaxError(f"{self.where}: {message}")
 
     def obj(self, parent: dict, key: str, path: str, required: bool = True) -> dict | None:
@@ -419,10 +419,10 @@ def _yarn_of_layers(r: _Reader, layers: list[_Layer]) -> YarnConfig | None:
     if on == full:
         return scaled[0].yarn
     if len(on) == len(layers):
+        assert scaled[0].yarn is not None
         return dataclasses.replace(scaled[0].yarn, full_attention_only=False)
     r.fail(f"RoPE scaling on layers {on}, full attention on layers {full}: olmax scales every "
            f"layer or exactly the full-attention ones")
-    raise AssertionError("unreachable")
 
 
 __all__ = ["model_config_from_olmo_core", "TRANSFORMER", "BLOCK", "ATTENTION", "ROPE", "YARN",
