@@ -23,12 +23,15 @@ from olmax.interop.olmo_core.checkpoint import (OLMoCoreCheckpoint, is_olmo_core
 from olmax.interop.hf_config import model_config_from_hf, read_hf_config
 from olmax.interop.safetensors import check_safetensors_dir
 from olmax.model.presets import WeightsConfig
+from olmax.transport import check_location
 
 
 def read_weights_config(init: InitConfig, *, padded_vocab_size: int | None = None
                         ) -> WeightsConfig | None:
     """The config of ``init.checkpoint`` or ``init.hf_dir`` (the trainer's order), or None when
     neither is set. ``padded_vocab_size``: the run's padding, for an HF source (None: OLMo-core's)."""
+    check_location(init.checkpoint, "init.checkpoint")     # a URL olmax reads, or a local path
+    check_location(init.hf_dir, "init.hf_dir")
     if init.checkpoint and is_olmo_core_checkpoint(init.checkpoint):
         if init.load_trainer_state:
             ck = OLMoCoreCheckpoint(init.checkpoint)
