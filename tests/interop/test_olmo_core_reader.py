@@ -349,3 +349,26 @@ def test_non_finite_olmo_core_weights_are_refused_on_every_path(exported, tmp_pa
                       f"max_steps: 6}}\n")
     refused_in_one_line(capsys, ["train", str(recipe), "--run-dir", str(tmp_path / "run"),
                                  f"init.checkpoint={bad}"], needle)
+
+
+def test_eval_and_parity_read_an_olmo_core_checkpoint_as_its_import(exported, tmp_path):
+    """``olmax eval`` (and ``olmax parity --checkpoint``) read an OLMo-core checkpoint in place:
+    the same model, weights and softmax vocabulary as its olmax import, every tensor checked as
+    it is read (a damaged chunk is refused as by ``convert``)."""
+    import shutil
+
+    from olmax.eval.runner import load_model
+
+    _, _, _, folder = exported
+    imported = tmp_path / "imported"
+    assert main(["convert", "olmo-core-to-olmax", str(folder), str(imported), "--weights-only"]) == 0
+    a, b = load_model(folder), load_model(imported)
+    assert (a.cfg, a.softmax_vocab, a.source) == (b.cfg, b.softmax_vocab, "olmo-core")
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    path, at = _chunk(damaged, "model.lm_head.w_out.weight")
+    _flip(path, at.offset + at.length // 2)
+    with pytest.raises(OlmaxError, match="fails its CRC-32 check"):
+        load_model(damaged)

@@ -31,6 +31,8 @@ from olmax.eval.perplexity import perplexity
 from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
 from olmax.interop.hf import load_hf
+from olmax.interop.olmo_core.checkpoint import is_olmo_core_checkpoint
+from olmax.interop.olmo_core.convert import read_weights as read_olmo_core_weights
 from olmax.interop.vocab_padding import softmax_vocab
 from olmax.store import is_bucket
 
@@ -47,12 +49,17 @@ def is_hf_dir(path: str | os.PathLike) -> bool:
 class LoadedModel:
     params: Any
     cfg: ModelConfig
-    source: str           # "olmax" | "hf"
+    source: str           # "olmax" | "olmo-core" | "hf"
     softmax_vocab: int    # logits entering the softmax (see olmax.eval.scoring)
 
 
 def load_model(path: str | os.PathLike) -> LoadedModel:
-    """An olmax checkpoint (step/run/checkpoints dir) or an HF ``Olmo3ForCausalLM`` directory."""
+    """An olmax checkpoint (step/run/checkpoints dir), an OLMo-core checkpoint (read in place,
+    local or a URL) or an HF ``Olmo3ForCausalLM`` directory."""
+    if is_olmo_core_checkpoint(path):
+        params, cfg, meta = read_olmo_core_weights(path)
+        return LoadedModel(jax.tree.map(jax.numpy.asarray, params), cfg, "olmo-core",
+                           softmax_vocab(meta, cfg))
     if is_bucket(str(path)):        # an olmax checkpoint in a bucket (s3://, gs://)
         params, cfg = load_params(path)
         return LoadedModel(params, cfg, "olmax", softmax_vocab(load_meta(path), cfg))

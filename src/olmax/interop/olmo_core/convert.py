@@ -400,5 +400,16 @@ def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, 
     return Path(out)
 
 
-__all__ = ["convert_olmo_core_to_olmax", "convert_olmax_to_olmo_core", "olmax_opt_state",
+def read_weights(src: str | os.PathLike) -> tuple[dict, ModelConfig, dict]:
+    """An OLMo-core checkpoint's weights read in place for use (``olmax eval``, ``olmax
+    parity``): ``(params as numpy, its model, the meta an import of it gets)``, every tensor
+    checked (CRC-32s, NaN/Inf) as it is read."""
+    ck = OLMoCoreCheckpoint(src)
+    cfg = checked_model(ck, None)
+    params = jax.tree.map(lambda leaf: leaf.read(), ck.tree(cfg),
+                          is_leaf=lambda x: hasattr(x, "tensors"))
+    return params, cfg, import_meta(ck, cfg, None)
+
+
+__all__ = ["convert_olmo_core_to_olmax", "read_weights", "convert_olmax_to_olmo_core", "olmax_opt_state",
            "check_param_groups", "merge_source", "META_KEY"]
