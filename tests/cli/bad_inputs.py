@@ -1068,7 +1068,7 @@ def cases() -> list[Case]:
         C("convert", "OLMo-core train/rank0.pt with 8 bytes flipped", OC_IMPORT("oc-flipped-state"),
           r"^oc-flipped-state/train/rank0.pt: entry archive/data.pkl fails its CRC-32 check"),
         C("convert", "OLMo-core train/rank0.pt that is a link to itself", OC_IMPORT("oc-loop"),
-          r"^oc-loop/train/rank0.pt: not a readable file \(a broken link or a link loop\)"),
+          r"^oc-loop/train/rank0.pt: not a readable file \(a directory, a broken link or a link loop\)"),
         C("init", "continuing an OLMo-core checkpoint without train/rank0.pt",
           [*TRAIN, "init.checkpoint=oc-no-state", "init.load_optimizer=true",
            "init.load_trainer_state=true"],

@@ -288,7 +288,7 @@ def test_without_a_trainer_state_an_import_is_a_warm_start_only(exported, tmp_pa
     (loop / "train" / "rank0.pt").unlink()
     (loop / "train" / "rank0.pt").symlink_to("rank0.pt")
     _fails(capsys, ["convert", "olmo-core-to-olmax", str(loop), str(tmp_path / "o2")],
-           "train/rank0.pt: not a readable file (a broken link or a link loop)", tmp_path / "o2")
+           "train/rank0.pt: not a readable file (a directory, a broken link or a link loop)", tmp_path / "o2")
     tokens = tmp_path / "tokens.npy"
     np.random.default_rng(0).integers(0, 100, 4096).astype("<u4").tofile(tokens)
     recipe = tmp_path / "r.yaml"
@@ -372,3 +372,27 @@ def test_eval_and_parity_read_an_olmo_core_checkpoint_as_its_import(exported, tm
     _flip(path, at.offset + at.length // 2)
     with pytest.raises(OlmaxError, match="fails its CRC-32 check"):
         load_model(damaged)
+
+
+def test_half_precision_tensors_widen_exactly_and_others_are_refused(tmp_path):
+    """A checkpoint saved in bfloat16 (or float16) reads as its values in float32, exactly; a
+    float64 one is refused naming the tensor (float32 cannot hold it)."""
+    import ml_dtypes
+
+    from olmax.interop.olmo_core.dcp import write_dcp
+
+    params = jax.tree.map(np.asarray, init_params(CFG, jax.random.key(2)))
+    for dtype in (ml_dtypes.bfloat16, np.float16, np.float64):
+        folder = tmp_path / np.dtype(dtype).name
+        folder.mkdir()
+        state = {k: v.astype(dtype) for k, v in oc_state_dict(params, CFG).items()}
+        write_dcp(folder, ((f"model.{k}", v) for k, v in state.items()), checkpoint_id=str(folder))
+        leaf = OLMoCoreCheckpoint(folder).tree(CFG)["layers"]["q_proj"]
+        if dtype is np.float64:
+            with pytest.raises(OlmaxError, match=r"tensor model.blocks.0.attention.w_q.weight is "
+                                                 r"float64; olmax reads float32"):
+                leaf.read()
+            continue
+        want = np.stack([state[f"blocks.{i}.attention.w_q.weight"].T for i in range(CFG.n_layers)])
+        got = leaf.read()
+        assert got.dtype == np.float32 and np.array_equal(got, want.astype(np.float32))

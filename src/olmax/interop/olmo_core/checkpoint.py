@@ -35,6 +35,7 @@ MODEL_AND_OPTIM = "model_and_optim"
 TRAINER_STATE = "train/rank0.pt"
 MOMENTS = ("exp_avg", "exp_avg_sq")
 PIECE_BYTES = 64 << 20       # OLMo-core rows read at once for a block of an unstacked leaf
+EXACT_IN_FP32 = ("float32", "bfloat16", "float16")   # dtypes float32 holds exactly
 
 
 def is_olmo_core_checkpoint(path: str | os.PathLike) -> bool:
@@ -142,8 +143,8 @@ class OLMoCoreCheckpoint:
         where = self.files.path(TRAINER_STATE)
         if not self.files.exists(TRAINER_STATE):
             if not self.files.remote and os.path.lexists(where):
-                raise OlmaxError(f"{where}: not a readable file (a broken link or a link loop); "
-                                 f"the run's step, data position and seed are in it")
+                raise OlmaxError(f"{where}: not a readable file (a directory, a broken link or a "
+                                 f"link loop); the run's step, data position and seed are in it")
             return None
         size = self.files.size(TRAINER_STATE)
         archive = Archive(lambda o, n: self.files.read(TRAINER_STATE, o, n), size, where)
@@ -192,6 +193,11 @@ class OLMoCoreCheckpoint:
             what = "parameter" if kind == "model" else f"optimizer state {kind} of"
             raise OlmaxError(f"{self.path}: the checkpoint has no {what} '{name}'")
         out = self.dcp.tensor(key, rows)
+        if out.dtype.name not in EXACT_IN_FP32:
+            raise OlmaxError(f"{self.path}: tensor {key} is {out.dtype.name}; olmax reads "
+                             f"float32 weights and optimizer state (or bfloat16, float16, exactly "
+                             f"widened)")
+        out = out.astype(np.float32, copy=False)
         shown = key if rows is None else f"{key} rows {rows.start}..{rows.stop - 1}"
         problem = tensor_problem(shown, out)
         if problem:
