@@ -70,12 +70,25 @@ def test_locations_that_look_like_urls_but_are_not(text, needle):
 
 
 def test_a_run_directory_that_is_no_url_is_refused_not_made_local(tmp_path, capsys, monkeypatch):
+    """Every folder a command writes, named by the option that gave it: never a folder ``s3:``."""
     monkeypatch.chdir(tmp_path)
-    refused_in_one_line(capsys, ["train", "olmo3_tiny", "--run-dir", "s3:/bucket/run"],
-                        "--run-dir s3:/bucket/run: not a URL")
-    refused_in_one_line(capsys, ["convert", "hf-to-olmax", "hf", "gs:out"],
-                        "output directory gs:out: not a URL")
-    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("text")
+    for argv, needle in (
+            (["train", "olmo3_tiny", "--run-dir", "s3:/bucket/run"], "--run-dir s3:/bucket/run: not a URL"),
+            (["quickstart", "--run-dir", "gs:q"], "--run-dir gs:q: not a URL"),
+            (["convert", "hf-to-olmax", "hf", "gs:out"], "output directory gs:out: not a URL"),
+            (["tokenize", "docs", "--out", "gs:tok"], "--out gs:tok: not a URL"),
+            (["data", "fetch", "t.npy", "--root", "http://127.0.0.1:9", "--to", "s3:/x"],
+             "--to s3:/x: not a URL"),
+            (["launch", "slurm", "olmo3_tiny", "--nodes", "1", "--gpus-per-node", "0", "--run-dir",
+              "s3:/b/r", "--out", "job.sh"], "--run-dir s3:/b/r: not a URL"),
+            (["train", "olmo3_tiny", "--run-dir", "run", "data.embedded=true", "data.cache_dir=s3:/c"],
+             "data.cache_dir s3:/c: not a URL"),
+            (["train", "olmo3_tiny", "--run-dir", "run", "init.checkpoint=gs:x"],
+             "init.checkpoint gs:x: not a URL")):
+        refused_in_one_line(capsys, argv, needle)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "run") == ["docs"]
 
 
 @pytest.mark.parametrize("name,value", [

@@ -325,12 +325,20 @@ def sha256_file(path: str | os.PathLike) -> str:
     return hash_into(hashlib.sha256(), path).hexdigest()
 
 
+def local_dir(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a local folder a command writes: a URL (or text that looks like one but is
+    not: ``s3:/b/x``) is a ConfigError naming ``what``, never a folder named ``s3:``."""
+    if bucket_text(path, what):
+        raise ConfigError(f"{what} {path}: a URL; this is a local folder")
+    return Path(path)
+
+
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """``cache_dir``, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``."""
+    """``cache_dir``, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``: a local folder."""
     if cache_dir is not None:
-        return Path(cache_dir)
+        return local_dir(cache_dir, "data.cache_dir")
     env = os.environ.get("OLMAX_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "olmax"
+    return local_dir(env, "OLMAX_CACHE") if env else Path.home() / ".cache" / "olmax"
 
 
 _BUILDING: dict[str, threading.Lock] = {}

@@ -7,6 +7,7 @@ import os
 
 from olmax.commands import HELP, number
 from olmax.errors import ConfigError
+from olmax.io import local_dir
 from olmax.data.tokenize_files import TokenizeSettings, tokenize_files
 
 
@@ -36,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     settings = TokenizeSettings(tokenizer=args.tokenizer, text_field=args.text_field,
                                 max_file_tokens=args.max_file_tokens,
                                 group_bytes=max(1, int(args.group_mb * (1 << 20))))
+    local_dir(args.out, "--out")
     m = tokenize_files(args.inputs, args.out, settings, workers=args.workers,
                        progress=not args.no_progress)
     secs = m["_seconds"]

@@ -29,7 +29,7 @@ from absl import flags
 
 from olmax.config import DataConfig
 from olmax.errors import ConfigError, OlmaxError
-from olmax.io import require_utf8_name
+from olmax.io import local_dir, require_utf8_name
 from olmax.data.filters import RepetitionFilter, instance_mask
 from olmax.data.fingerprint import check_fingerprint, make_fingerprint
 from olmax.data.instances import BatchPlan, InstanceIndex
@@ -253,6 +253,8 @@ def _ensure_absl_flags() -> None:
 def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: int,
                      seed: int) -> TrainData:
     """TrainData for a run's data section (``seed`` is the run seed, as OLMo-core's loader uses it)."""
+    if data_cfg.cache_dir is not None:
+        local_dir(data_cfg.cache_dir, "data.cache_dir")      # a local folder, never a URL
     tok = get_tokenizer(data_cfg.tokenizer)
     if data_cfg.source() == "embedded" and tok.identity != get_tokenizer("dolma2").identity:
         raise ConfigError(f"data.embedded=true: the embedded corpus is tokenized with dolma2, but "
