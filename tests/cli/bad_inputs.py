@@ -1081,7 +1081,7 @@ def cases() -> list[Case]:
           r"^oc-nan: non-finite weights in 1 tensor\(s\): model.blocks.1.feed_forward.w1.weight"),
         C("train", "--run-dir s3:/bucket/run (one slash)", [*TRAIN[:3], "s3:/bucket/run"],
           r"^--run-dir s3:/bucket/run: not a URL \(s3: is followed by '//': s3://BUCKET/PATH\)"),
-        C("data", "token file at gs:x", INSPECT("gs:x"), r"^gs:x: not a URL"),
+        C("data", "token file at gs:x", INSPECT("gs:x"), r"^data.paths gs:x: not a URL"),
         C("train", "AWS_ENDPOINT_URL that is not a URL (a configuration error, not retried)",
           [*TRAIN[:3], "s3://olmax-runs/a"],
           r"^AWS_ENDPOINT_URL='notaurl': not an http:// or https:// URL",
