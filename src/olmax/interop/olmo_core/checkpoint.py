@@ -236,7 +236,11 @@ class OLMoCoreCheckpoint:
         """OLMo-core's per-parameter ``step``, which must be one integer for every parameter."""
         steps: dict[str, float] = {}
         for t in olmo_core_tensors(cfg):
-            steps[t.name] = float(self._oc_tensor(t.name, "step"))
+            step = self._oc_tensor(t.name, "step")
+            if step.size != 1:
+                raise OlmaxError(f"{self.path}: Adam's step of '{t.name}' has shape "
+                                 f"{list(step.shape)}, not one number")
+            steps[t.name] = float(step.reshape(()))
         values = sorted(set(steps.values()))
         if len(values) != 1:
             common = max(values, key=lambda v: sum(1 for s in steps.values() if s == v))

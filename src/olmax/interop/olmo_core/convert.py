@@ -73,7 +73,11 @@ def check_param_groups(ck: OLMoCoreCheckpoint, cfg: ModelConfig, optim: OptimCon
             got = group.get(key)
             if got is None:
                 raise OlmaxError(f"{ck.path}: no optimizer setting {key} for '{name}'")
-            got = tuple(float(x) for x in got) if key == "betas" else float(got)
+            try:
+                got = tuple(float(x) for x in got) if key == "betas" else float(got)
+            except (TypeError, ValueError):
+                raise OlmaxError(f"{ck.path}: optimizer setting {key} of '{name}' is {got!r}, "
+                                 f"not {'two numbers' if key == 'betas' else 'a number'}") from None
             if got != value:
                 raise OlmaxError(f"{ck.path}: '{name}' was trained with {key} {got}, the recipe "
                                  f"says {value} (optim.{'no_decay' if key == 'weight_decay' else key})")
