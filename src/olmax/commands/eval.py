@@ -27,7 +27,8 @@ from olmax.model.runtime import Runtime
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("eval", help=HELP["eval"],
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", metavar="CKPT_DIR", help="olmax or OLMo-core checkpoint, or HF Olmo3 directory")
+    p.add_argument("checkpoint", metavar="CKPT_DIR",
+                   help="olmax or OLMo-core checkpoint, or HF Olmo3 directory")
     p.add_argument("--tasks", action="append", default=[], metavar="SUITE_OR_TASKS",
                    help="suite name or comma-separated task names (repeatable)")
     p.add_argument("--heldout", action="append", default=[], metavar="PATHS",

@@ -309,7 +309,8 @@ def olmo_core_config(cfg: ModelConfig, base: dict | None) -> dict:
                              f"config cannot say this model")
         scaled = copy.deepcopy(block)
         scaled["sequence_mixer"]["rope"]["scaling"] = {
-            "_CLASS_": "olmo_core.nn.rope.YaRNRoPEScalingConfig", "factor": y.factor, "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
+            "_CLASS_": "olmo_core.nn.rope.YaRNRoPEScalingConfig", "factor": y.factor,
+            "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
             "old_context_len": y.original_max_position_embeddings}
         if y.full_attention_only:      # on the full-attention layers: those layers' blocks
             model["block_overrides"] = {str(i): copy.deepcopy(scaled)
