@@ -488,6 +488,11 @@ def _read_not_guessed(root: Path, cfg, params) -> None:
     from helpers.trainrun import byte_tokenizer
 
     byte_tokenizer(root / "bytetok")
+    # an HF config that ties the embeddings, over files whose LM head is another tensor
+    shutil.copytree(root / "hf", root / "hf-tied-head")
+    hf_config = json.loads((root / "hf-tied-head" / "config.json").read_text())
+    (root / "hf-tied-head" / "config.json").write_text(json.dumps({**hf_config,
+                                                                   "tie_word_embeddings": True}))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1119,6 +1124,11 @@ def cases() -> list[Case]:
           r"\(data.tokenizer 'dolma2'\)"),
         C("train", "override value that is not UTF-8", [*TRAIN, "data.paths=[" + NOT_UTF8_TOKENS + "]"],
           r"^override 'data.paths': the value is not UTF-8 text \(byte 0xe9 at character \d+\)"),
+        C("convert", "HF config.json that ties the embeddings over files with another LM head",
+          ["convert", "hf-to-olmax", "hf-tied-head", "OUT"],
+          r"^hf-tied-head/config.json: tie_word_embeddings is true, but the files' lm_head.weight "
+          r"differs from model.embed_tokens.weight \(from row 0\): transformers then computes with "
+          r"lm_head.weight, untied; set tie_word_embeddings to false$"),
         C("plan", "--hlo and --json on one new path", ["plan", "tiny.yaml", "--no-parts", "--hlo",
                                                       "same.txt", "--json", "same.txt"],
           r"^--json and --hlo both name same.txt: give each output a file of its own$"),
