@@ -184,3 +184,20 @@ def test_the_cli_exit_status_for_a_bad_endpoint_is_2(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "AWS_ENDPOINT_URL='notaurl': not an http:// or https:// URL" in proc.stderr
     assert time.time() - t0 < 30
+
+
+def test_urls_where_olmax_reads_local_folders_only_say_so(tmp_path, capsys, monkeypatch):
+    """An HF directory at a URL (olmax reads them from disk) is refused as one, its "//" intact
+    (not folded into a "not a URL" of a path); eval of a URL with no OLMo-core checkpoint says
+    what it looked for."""
+    monkeypatch.chdir(tmp_path)
+    with file_server({"/x/other": b"0"}) as srv:
+        url = f"{srv.url}/hf"
+        for argv, needle in ((["convert", "hf-to-olmax", url, "out"], f"{url}: a URL; olmax reads "
+                                                                       "Hugging Face directories"),
+                             (["train", "olmo3_tiny", "--run-dir", "run", f"init.hf_dir={url}"],
+                              f"init.hf_dir {url}: a URL"),
+                             (["eval", url, "--heldout", "embedded", "--json", "o.json"],
+                              f"{url}: no OLMo-core checkpoint there")):
+            refused_in_one_line(capsys, argv, needle)
+    assert list(tmp_path.iterdir()) == []

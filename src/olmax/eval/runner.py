@@ -35,6 +35,7 @@ from olmax.interop.olmo_core.checkpoint import is_olmo_core_checkpoint
 from olmax.interop.olmo_core.convert import read_weights as read_olmo_core_weights
 from olmax.interop.vocab_padding import softmax_vocab
 from olmax.store import is_bucket
+from olmax.transport import url_scheme
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     if is_bucket(str(path)):        # an olmax checkpoint in a bucket (s3://, gs://)
         params, cfg = load_params(path)
         return LoadedModel(params, cfg, "olmax", softmax_vocab(load_meta(path), cfg))
+    if url_scheme(path) is not None:
+        raise OlmaxError(f"{path}: no OLMo-core checkpoint there (at a URL olmax reads OLMo-core "
+                         f"checkpoints, and olmax ones in s3:// or gs://; HF directories locally)")
     p = Path(path)
     if not p.exists():
         raise OlmaxError(f"checkpoint not found: {p}")

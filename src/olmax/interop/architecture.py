@@ -49,7 +49,7 @@ def read_weights_config(init: InitConfig, *, padded_vocab_size: int | None = Non
         return WeightsConfig(load_model_config(step), "init.checkpoint", f"{step}/meta")
     if init.hf_dir:
         where = os.path.join(str(init.hf_dir), "config.json")
-        cfg = model_config_from_hf(read_hf_config(init.hf_dir), where=where,
+        cfg = model_config_from_hf(read_hf_config(init.hf_dir, "init.hf_dir"), where=where,
                                    padded_vocab_size=padded_vocab_size)
         check_safetensors_dir(init.hf_dir)
         return WeightsConfig(cfg, "init.hf_dir", where)

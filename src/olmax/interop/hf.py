@@ -101,8 +101,8 @@ def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None,
     """An HF Olmo3 directory, checked (every tensor's name, shape and dtype against config.json)
     without reading any weights -> (weights, ModelConfig, source info: the original ``hf_config``
     and the files' ``hf_dtype``, so an export can reproduce the directory)."""
+    hf_cfg = read_hf_config(hf_dir)       # (as given: a Path would fold a URL's "//")
     hf_dir = Path(hf_dir)
-    hf_cfg = read_hf_config(hf_dir)
     cfg = model_config_from_hf(hf_cfg, where=str(hf_dir / "config.json"),
                                padded_vocab_size=padded_vocab_size)
     weights = SafetensorsDir(check_safetensors_dir(hf_dir), collect_non_finite=collect_non_finite)

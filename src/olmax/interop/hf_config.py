@@ -26,6 +26,7 @@ from olmax.config import ModelConfig, YarnConfig, shown
 from olmax.config.load import INT_LIMIT
 from olmax.errors import ConfigError, OlmaxError
 from olmax.io import read_text
+from olmax.transport import url_scheme
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
 HF_MODEL_TYPE = "olmo3"
@@ -34,9 +35,12 @@ DEFAULT_ROPE_THETA = 500_000.0      # transformers Olmo3Config.default_theta
 SILU = ("silu", "swish")            # the names transformers' ACT2FN computes F.silu for
 
 
-def read_hf_config(hf_dir: str | os.PathLike) -> dict:
+def read_hf_config(hf_dir: str | os.PathLike, what: str = "") -> dict:
     """``config.json`` of an HF directory, as a dict (its weights are not looked at here: see
     :func:`check_safetensors_dir`)."""
+    if url_scheme(hf_dir) is not None:     # a configuration error, whatever the recipe gives
+        raise ConfigError(f"{what + ' ' if what else ''}{hf_dir}: a URL; olmax reads Hugging "
+                          f"Face directories from local disk (download it first)")
     path = Path(hf_dir) / "config.json"
     if not Path(hf_dir).is_dir():
         if Path(hf_dir).exists():
