@@ -16,7 +16,7 @@ import pytest
 
 from helpers.remote_servers import denying_server, s3_denied, store_bucket
 from helpers.trainrun import RECIPE, SMALL
-from olmax import store
+from olmax import store, transport
 from olmax.bucket_lock import BucketLock
 from olmax.config import LoggingConfig
 from olmax.errors import ConfigError, OlmaxError
@@ -116,7 +116,7 @@ def test_missing_bucket_and_unreachable_store_one_line(bucket, monkeypatch):
     with pytest.raises(OlmaxError, match=rf"bucket {scheme}://no-such-bucket not found") as e:
         store.check_bucket(f"{scheme}://no-such-bucket/run")
     assert e.value.exit_code == 2
-    monkeypatch.setattr(store, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(transport, "BACKOFF_S", 0.01)
     monkeypatch.setenv("AWS_ENDPOINT_URL" if scheme == "s3" else "STORAGE_EMULATOR_HOST",
                        "http://127.0.0.1:9")
     with pytest.raises(OlmaxError, match="failed after 5 attempts") as e:

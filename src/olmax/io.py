@@ -39,6 +39,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 from olmax.errors import ConfigError, OlmaxError, RestartableError
 from olmax.lockfile import LockFile, LockHeld, describe_holder
+from olmax.transport import url_scheme
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +113,11 @@ def require_utf8_name(path: str | os.PathLike, what: str, needs: str) -> None:
                           f"rename it") from None
 
 
-def bucket_text(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a bucket path (``s3://``, ``gs://``: :mod:`olmax.store` reads and
-    writes those), which a local output cannot be."""
-    return bool(re.match(r"(?i)(s3|gs|gcs)://", str(path)))
+def bucket_text(path: str | os.PathLike, what: str = "") -> bool:
+    """Whether ``path`` is a URL (``s3://``, ``gs://``, ``https://``), which a local output cannot
+    be; text that looks like one but is not (``s3:/b/x``) is a ConfigError naming ``what``
+    (:func:`olmax.transport.url_scheme`), not a local path."""
+    return url_scheme(path, what) is not None
 
 
 def write_error(path: str | os.PathLike, e: OSError) -> OlmaxError:
@@ -168,7 +170,7 @@ def refuse_existing(path: str | os.PathLike, overwrite: bool = False, *, flag: s
     OlmaxError, naming the command-line ``flag`` that gave it, when something exists there and not
     ``overwrite``; always when it is one of ``inputs`` (``(path, what it is)`` pairs: "the recipe")
     or exists and is not a regular file."""
-    if bucket_text(path):
+    if bucket_text(path, flag):
         raise OlmaxError(f"{flag + ' ' if flag else ''}{path}: a bucket path; this writes a local "
                          f"file (write it locally, then copy it)")
     p = Path(path)
@@ -186,6 +188,20 @@ def refuse_existing(path: str | os.PathLike, overwrite: bool = False, *, flag: s
     if not overwrite:
         raise OlmaxError(f"{named} already exists (remove it or pass --force)")
     return p
+
+
+def refuse_outputs(outputs: Sequence[tuple[str, str | os.PathLike | None]], overwrite: bool = False,
+                   *, inputs: Sequence[tuple[str | os.PathLike, str]] = ()) -> None:
+    """Each named output of a command (``(flag, path)``; None: not asked for) checked by
+    :func:`refuse_existing`, and no two of them the same file (one would overwrite the other)."""
+    named = [(flag, path) for flag, path in outputs if path]
+    for i, (flag, path) in enumerate(named):
+        for other, earlier in named[:i]:
+            if _same_file(Path(path), earlier):
+                raise OlmaxError(f"{other} and {flag} both name {path}: give each output a file "
+                                 f"of its own")
+    for flag, path in named:
+        refuse_existing(path, overwrite, flag=flag, inputs=inputs)
 
 
 def contained(root: str | os.PathLike, name: str, *, what: str = "") -> Path:
@@ -250,7 +266,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, *, overwrite: bool = Tr
 def check_output_dir(path: str | os.PathLike) -> Path:
     """Refuse an existing non-empty directory (or a file) at ``path``, or a bucket path (an output
     folder is written locally, then renamed into place); return it as a Path."""
-    if bucket_text(path):
+    if bucket_text(path, "output directory"):
         raise OlmaxError(f"output directory {path}: a bucket path; this writes a local directory "
                          f"(write it locally, then copy it: gcloud storage cp -r / aws s3 cp "
                          f"--recursive)")
@@ -309,12 +325,20 @@ def sha256_file(path: str | os.PathLike) -> str:
     return hash_into(hashlib.sha256(), path).hexdigest()
 
 
+def local_dir(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a local folder a command writes: a URL (or text that looks like one but is
+    not: ``s3:/b/x``) is a ConfigError naming ``what``, never a folder named ``s3:``."""
+    if bucket_text(path, what):
+        raise ConfigError(f"{what} {path}: a URL; this is a local folder")
+    return Path(path)
+
+
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """``cache_dir``, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``."""
+    """``cache_dir``, else ``$OLMAX_CACHE``, else ``~/.cache/olmax``: a local folder."""
     if cache_dir is not None:
-        return Path(cache_dir)
+        return local_dir(cache_dir, "data.cache_dir")
     env = os.environ.get("OLMAX_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "olmax"
+    return local_dir(env, "OLMAX_CACHE") if env else Path.home() / ".cache" / "olmax"
 
 
 _BUILDING: dict[str, threading.Lock] = {}

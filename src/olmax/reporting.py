@@ -194,10 +194,10 @@ def _after_exit(exc: BaseException) -> bool:
 def _store_lost(exc: BaseException) -> bool:
     """A bucket's requests that ran out of retries (TensorStore's words) or lost their
     connection, in Orbax's writer thread."""
-    from olmax import store
+    from olmax import transport
 
-    return (any("retry attempts failed" in str(x) for x in store.chain(exc))
-            or store.connection_trouble(exc))
+    return (any("retry attempts failed" in str(x) for x in transport.chain(exc))
+            or transport.connection_trouble(exc))
 
 
 class _DropLostConnectionTasks(logging.Filter):

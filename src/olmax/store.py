@@ -16,10 +16,11 @@ for ``gs://`` Google's application-default credentials (``GOOGLE_APPLICATION_CRE
 metadata server on a TPU VM or GKE node) and ``STORAGE_EMULATOR_HOST`` for an emulator. The same
 settings reach TensorStore, which writes the checkpoints' arrays (:func:`tensorstore_kvstore`).
 
-Every request is retried (``ATTEMPTS`` tries, back-off from ``BACKOFF_S`` doubling up to
-``MAX_BACKOFF_S``) on what may pass (a dropped or refused connection, a timeout, HTTP 5xx or 429);
-after the last try it is a :class:`~olmax.errors.RestartableError` (exit 75). What a retry cannot
-cure is one line at once: a bucket that does not exist, a denied request.
+Every request goes through :func:`olmax.transport.retried`, which decides what a failure means
+for every command that reads or writes remotely: retried on what may pass (a dropped or refused
+connection, a timeout, HTTP 5xx or 429), a :class:`~olmax.errors.RestartableError` (exit 75)
+after the last try; one line at once for what a retry cannot cure (a bucket that does not exist,
+a denied request), and a ConfigError before any request for an endpoint variable that is not a URL.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import errno
 import json
 import logging
 import os
-import re
 import secrets
 import threading
 import time
@@ -40,17 +40,15 @@ from urllib.parse import quote
 
 import fsspec
 
-from olmax.errors import ConfigError, OlmaxError, RestartableError
+from olmax import transport
+from olmax.errors import ConfigError, OlmaxError
 from olmax.io import write_bytes_atomic
+from olmax.transport import (BUCKET_NAME, NotFound, check_endpoints, connection_trouble, error_code,
+                             final_error, http_status, url_scheme)
 
 log = logging.getLogger(__name__)
 
 SCHEMES = ("s3", "gs")
-ATTEMPTS = 5
-BACKOFF_S = 0.25
-MAX_BACKOFF_S = 4.0
-RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]")
 
 T = TypeVar("T")
 
@@ -60,8 +58,10 @@ T = TypeVar("T")
 
 
 def is_bucket(path: Any) -> bool:
-    """Whether ``path`` is a bucket path (``s3://`` or ``gs://``)."""
-    return isinstance(path, str) and path.split("://", 1)[0].lower() in SCHEMES and "://" in path
+    """Whether ``path`` is a bucket path (``s3://`` or ``gs://``); text that looks like a URL but
+    is not one (``s3:/b/x``) is a ConfigError (:func:`olmax.transport.url_scheme`)."""
+    return (isinstance(path, str) and url_scheme(path) in SCHEMES
+            and path.split("://", 1)[0].lower() in SCHEMES)
 
 
 def bucket_path(text: str, what: str = "--run-dir") -> str:
@@ -70,7 +70,7 @@ def bucket_path(text: str, what: str = "--run-dir") -> str:
     scheme, _, rest = text.partition("://")
     bucket, _, key = rest.partition("/")
     key = "/".join(p for p in key.split("/") if p not in ("", "."))
-    if not _BUCKET.fullmatch(bucket):
+    if not BUCKET_NAME.fullmatch(bucket):
         raise ConfigError(f"{what} {text}: {bucket!r} is not a bucket name (expected "
                           f"{scheme.lower()}://BUCKET/PATH)")
     if ".." in key.split("/"):
@@ -94,12 +94,14 @@ def join(root: str | os.PathLike, *parts: str) -> Any:
 
 
 def run_location(run_dir: str | os.PathLike) -> Any:
-    """A run directory as olmax keeps it: a normalised bucket path (str), else a Path."""
+    """A run directory as olmax keeps it: a normalised bucket path (str), else a Path. Text that
+    looks like a URL but is not one (``s3:/bucket/run``) is refused, not made a local folder."""
     if isinstance(run_dir, str) and "://" in run_dir:
-        if not is_bucket(run_dir):
+        if run_dir.split("://", 1)[0].lower() not in SCHEMES:
             raise ConfigError(f"--run-dir {run_dir}: only s3:// and gs:// bucket paths (or a local "
                               f"directory) can hold a run")
         return bucket_path(run_dir)
+    url_scheme(run_dir, "--run-dir")
     return Path(run_dir)
 
 
@@ -123,7 +125,9 @@ def new_filesystem(proto: str, *, one_try: bool = False):
     default class first looks the bucket's layout up through another API, slowly when that API
     cannot be reached), with gcsfs's own retry loop off (it sleeps up to 31 s per request and
     logs a traceback when it gives up; olmax's loop retries instead). ``one_try``: s3fs's and
-    botocore's retry loops off too (the run directory's requests: :func:`retried` is the loop)."""
+    botocore's retry loops off too (the run directory's requests: :func:`retried` is the loop).
+    An endpoint variable that is not a URL is a ConfigError here, before any request."""
+    check_endpoints(proto)
     if proto == "s3" and one_try:
         fs = fsspec.filesystem("s3", skip_instance_cache=True,
                                config_kwargs={"retries": {"max_attempts": 1, "mode": "standard"}})
@@ -163,6 +167,7 @@ def library_filesystem(url: str):
     ``etils.epath``): one per scheme, process and endpoint, with the client's own retries, and for
     GCS gcsfs's plain class (see :func:`new_filesystem`)."""
     proto = split(url)[0]
+    check_endpoints(proto)
     key = (os.getpid(), proto, _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST"))
     with _FS_LOCK:
         fs = _LIB_FS.get(key)
@@ -178,136 +183,31 @@ def library_filesystem(url: str):
     return fs
 
 
-def chain(e: BaseException | None) -> list[BaseException]:
-    """``e`` and the exceptions it was raised from (or during), outermost first."""
-    out: list[BaseException] = []
-    while e is not None and e not in out and len(out) < 8:
-        out.append(e)
-        e = e.__cause__ or e.__context__
-        if isinstance(e, OlmaxError):   # an earlier failure this one was raised while handling
-            break                       # (already olmax's own words), not its cause
-    return out
-
-
-def http_status(e: BaseException) -> int | None:
-    """The HTTP status a client library's exception carries (aiohttp, gcsfs, botocore)."""
-    for x in chain(e):
-        code = None
-        if hasattr(x, "request_info"):            # aiohttp's ClientResponseError
-            code = getattr(x, "status", None)
-        elif type(x).__name__ == "HttpError":     # gcsfs
-            code = getattr(x, "code", None)
-        elif isinstance(getattr(x, "response", None), dict):   # botocore's ClientError
-            code = getattr(x, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(code, int) and 100 <= code <= 599:
-            return code
-    return None
-
-
-def _error_code(e: BaseException) -> str:
-    """botocore's error code (``NoSuchBucket``, ``AccessDenied``) or the words of the error."""
-    for x in chain(e):
-        resp = getattr(x, "response", None)
-        if isinstance(resp, dict) and resp.get("Error", {}).get("Code"):
-            return str(resp["Error"]["Code"])
-    return " ".join(str(x) for x in chain(e))
-
-
-def _cause(e: BaseException) -> str:
-    """What went wrong, in a few words: ``HTTP 503``, ``connection refused (HOST:PORT)``, else
-    the innermost error's first words."""
-    code = http_status(e)
-    if code is not None:
-        return f"HTTP {code}"
-    links = chain(e)
-    if any(isinstance(x, ConnectionRefusedError) or getattr(x, "errno", None) == errno.ECONNREFUSED
-           or "Connect call failed" in str(x) for x in links):
-        at = next((f" ({getattr(x, 'host', '')}:{getattr(x, 'port', '')})" for x in links
-                   if isinstance(getattr(x, "host", None), str) and getattr(x, "port", None)), "")
-        m = None if at else re.search(r"\('([^']+)', (\d+)\)", " ".join(map(str, links)))
-        return "connection refused" + (at or (f" ({m.group(1)}:{m.group(2)})" if m else ""))
-    return _short(links[-1])
-
-
-def _denial(e: BaseException) -> str:
-    """The store's words for a denied request: gcsfs's ``Forbidden: URL`` line left out (the
-    endpoint's upload address, not the object), the message's first sentence kept."""
-    text = str(e)
-    if text.startswith("Forbidden: ") and "\n" in text:
-        text = text.split("\n", 1)[1].split(". ", 1)[0] or text
-    return _short(ValueError(text))
-
-
-def _short(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text[:200]
-
-
 def precondition_failed(e: BaseException) -> bool:
     """A conditional write the store refused because the object exists or changed (HTTP 412,
     or 409 for a concurrent create)."""
     return (http_status(e) in (409, 412) or isinstance(e, FileExistsError)
-            or "PreconditionFailed" in _error_code(e) or "pre-condition" in str(e).lower())
+            or "PreconditionFailed" in error_code(e) or "pre-condition" in str(e).lower())
 
 
-def connection_trouble(e: BaseException) -> bool:
-    """A dropped, refused or timed-out connection somewhere in ``e``'s chain."""
-    return any(isinstance(x, (ConnectionError, TimeoutError)) or
-               (type(x).__module__.startswith(("aiohttp", "botocore", "urllib3")) and
-                any(w in type(x).__name__ for w in ("Connect", "Disconnected", "Timeout",
-                                                    "Payload", "Endpoint")))
-               for x in chain(e))
-
-
-def final_error(url: str, e: BaseException) -> OlmaxError | None:
-    """The one line for what a retry cannot cure (a missing bucket, a denied request, another
-    4xx), else None."""
-    if isinstance(e, OlmaxError):
-        return e
-    code, words = http_status(e), _error_code(e)
-    bucket = "/".join(split(url)[:2]).replace("/", "://", 1)
-    if "NoSuchBucket" in words or "bucket does not exist" in words.lower() \
-            or "specified bucket is not valid" in words.lower():
-        return OlmaxError(f"{url}: bucket {bucket} not found")
-    if code in (401, 403) or isinstance(e, PermissionError) or "AccessDenied" in words \
-            or "Forbidden" in words:
-        creds = ("the AWS_* variables or profile" if bucket.startswith("s3") else
-                 "the application-default credentials (GOOGLE_APPLICATION_CREDENTIALS)")
-        return OlmaxError(f"{url}: access to bucket {bucket} denied ({_denial(chain(e)[-1])}); "
-                          f"check {creds}")
-    if code is not None and code < 500 and code not in RETRY_STATUS and code not in (404, 409, 412):
-        return OlmaxError(f"{url}: the store refused the request (HTTP {code}: "
-                          f"{_short(chain(e)[-1])})")
-    return None
+def _refused_answer(e: BaseException) -> bool:
+    """A conditional write's refusal, which its caller reads as an answer (not a failure)."""
+    return precondition_failed(e) and not connection_trouble(e)
 
 
 def retried(url: str, what: str, attempt: Callable[[], T], *, quiet: bool = False) -> T:
-    """``attempt()``, retried on what may pass; see the module notes. Each failed try is logged
-    (``quiet``: at debug level only; the final error says how many were made)."""
-    delay = BACKOFF_S
-    for n in range(1, ATTEMPTS + 1):
-        try:
-            return attempt()
-        except (FileNotFoundError, FileExistsError) as e:
-            final = final_error(url, e)
-            if final is not None:
-                raise final from None
-            raise
-        except Exception as e:  # transport errors of the client libraries
-            if precondition_failed(e) and not connection_trouble(e):
-                raise
-            final = final_error(url, e)
-            if final is not None:
-                raise final from None
-            cause = _cause(e)
-        if n == ATTEMPTS:
-            raise RestartableError(f"{url}: {what} failed after {ATTEMPTS} attempts: {cause}")
-        (log.debug if quiet else log.warning)(
-            "%s: %s failed (attempt %d of %d, retrying in %.2f s): %s",
-            url, what, n, ATTEMPTS, delay, cause)
-        time.sleep(delay)
-        delay = min(2 * delay, MAX_BACKOFF_S)
-    raise AssertionError("unreachable")
+    """``attempt()`` retried by :func:`olmax.transport.retried` (what a failure means is decided
+    there); a conditional write's refusal is passed on to the caller as it is."""
+    return transport.retried(url, what, attempt, quiet=quiet, noun="object",
+                             passthrough=_refused_answer)
+
+
+def _unless_absent(url: str, e: BaseException) -> None:
+    """Raise what a missing object's error says beyond its absence (a missing bucket, a denied
+    request); a plain missing object is an answer (None, [], nothing to delete)."""
+    final = final_error(url, e)
+    if final is not None and not isinstance(final, NotFound):
+        raise final from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,8 +244,7 @@ def stat(url: str) -> dict | None:
             fs.invalidate_cache(url)
             got = fs.info(url)
         except FileNotFoundError as e:
-            if final_error(url, e) is not None:
-                raise
+            _unless_absent(url, e)
             return None
         if got.get("type") == "directory":
             return None
@@ -361,8 +260,7 @@ def read(url: str) -> bytes | None:
         try:
             return bytes(fs.cat_file(url))
         except FileNotFoundError as e:
-            if final_error(url, e) is not None:
-                raise
+            _unless_absent(url, e)
             return None
     return retried(url, "read", get)
 
@@ -375,8 +273,9 @@ def write(url: str, data: bytes, *, quiet: bool = False) -> None:
         try:
             fs.pipe_file(url, bytes(data))
         except FileNotFoundError as e:    # a write finds no object missing: the bucket is
-            raise final_error(url, e) or OlmaxError(
-                f"{url}: bucket {url.split('://')[0]}://{split(url)[1]} not found") from None
+            _unless_absent(url, e)
+            raise OlmaxError(f"{url}: bucket {url.split('://')[0]}://{split(url)[1]} not found") \
+                from None
     retried(url, "write", put, quiet=quiet)
 
 
@@ -427,8 +326,7 @@ def replace(url: str, data: bytes, version: str) -> str | None:
         try:
             return _put_if(fs, scheme, bucket, key, data, {"IfMatch": version}, str(version))
         except FileNotFoundError as e:
-            if final_error(url, e) is not None:
-                raise
+            _unless_absent(url, e)
             return None
         except Exception as e:
             if precondition_failed(e) and not connection_trouble(e):
@@ -447,8 +345,7 @@ def delete(url: str) -> None:
         try:
             fs.rm_file(url)
         except FileNotFoundError as e:
-            if final_error(url, e) is not None:
-                raise
+            _unless_absent(url, e)
     retried(url, "delete", rm)
 
 
@@ -460,8 +357,7 @@ def delete_tree(url: str) -> None:
         try:
             fs.rm(url.rstrip("/") + "/", recursive=True)
         except FileNotFoundError as e:
-            if final_error(url, e) is not None:
-                raise
+            _unless_absent(url, e)
     retried(url, "delete", rm)
 
 
@@ -485,8 +381,7 @@ def listdir(url: str) -> list[str]:
             return sorted({p.rstrip("/").rsplit("/", 1)[-1]
                            for p in fs.ls(prefix + "/", detail=False, refresh=True)})
         except FileNotFoundError as e:
-            if final_error(url, e) is not None:
-                raise
+            _unless_absent(url, e)
             return []
     return retried(url, "listing", ls)
 
@@ -577,8 +472,9 @@ def tensorstore_kvstore(url: str) -> dict:
     for ``s3``, application-default credentials for ``gcs``) and its retries matched to olmax's."""
     scheme, bucket, key = split(url)
     path = key.rstrip("/") + ("/" if key and url.endswith("/") else "")
-    retries = {"max_retries": ATTEMPTS, "initial_delay": f"{BACKOFF_S}s",
-               "max_delay": f"{MAX_BACKOFF_S}s"}
+    check_endpoints(scheme)
+    retries = {"max_retries": transport.ATTEMPTS, "initial_delay": f"{transport.BACKOFF_S}s",
+               "max_delay": f"{transport.MAX_BACKOFF_S}s"}
     if scheme == "s3":
         spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": path,
                                 "aws_region": _env("AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1",
@@ -605,7 +501,7 @@ def tensorstore_env() -> None:
 
 
 __all__ = ["is_bucket", "bucket_path", "split", "join", "run_location", "refuse_bucket",
-           "filesystem", "new_filesystem", "retried", "final_error", "stat", "read", "write",
+           "filesystem", "new_filesystem", "retried", "stat", "read", "write",
            "create", "replace", "delete", "delete_tree", "move_tree", "listdir", "store_now",
            "check_bucket", "segment_names", "read_segments", "read_bytes", "write_bytes", "exists", "tensorstore_kvstore",
            "tensorstore_env", "SCHEMES"]

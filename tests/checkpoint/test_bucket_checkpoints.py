@@ -14,7 +14,7 @@ import pytest
 
 from helpers.remote_servers import s3_bucket, store_bucket
 from helpers.tiny import narrow_cfg
-from olmax import store
+from olmax import store, transport
 from olmax.checkpoint.checkpointer import Checkpointer, abstract_tree, open_step_dir
 from olmax.checkpoint.weights import load_model_config, load_params, stored_arrays
 from olmax.config import CheckpointConfig, to_dict
@@ -104,8 +104,8 @@ def test_weights_readers_take_a_bucket_run(bucket):
 
 
 def test_store_unreachable_at_a_save_is_retried_then_restartable(monkeypatch):
-    monkeypatch.setattr(store, "BACKOFF_S", 0.05)
-    monkeypatch.setattr(store, "MAX_BACKOFF_S", 0.1)
+    monkeypatch.setattr(transport, "BACKOFF_S", 0.05)
+    monkeypatch.setattr(transport, "MAX_BACKOFF_S", 0.1)
     with s3_bucket() as (url, name):
         d = f"s3://{name}/lost/checkpoints"
         ck, states = save_steps(d, [1], CheckpointConfig(interval=1, keep=3, async_save=True))

@@ -158,3 +158,34 @@ def test_olmo_core_checkpoints_merge_as_olmo_core_merges_them(two, tmp_path):
         assert got.dtype == np.float32 and got.shape == want.shape, k
         # the same fp32 operations in the same order: equal bit for bit
         assert got.tobytes() == want.tobytes(), k
+
+
+def test_weights_are_numbers_whose_shares_float32_holds():
+    """``--weights`` as they enter: finite and positive, summed without overflow (normalised by
+    the largest first where the sum would overflow), no share that float32 rounds to zero."""
+    from olmax.checkpoint.merge import check_weights
+    from olmax.errors import OlmaxError
+
+    assert check_weights([1e308, 1e308], 2) == [0.5, 0.5]          # fsum overflowed: an error
+    assert check_weights([1e308] * 3, 3) == pytest.approx([1 / 3] * 3, rel=1e-15)
+    assert check_weights([3.0, 1.0], 2) == [0.75, 0.25]             # as before, exactly
+    for weights, needle in (([1.0, float("nan")], "positive number (got nan)"),
+                            ([1.0, float("inf")], "positive number (got inf)"),
+                            ([1.0, -1.0], "positive number (got -1.0)"),
+                            ([1.0, 1e-60], "weight 1e-60 is 1e-60 of the total, which rounds to 0 "
+                                           "in float32")):
+        with pytest.raises(OlmaxError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            check_weights(weights, 2)
+
+
+def test_an_average_past_float32_is_refused_by_name(tmp_path, capsys):
+    """Ten inputs at float32's largest value: ten float32(1/10) sum above 1, so the average
+    (accumulated in float32, input by input) leaves float32's range; refused naming the tensor,
+    nothing written. The inputs are finite (one with NaN is refused as it is read)."""
+    big = jax.tree.map(lambda p: np.full(p.shape, np.finfo(np.float32).max, np.float32),
+                       _params(CFG, 0))
+    ins = [save_params(tmp_path / f"in{i}", big, CFG) for i in range(10)]
+    out = tmp_path / "out"
+    refused_in_one_line(capsys, ["merge", *map(str, ins), "--out", str(out), "--weights-only"],
+                        "the average: non-finite weights in 1 tensor(s): embed (")
+    assert not out.exists() and not list(tmp_path.glob(".out*"))

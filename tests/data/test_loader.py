@@ -93,7 +93,8 @@ def test_bad_token_files(make_files, tmp_path):
     with pytest.raises(OlmaxError, match=r"token file not found: .*missing\.npy"):
         make([str(tmp_path / "missing.npy")])
     big = write_tokens(tmp_path / "big.npy", np.full(640, VOCAB + 5, dtype=np.uint32))
-    with pytest.raises(OlmaxError, match=r"big\.npy.*token id 100283.*>= vocab size 100278"):
+    with pytest.raises(OlmaxError, match=r"^the tokenizer \(100278 ids\) does not hold token id "
+                                         r"100283, at position 0 of \S*big\.npy \(tokens"):
         make([big], batch=2).global_batch(0)
     with pytest.raises(OlmaxError, match="fewer than one global batch"):
         make(paths, batch=1000)

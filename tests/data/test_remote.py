@@ -21,6 +21,7 @@ import pytest
 from helpers.datahelp import DOLMA2, EOS, VOCAB, write_tokens
 from olmax.cli import main
 from olmax.errors import OlmaxError
+from olmax import transport
 from olmax.data import remote
 from olmax.data.loader import TrainData
 from helpers.remote_servers import file_server, s3_server
@@ -34,7 +35,7 @@ BUCKET = "tokens"
 
 @pytest.fixture(autouse=True)
 def fast_retries(monkeypatch):
-    monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(transport, "BACKOFF_S", 0.01)
     monkeypatch.setattr(remote, "_INFO", {})
     monkeypatch.setattr(remote, "_DEFAULT", {})
 
@@ -311,13 +312,13 @@ def test_size_requests_retry_5xx_and_refused_connections(corpus, http):
     assert stats == ["HEAD", "GET", "HEAD"], stats
     always = f"/data/{names[1]}"
     http.fail[always] = -1
-    with pytest.raises(OlmaxError, match=rf"^{http.url}{always}: size request failed after 6 "
+    with pytest.raises(OlmaxError, match=rf"^{http.url}{always}: size request failed after 5 "
                                          r"attempts: HTTP 500 Internal Server Error$"):
         files.size(f"{http.url}{always}")
     # HEAD and GET per attempt: fsspec falls back to GET when HEAD fails
-    assert [m for m, p, _ in http.log if p == always] == ["HEAD", "GET"] * remote.ATTEMPTS
+    assert [m for m, p, _ in http.log if p == always] == ["HEAD", "GET"] * transport.ATTEMPTS
     port = _closed_port()
-    with pytest.raises(OlmaxError, match=rf"size request failed after 6 attempts: connection "
+    with pytest.raises(OlmaxError, match=rf"size request failed after 5 attempts: connection "
                                          rf"refused \(127\.0\.0\.1:{port}\)$"):
         files.size(f"http://127.0.0.1:{port}/x.npy")
     http.log.clear()
@@ -467,7 +468,7 @@ def test_ctrl_c_stops_a_fetch_at_once_and_the_rerun_resumes(tmp_path, to, ctrl_c
 
 def test_gcs_without_a_network_is_one_line_within_seconds(tmp_path):
     """gs:// with the GCS endpoint at a closed loopback port (gcsfs honours STORAGE_EMULATOR_HOST):
-    six attempts, one line naming the file and the cause, no tracebacks, well under a minute, and
+    five attempts, one line naming the file and the cause, no tracebacks, well under a minute, and
     the exit status of a failure a restart may cure."""
     pytest.importorskip("gcsfs")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
@@ -481,7 +482,7 @@ def test_gcs_without_a_network_is_one_line_within_seconds(tmp_path):
     # a store out of reach is a failure a restart may cure: exit status 75
     assert proc.returncode == 75 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("olmax data: error: gs://bucket/tokens.npy: size request failed "
-                                  "after 6 attempts: connection refused"), proc.stderr
+                                  "after 5 attempts: connection refused"), proc.stderr
 
 
 def _settled(files, urls, timeout=30):

@@ -74,6 +74,11 @@ def test_v5_rope_parameters_per_layer_type():
     (dict(sliding_window=None), "sliding_window"),
     (dict(layer_types=[S, F]), "layer_types has 2 entries"),
     (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(hidden_act="gelu_pytorch_tanh"), r"hidden_act='gelu_pytorch_tanh' is not supported \(olmax's MLP is SwiGLU"),
+    (dict(attention_bias=True), r"attention_bias=True is not supported"),
+    (dict(attention_bias=1), r"attention_bias=1 is not supported"),
+    (dict(attention_dropout=0.1), r"attention_dropout=0.1 is not supported \(olmax has no dropout"),
+    (dict(tie_word_embeddings="false"), r"tie_word_embeddings must be true or false \(got 'false'\)"),
     (dict(num_attention_heads=4, num_key_value_heads=3), "multiple of n_kv_heads"),
     (dict(hidden_size="wide"), "hidden_size must be a whole number"),
     (dict(num_hidden_layers=None), "missing 'num_hidden_layers'"),
@@ -164,3 +169,8 @@ def test_every_hf_key_imports_cleanly_or_is_refused_in_one_line(key):
             model_config_from_hf(cfg)
         except OlmaxError as e:
             assert "\n" not in str(e) and str(e).startswith("config.json: "), (key, value, e)
+
+
+def test_swish_is_silu():
+    """transformers' ACT2FN computes ``F.silu`` for both names: the same model."""
+    assert model_config_from_hf(hf(hidden_act="swish")) == model_config_from_hf(hf())

@@ -172,3 +172,37 @@ def test_conversion_streams_both_ways_chunk_by_chunk(tmp_path):
     chunk = stored["layers"]["gate_proj"]._store.chunk_layout.write_chunk.shape
     assert tuple(chunk) == (1, 128, 512)
     _assert_bit_exact(src, tmp_path / "back")
+
+
+def test_a_tied_config_with_its_own_lm_head_means_what_transformers_computes(tmp_path):
+    """``tie_word_embeddings: true`` and a ``lm_head.weight`` in the files: transformers ties
+    them only when they are equal (and then olmax imports the tied model); a different LM head
+    it keeps, untied, so olmax, which would tie, refuses the directory naming the setting."""
+    from olmax.errors import OlmaxError
+    from olmax.interop.safetensors import SINGLE_FILE
+
+    for same in (True, False):
+        folder = tmp_path / f"tied-{same}"
+        folder.mkdir()
+        model = transformers.Olmo3ForCausalLM(transformers.Olmo3Config(
+            vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False))
+        with torch.no_grad():
+            if same:
+                model.lm_head.weight.copy_(model.model.embed_tokens.weight)
+        model.save_pretrained(folder, safe_serialization=True)
+        config = json.loads((folder / "config.json").read_text())
+        config["tie_word_embeddings"] = True
+        (folder / "config.json").write_text(json.dumps(config))
+        assert "lm_head.weight" in load_file(str(folder / SINGLE_FILE))
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder)
+        assert torch.equal(hf.lm_head.weight, hf.model.embed_tokens.weight) == same
+        if same:
+            params, got, _ = hfio.load_hf(folder)
+            assert got.tie_embeddings and "lm_head" not in params
+        else:
+            with pytest.raises(OlmaxError, match=r"tie_word_embeddings is true, but the files' "
+                                                 r"lm_head.weight differs from "
+                                                 r"model.embed_tokens.weight \(from row 0\)"):
+                hfio.load_hf(folder)

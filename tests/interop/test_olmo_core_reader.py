@@ -19,6 +19,7 @@ from olmax.checkpoint.weights import load_meta, load_params, save_train_state
 from helpers.cli import refused_in_one_line
 from olmax.cli import main
 from olmax.config import OptimConfig, to_dict
+from olmax.errors import OlmaxError
 from olmax.interop.olmo_core import pickles
 from olmax.interop.olmo_core.checkpoint import OLMoCoreCheckpoint
 from olmax.interop.olmo_core.convert import olmax_opt_state
@@ -213,3 +214,185 @@ def test_every_olmo_core_config_key_imports_cleanly_or_is_refused_in_one_line(pa
             for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden",
                          "vocab_size", "padded_vocab_size"):
                 assert getattr(got, name) == getattr(cfg, name), (path, value, name)
+
+
+# ----------------------------------------------------------------------------------------------
+# What is read is checked: CRC-32s, the trainer state, finite values
+
+
+def _flip(path, offset, n=8):
+    """``n`` bytes of ``path`` inverted at ``offset``: the same size, other bytes."""
+    data = bytearray(path.read_bytes())
+    data[offset:offset + n] = bytes(b ^ 0xFF for b in data[offset:offset + n])
+    path.write_bytes(bytes(data))
+
+
+def _chunk(folder, key):
+    from olmax.interop.olmo_core.dcp import DcpReader, Files
+
+    at = DcpReader(Files(str(folder / "model_and_optim"))).meta.tensors[key].chunks[0].at
+    return folder / "model_and_optim" / at.file, at
+
+
+def test_damaged_bytes_fail_their_crc_as_they_are_read(exported, tmp_path, capsys, monkeypatch):
+    """8 flipped bytes of the embedding's chunk (same size) or of ``rank0.pt``: refused naming
+    the file and the entry, nothing written; read in pieces (3 rows at a time) the same."""
+    import shutil
+
+    from olmax.interop.olmo_core import checkpoint
+
+    params, _, _, folder = exported
+    out = tmp_path / "out"
+    for damaged in ("model", "trainer"):
+        copy = tmp_path / f"oc-{damaged}"
+        shutil.copytree(folder, copy)
+        if damaged == "model":
+            path, at = _chunk(copy, "model.embeddings.weight")
+            _flip(path, at.offset + at.length // 2)
+        else:
+            _flip(copy / "train" / "rank0.pt", 100)
+        _fails(capsys, ["convert", "olmo-core-to-olmax", str(copy), str(out)],
+               "fails its CRC-32 check", out)
+    monkeypatch.setattr(checkpoint, "PIECE_BYTES", 3 * 4 * CFG.d_model)
+    with pytest.raises(OlmaxError, match=r"__0_0.distcp \(model.embeddings.weight\): entry "
+                                         r"archive/data/0 fails its CRC-32 check"):
+        OLMoCoreCheckpoint(tmp_path / "oc-model").tree(CFG)["embed"].read()
+    # every entry an import reads is checked, the embedding's read in pieces included
+    ck = OLMoCoreCheckpoint(folder)
+    for kind in ("model", "exp_avg"):
+        for name, leaf in ck.tree(CFG, kind).items():
+            if name != "layers":
+                leaf.read()
+    assert ck.dcp.crcs.unchecked() == [] and len(ck.dcp.crcs._state) > 0
+
+
+def test_without_a_trainer_state_an_import_is_a_warm_start_only(exported, tmp_path, capsys):
+    """No ``train/rank0.pt`` (or a link loop there): never the step of Adam's count. The import
+    is step 0 and says what it cannot know; continuing it is refused; a loop is named."""
+    import shutil
+
+    _, _, _, folder = exported
+    bare = tmp_path / "step5"
+    shutil.copytree(folder, bare)
+    (bare / "train" / "rank0.pt").unlink()
+    out = tmp_path / "imported"
+    capsys.readouterr()
+    assert main(["convert", "olmo-core-to-olmax", str(bare), str(out)]) == 0
+    err = capsys.readouterr().err
+    meta = load_meta(out)
+    assert meta["step"] == 0 and COUNT != 0 and "data_position" not in meta
+    assert "has no train/rank0.pt: its step, data position and seed are unknown" in err
+    assert meta["warm_start_only"] in err
+    loop = tmp_path / "loop"
+    shutil.copytree(folder, loop)
+    (loop / "train" / "rank0.pt").unlink()
+    (loop / "train" / "rank0.pt").symlink_to("rank0.pt")
+    _fails(capsys, ["convert", "olmo-core-to-olmax", str(loop), str(tmp_path / "o2")],
+           "train/rank0.pt: not a readable file (a directory, a broken link or a link loop)", tmp_path / "o2")
+    tokens = tmp_path / "tokens.npy"
+    np.random.default_rng(0).integers(0, 100, 4096).astype("<u4").tofile(tokens)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"data: {{paths: [{tokens}]}}\ntrain: {{seq_len: 8, global_batch_size: 2, "
+                      f"max_steps: 6}}\nseed: {SEED}\n")
+    for init in (f"init.checkpoint={out}", f"init.checkpoint={bare}"):
+        run = tmp_path / f"run-{len(init)}"
+        refused_in_one_line(capsys, ["train", str(recipe), "--run-dir", str(run), init,
+                                     "init.load_optimizer=true", "init.load_trainer_state=true"],
+                            "init.load_trainer_state=true: init.checkpoint ")
+        assert not run.exists()
+    # with the trainer state, the step, data position and seed are the run's
+    with_state = tmp_path / "with-state"
+    assert main(["convert", "olmo-core-to-olmax", str(folder), str(with_state)]) == 0
+    meta = load_meta(with_state)
+    assert (meta["step"], meta["data_position"], meta["seed"]) == (STEP, STEP, SEED)
+    assert "warm_start_only" not in meta
+
+
+def test_non_finite_olmo_core_weights_are_refused_on_every_path(exported, tmp_path, capsys):
+    """A NaN in an OLMo-core checkpoint's weights: convert, merge and init.checkpoint refuse it
+    by name, as they refuse HF and olmax inputs."""
+    import shutil
+
+    from olmax.interop.olmo_core.torch_zip import Archive
+
+    _, _, _, folder = exported
+    bad = tmp_path / "oc-nan"
+    shutil.copytree(folder, bad)
+    path, at = _chunk(bad, "model.blocks.1.feed_forward.w1.weight")
+    archive = Archive(lambda o, n: path.read_bytes()[at.offset + o:at.offset + o + n], at.length,
+                      str(path))
+    start = at.offset + archive.data_offset("archive/data/0") + 4 * 5
+    data = bytearray(path.read_bytes())
+    data[start:start + 4] = np.float32(np.nan).tobytes()
+    path.write_bytes(bytes(data))
+    # the CRC catches the change first; a NaN stored with its CRC is what a diverged run writes
+    _fails(capsys, ["convert", "olmo-core-to-olmax", str(bad), str(tmp_path / "o")],
+           "fails its CRC-32 check", tmp_path / "o")
+    import zlib
+
+    entry = archive.entries["archive/data/0"]
+    crc = zlib.crc32(bytes(data[at.offset + archive.data_offset("archive/data/0"):][:entry.size]))
+    central = bytes(data).rfind(b"archive/data/0", at.offset, at.offset + at.length) - 46
+    data[central + 16:central + 20] = crc.to_bytes(4, "little")
+    local = at.offset + entry.header_offset
+    data[local + 14:local + 18] = crc.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    needle = "non-finite weights in 1 tensor(s): model.blocks.1.feed_forward.w1.weight (1 NaN)"
+    _fails(capsys, ["convert", "olmo-core-to-olmax", str(bad), str(tmp_path / "o")], needle,
+           tmp_path / "o")
+    _fails(capsys, ["merge", str(folder), str(bad), "--out", str(tmp_path / "m")], needle,
+           tmp_path / "m")
+    tokens = tmp_path / "tokens.npy"
+    np.random.default_rng(0).integers(0, 100, 4096).astype("<u4").tofile(tokens)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"data: {{paths: [{tokens}]}}\ntrain: {{seq_len: 8, global_batch_size: 2, "
+                      f"max_steps: 6}}\n")
+    refused_in_one_line(capsys, ["train", str(recipe), "--run-dir", str(tmp_path / "run"),
+                                 f"init.checkpoint={bad}"], needle)
+
+
+def test_eval_and_parity_read_an_olmo_core_checkpoint_as_its_import(exported, tmp_path):
+    """``olmax eval`` (and ``olmax parity --checkpoint``) read an OLMo-core checkpoint in place:
+    the same model, weights and softmax vocabulary as its olmax import, every tensor checked as
+    it is read (a damaged chunk is refused as by ``convert``)."""
+    import shutil
+
+    from olmax.eval.runner import load_model
+
+    _, _, _, folder = exported
+    imported = tmp_path / "imported"
+    assert main(["convert", "olmo-core-to-olmax", str(folder), str(imported), "--weights-only"]) == 0
+    a, b = load_model(folder), load_model(imported)
+    assert (a.cfg, a.softmax_vocab, a.source) == (b.cfg, b.softmax_vocab, "olmo-core")
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    path, at = _chunk(damaged, "model.lm_head.w_out.weight")
+    _flip(path, at.offset + at.length // 2)
+    with pytest.raises(OlmaxError, match="fails its CRC-32 check"):
+        load_model(damaged)
+
+
+def test_half_precision_tensors_widen_exactly_and_others_are_refused(tmp_path):
+    """A checkpoint saved in bfloat16 (or float16) reads as its values in float32, exactly; a
+    float64 one is refused naming the tensor (float32 cannot hold it)."""
+    import ml_dtypes
+
+    from olmax.interop.olmo_core.dcp import write_dcp
+
+    params = jax.tree.map(np.asarray, init_params(CFG, jax.random.key(2)))
+    for dtype in (ml_dtypes.bfloat16, np.float16, np.float64):
+        folder = tmp_path / np.dtype(dtype).name
+        folder.mkdir()
+        state = {k: v.astype(dtype) for k, v in oc_state_dict(params, CFG).items()}
+        write_dcp(folder, ((f"model.{k}", v) for k, v in state.items()), checkpoint_id=str(folder))
+        leaf = OLMoCoreCheckpoint(folder).tree(CFG)["layers"]["q_proj"]
+        if dtype is np.float64:
+            with pytest.raises(OlmaxError, match=r"tensor model.blocks.0.attention.w_q.weight is "
+                                                 r"float64; olmax reads float32"):
+                leaf.read()
+            continue
+        want = np.stack([state[f"blocks.{i}.attention.w_q.weight"].T for i in range(CFG.n_layers)])
+        got = leaf.read()
+        assert got.dtype == np.float32 and np.array_equal(got, want.astype(np.float32))

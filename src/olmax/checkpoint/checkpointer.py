@@ -39,7 +39,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from olmax import store
+from olmax import store, transport
 from olmax.checkpoint import buckets
 from olmax.checkpoint.format import (ARRAY_ITEMS, CHECKPOINT_LIBRARY, META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, STEP_RE,
                                      TMP_RE, NewerFormat, check_meta, resolve_step_dir, stamp_meta)
@@ -279,7 +279,8 @@ class Checkpointer:
             intact = "previous checkpoints not listed (the store did not answer)"
         what = f"at step {step} " if step is not None else ""
         if self.remote:     # a store that cannot be reached (after TensorStore's retries): 75
-            final = store.final_error(str(self.directory), e)
+            final = transport.final_error(str(self.directory), e)
+            final = None if isinstance(final, transport.NotFound) else final
             cls = OlmaxError if final is not None else RestartableError
             return cls(f"checkpoint save {what}to {self.directory} failed "
                        f"({_short(e) if final is None else final}); {intact}")

@@ -50,6 +50,7 @@ from olmax.checkpoint.weights import (StreamedArray, load_meta, save_params, sav
 from olmax.config import ModelConfig, OptimConfig, from_dict
 from olmax.errors import OlmaxError
 from olmax.io import check_output_dir
+from olmax.model.finite import raise_non_finite, tensor_problem
 from olmax.model.params import olmo_core_tensors
 from olmax.model.presets import ARCH_FIELDS, describe_differences, differences
 
@@ -99,16 +100,32 @@ def olmax_source(path: str | os.PathLike, *, with_optimizer: bool = True) -> Sou
 
 def check_weights(weights: Sequence[float] | None, n: int) -> list[float]:
     """The coefficient of each input: ``weights[i] / sum(weights)`` (``1/n`` each without
-    weights). Weights are finite and positive, one per input."""
+    weights). Weights are finite and positive, one per input; their sum is taken after scaling by
+    the largest where it would overflow (``1e308 1e308`` is ``0.5 0.5``), and a weight whose share
+    rounds to zero in float32 (its checkpoint would add nothing) is refused."""
     if weights is None:
         return [1 / n] * n
     if len(weights) != n:
         raise OlmaxError(f"--weights: {len(weights)} weights for {n} checkpoints (one each)")
     for w in weights:
-        if not (math.isfinite(w) and w > 0):
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0):
             raise OlmaxError(f"--weights: every weight must be a positive number (got {w})")
-    total = math.fsum(weights)
-    return [w / total for w in weights]
+    scaled = list(weights)
+    try:
+        total = math.fsum(scaled)
+    except OverflowError:
+        total = math.inf
+    if not math.isfinite(total):       # each divided by the largest first: a sum of at most n
+        top = max(scaled)
+        scaled = [w / top for w in scaled]
+        total = math.fsum(scaled)
+    alphas = [w / total for w in scaled]
+    for w, a in zip(weights, alphas):
+        if np.float32(a) == 0:
+            raise OlmaxError(f"--weights: weight {w:g} is {a:.3g} of the total, which rounds to 0 "
+                             f"in float32: its checkpoint would add nothing (drop it, or give "
+                             f"weights closer together)")
+    return alphas
 
 
 def check_sources(sources: Sequence[Source], weights_only: bool) -> None:
@@ -135,9 +152,12 @@ def _block(leaf: Any, index: tuple[slice, ...]) -> np.ndarray:
     return leaf.read(index) if hasattr(leaf, "read") else leaf[index]
 
 
-def averaged(leaves: Sequence[Any], alphas: Sequence[float], stacked: bool) -> StreamedArray:
+def averaged(leaves: Sequence[Any], alphas: Sequence[float], stacked: bool,
+             name: str = "a tensor") -> StreamedArray:
     """The weighted average of ``leaves`` (one per input, the same shape), computed a block at a
-    time when the block is written: fp32, ``acc += float32(alpha) * float32(x)`` in input order."""
+    time when the block is written: fp32, ``acc += float32(alpha) * float32(x)`` in input order.
+    Inputs are checked finite as they are read; a block of the average that is not (a sum past
+    float32's range) is refused naming ``name``, before it is written."""
     shape = tuple(leaves[0].shape)
     for leaf in leaves[1:]:
         if tuple(leaf.shape) != shape:   # the configs agree, so only a damaged input gets here
@@ -151,9 +171,13 @@ def averaged(leaves: Sequence[Any], alphas: Sequence[float], stacked: bool) -> S
             x = np.asarray(_block(leaf, index), dtype=np.float32)
             if acc is None:
                 acc = np.zeros(x.shape, np.float32)
-            acc += alpha * x
+            with np.errstate(over="ignore"):    # a sum past float32 is refused below
+                acc += alpha * x
             del x
         assert acc is not None
+        problem = tensor_problem(f"{name}[{index[0].start}]" if stacked else name, acc)
+        if problem:
+            raise_non_finite("the average", [f"{problem}: the weighted sum leaves float32's range"])
         return acc
 
     return StreamedArray(shape, np.float32, read, stacked=stacked)
@@ -169,7 +193,7 @@ def averaged_tree(trees: Sequence[Any], alphas: Sequence[float], cfg: ModelConfi
 
     def one(path, *leaves):
         key = tuple(str(getattr(k, "key", k)) for k in path)
-        return averaged(leaves, alphas, key in stacked)
+        return averaged(leaves, alphas, key in stacked, ".".join(key))
 
     return jax.tree_util.tree_map_with_path(one, trees[0], *trees[1:],
                                             is_leaf=lambda x: hasattr(x, "shape"))

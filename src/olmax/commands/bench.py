@@ -24,7 +24,7 @@ import argparse
 
 from olmax.commands import HELP
 from olmax.errors import ConfigError
-from olmax.io import as_inputs, refuse_existing, write_json_atomic
+from olmax.io import as_inputs, refuse_existing, refuse_outputs, write_json_atomic
 from olmax.perf.bench import bench_train, format_train, matmul_ceiling
 from olmax.perf.profile import format_profile, profile_step
 from olmax.train.recipes import load_recipe
@@ -99,10 +99,9 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.top < 1:      # before the recipe is compiled and warmed up
         flag, value = ("--steps", args.steps) if args.steps < 1 else ("--top", args.top)
         raise ConfigError(f"{flag} must be >= 1 (got {value})")
-    inputs = as_inputs([args.recipe], "the recipe")
-    for flag, path in (("--json", args.json_out), ("--hlo", args.hlo)):
-        if path:   # refused before spending minutes on the benchmark
-            refuse_existing(path, args.force, flag=flag, inputs=inputs)
+    # refused before spending minutes on the benchmark
+    refuse_outputs([("--json", args.json_out), ("--hlo", args.hlo)], args.force,
+                   inputs=as_inputs([args.recipe], "the recipe"))
     cfg = load_recipe(args.recipe, args.overrides)
     result = profile_step(cfg, args.steps, hlo_out=args.hlo, perf=args.perf)
     print(" ".join([args.recipe, *args.overrides]))

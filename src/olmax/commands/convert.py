@@ -90,7 +90,19 @@ def _olmo_core_to_olmax(args) -> int:
     out = convert_olmo_core_to_olmax(args.src, args.out, weights_only=args.weights_only,
                                      optim=optim, model=model, optimizer=skip_step_adamw)
     print(f"wrote {out}")
+    _note_warm_start_only(out)
     return 0
+
+
+def _note_warm_start_only(out) -> None:
+    """Say what an import without OLMo-core's trainer state cannot know (on stderr)."""
+    import sys
+
+    from olmax.checkpoint.weights import load_meta
+
+    note = load_meta(out).get("warm_start_only")
+    if note:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _olmax_to_olmo_core(args) -> int:

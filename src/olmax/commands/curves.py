@@ -13,7 +13,7 @@ import math
 from olmax.analysis.curves import compare_runs, load_curve, metrics_file, plot_comparison
 from olmax.commands import HELP
 from olmax.errors import ConfigError
-from olmax.io import refuse_existing, write_json_atomic
+from olmax.io import refuse_outputs, write_json_atomic
 from olmax.store import is_bucket
 
 
@@ -65,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
     columns = parse_map(args.map)
     files = [metrics_file(src) for src in args.sources]
     inputs = [(f, "a metrics file") for f in files if not is_bucket(str(f))]
-    for flag, out in (("--json", args.json_out), ("--out", args.out)):
-        if out:
-            refuse_existing(out, args.force, flag=flag, inputs=inputs)
+    refuse_outputs([("--json", args.json_out), ("--out", args.out)], args.force, inputs=inputs)
     curves = [load_curve(src, args.metric, args.x, columns=columns,
                          name=args.label[i] if args.label else None) for i, src in enumerate(args.sources)]
     names = [c.name for c in curves]

@@ -32,6 +32,7 @@ from olmax.commands import HELP
 from olmax.commands.data_overlap import add_overlap_parser
 from olmax.config import DataConfig
 from olmax.errors import ConfigError
+from olmax.io import local_dir
 from olmax.data.fetch import fetch, plan
 from olmax.data.loader import batch_hash, build_train_data
 
@@ -157,6 +158,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
+    local_dir(args.to, "--to")
     items = plan(args.sources, root=args.root, to=args.to, mix_tokenizer=args.mix_tokenizer)
     summary = fetch(items, workers=args.workers, dtype=args.dtype,
                     progress=not args.no_progress and sys.stderr.isatty())

@@ -12,6 +12,7 @@ import argparse
 
 import numpy as np
 
+from olmax.commands import number
 from olmax.errors import ConfigError
 from olmax.data.sources import (data_config_for, heldout_sets, is_heldout_entry, resolve_paths,
                                 token_file_exists)
@@ -30,7 +31,7 @@ def add_overlap_parser(data_subparsers) -> None:
     q.add_argument("--eval", nargs="+", required=True, metavar="SETS",
                    help="held-out token files / LABEL=PATHS / 'embedded' and/or OLMES tasks or suites")
     q.add_argument("--ngram", type=int, default=13)
-    q.add_argument("--threshold", type=float, default=0.5,
+    q.add_argument("--threshold", type=number(low=0, high=1), default=0.5,
                    help="fraction of a document's n-grams seen in training that makes it a near duplicate")
     q.add_argument("--max-train-tokens", type=int, default=None, help="scan at most this many training tokens")
     q.add_argument("--limit", type=int, default=None, help="first N documents of each OLMES task")

@@ -1,7 +1,8 @@
 """``olmax eval CKPT_DIR --tasks SUITE_OR_TASKS [--heldout PATHS] [--limit N] --json OUT``.
 
-CKPT_DIR is an olmax checkpoint (a step dir, a run dir or its ``checkpoints/``) or a Hugging Face
-``Olmo3ForCausalLM`` directory (AI2's released checkpoints). Tasks are OLMES task names or suites
+CKPT_DIR is an olmax checkpoint (a step dir, a run dir or its ``checkpoints/``), an OLMo-core
+``step<N>/`` folder (read in place, local or a URL) or a Hugging Face ``Olmo3ForCausalLM``
+directory (AI2's released checkpoints). Tasks are OLMES task names or suites
 (``fast``: OLMo 3 stage 1's in-loop set; ``quick``); held-out entries are token files
 (``LABEL=PATH[,PATH]``, a path or glob, an OLMo-core mix file, or ``embedded``).
 """
@@ -27,7 +28,8 @@ from olmax.model.runtime import Runtime
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("eval", help=HELP["eval"],
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", metavar="CKPT_DIR", help="olmax checkpoint or HF Olmo3 directory")
+    p.add_argument("checkpoint", metavar="CKPT_DIR",
+                   help="olmax or OLMo-core checkpoint, or HF Olmo3 directory")
     p.add_argument("--tasks", action="append", default=[], metavar="SUITE_OR_TASKS",
                    help="suite name or comma-separated task names (repeatable)")
     p.add_argument("--heldout", action="append", default=[], metavar="PATHS",
@@ -64,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
                          f"vocabulary is {model.cfg.padded_vocab_size}")
     suite = EvalSuite.prepare(tasks=args.tasks, heldout=args.heldout, tokenizer=tok, model_ctx_len=ctx,
                               vocab_size=model.cfg.vocab_size, limit=args.limit,
-                              heldout_max_docs=args.heldout_max_docs)
+                              heldout_max_docs=args.heldout_max_docs,
+                              vocab_setting=f"the vocabulary of {args.checkpoint} (vocab_size "
+                                            f"{model.cfg.vocab_size}; --tokenizer {args.tokenizer})")
     scorer = Scorer(model.cfg, Runtime.resolve(args.dtype, attn_impl="xla"), softmax_vocab=model.softmax_vocab)
     hints = [f"--batch-size (now {args.batch_size})", f"--max-length (now {ctx})"]
     if args.dtype == "float32":

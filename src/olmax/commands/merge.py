@@ -13,6 +13,7 @@ line. See :mod:`olmax.checkpoint.merge`.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from olmax.commands import HELP
 
@@ -47,4 +48,7 @@ def run_merge(args: argparse.Namespace) -> int:
                                                                        nu, count))
     what = "weights" if args.weights_only else "weights and Adam's state"
     print(f"wrote {out}: the average of {len(sources)} checkpoints ({what})")
+    if not args.weights_only and sources[0].meta.get("warm_start_only"):   # the soup's run state
+        #                                                                  is the first input's
+        print(f"note: {sources[0].meta['warm_start_only']}", file=sys.stderr)
     return 0

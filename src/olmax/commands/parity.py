@@ -45,7 +45,8 @@ def add_parser(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("hf_dir", metavar="HF_DIR", help="HF Olmo3ForCausalLM directory")
     p.add_argument("--checkpoint", metavar="CKPT_DIR", default=None,
-                   help="olmax checkpoint to compare (default: convert HF_DIR in memory)")
+                   help="olmax or OLMo-core checkpoint to compare (default: convert HF_DIR in "
+                        "memory)")
     p.add_argument("--seq-len", type=int, default=None, metavar="N")
     p.add_argument("--batch", type=int, default=1, metavar="B")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")

@@ -22,7 +22,7 @@ import argparse
 
 from olmax.commands import HELP
 from olmax.errors import EXIT_DOES_NOT_FIT
-from olmax.io import as_inputs, refuse_existing, write_json_atomic
+from olmax.io import as_inputs, refuse_outputs, write_json_atomic
 from olmax.device_memory import DoesNotFit
 from olmax.perf.plan import format_plan, plan
 from olmax.perf.targets import check_topology_name
@@ -50,10 +50,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    recipe = as_inputs([args.recipe], "the recipe")
-    for flag, out in (("--json", args.json_out), ("--hlo", args.hlo_out)):
-        if out:
-            refuse_existing(out, args.force, flag=flag, inputs=recipe)
+    refuse_outputs([("--json", args.json_out), ("--hlo", args.hlo_out)], args.force,
+                   inputs=as_inputs([args.recipe], "the recipe"))
     if args.topology:
         check_topology_name(args.topology)
     overrides = [*args.overrides, *([f"train.profile={args.profile}"] if args.profile else [])]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from olmax.commands import HELP
+from olmax.commands import HELP, number
 from olmax.errors import ConfigError
+from olmax.io import local_dir
 from olmax.data.tokenize_files import TokenizeSettings, tokenize_files
 
 
@@ -24,7 +25,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--text-field", default="text", help="JSONL field / Parquet column with the text")
     p.add_argument("--max-file-tokens", type=int, default=1 << 28,
                    help="split output files at this many tokens (default 2^28)")
-    p.add_argument("--group-mb", type=float, default=32.0,
+    p.add_argument("--group-mb", type=number(low=0, low_open=True, high=1e6), default=32.0,
                    help="input megabytes per unit of work (resume granularity; default 32)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -36,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     settings = TokenizeSettings(tokenizer=args.tokenizer, text_field=args.text_field,
                                 max_file_tokens=args.max_file_tokens,
                                 group_bytes=max(1, int(args.group_mb * (1 << 20))))
+    local_dir(args.out, "--out")
     m = tokenize_files(args.inputs, args.out, settings, workers=args.workers,
                        progress=not args.no_progress)
     secs = m["_seconds"]

@@ -285,6 +285,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override '{key}': the value is {len(raw)} characters, more than "
                           f"{MAX_YAML_BYTES}")
     try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError as e:   # bytes the command line could not decode (surrogateescape)
+        byte = ord(raw[e.start]) - 0xDC00 if 0xDC80 <= ord(raw[e.start]) <= 0xDCFF else None
+        shown = f"byte 0x{byte:02x}" if byte is not None else f"{raw[e.start]!r}"
+        raise ConfigError(f"override '{key}': the value is not UTF-8 text ({shown} at character "
+                          f"{e.start}); a run's configuration is UTF-8 (config.yaml)") from None
+    try:
         value = safe_load_strict(raw) if raw.strip() else ""
     except _DuplicateKey as e:
         raise ConfigError(f"override '{key}': {e.problem}") from None

@@ -32,8 +32,10 @@ def document_spans(path: str, *, eos_token_id: int, dtype=np.uint32) -> np.ndarr
 
 def padded_instances(paths: list[str] | tuple[str, ...], seq_len: int, *, eos_token_id: int,
                      pad_token_id: int, max_docs: int | None = None, dtype=np.uint32,
-                     vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(tokens int32 [N, seq_len], label_mask bool [N, seq_len])``, one row per document."""
+                     vocab_size: int | None = None,
+                     vocab_setting: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens int32 [N, seq_len], label_mask bool [N, seq_len])``, one row per document.
+    Ids must be below ``vocab_size`` (``vocab_setting``: what sets it, for the error line)."""
     rows: list[np.ndarray] = []
     for path in paths:
         spans = document_spans(path, eos_token_id=eos_token_id, dtype=dtype)
@@ -47,7 +49,7 @@ def padded_instances(paths: list[str] | tuple[str, ...], seq_len: int, *, eos_to
         for start, end in spans.tolist():
             doc = np.asarray(tokens[start: min(end, start + seq_len)])
             if vocab_size is not None:
-                check_ids(doc, vocab_size, f"{path} (tokens {start}..{end})")
+                check_ids(doc, vocab_size, f"{path} (tokens {start}..{end})", vocab_setting)
             rows.append(doc)
         if max_docs is not None and len(rows) >= max_docs:
             break
@@ -70,13 +72,15 @@ def require_documents(files: Sequence[str], *, eos_token_id: int, dtype=np.uint3
 
 def load_heldout_sets(sets: dict[str, list[str]], seq_len: int, *, eos_token_id: int, pad_token_id: int,
                       vocab_size: int | None = None, max_docs: int | None = None,
-                      dtype=np.uint32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                      dtype=np.uint32, vocab_setting: str | None = None
+                      ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{label: (tokens, label_mask)} in the padded form; an empty set is an error."""
     out = {}
     for label, files in sets.items():
         require_documents(files, eos_token_id=eos_token_id, dtype=dtype)
         tokens, mask = padded_instances(files, seq_len, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                                        max_docs=max_docs, dtype=dtype, vocab_size=vocab_size)
+                                        max_docs=max_docs, dtype=dtype, vocab_size=vocab_size,
+                                        vocab_setting=vocab_setting)
         if len(tokens) == 0:
             raise OlmaxError(f"held-out set '{label}' has no EOS-terminated document ({', '.join(files)})")
         out[label] = (tokens, mask)

@@ -28,8 +28,8 @@ import numpy as np
 from absl import flags
 
 from olmax.config import DataConfig
-from olmax.errors import ConfigError
-from olmax.io import require_utf8_name
+from olmax.errors import ConfigError, OlmaxError
+from olmax.io import local_dir, require_utf8_name
 from olmax.data.filters import RepetitionFilter, instance_mask
 from olmax.data.fingerprint import check_fingerprint, make_fingerprint
 from olmax.data.instances import BatchPlan, InstanceIndex
@@ -61,7 +61,8 @@ class TrainData:
                  num_workers: int = 0, prefetch: int = 2, labels: list[str] | None = None,
                  ignore_fingerprint_mismatch: bool = False, cache_dir: str | None = None,
                  token_limits: tuple[int, ...] | None = None,
-                 max_target_seq_len: int | None = None, packing: Packing | None = None) -> None:
+                 max_target_seq_len: int | None = None, packing: Packing | None = None,
+                 tokenizer_setting: str | None = None) -> None:
         for path in paths:   # OLMo-core's fingerprint hashes each file's name as UTF-8
             require_utf8_name(path, "token file", "the data fingerprint (OLMo-core's)")
         self.dtype = parse_dtype(dtype)
@@ -69,6 +70,9 @@ class TrainData:
         self.vocab_size = int(tokenizer["vocab_size"])
         if self.vocab_size - 1 > np.iinfo(self.dtype).max:
             raise ConfigError(f"data.dtype {dtype} cannot hold vocab size {self.vocab_size}")
+        # the ids read must be below this bound, named by the setting that sets it (limit_ids)
+        self.id_bound = (self.vocab_size, f"{tokenizer_setting or 'the tokenizer'} "
+                                          f"({self.vocab_size} ids)")
         self.packing = packing
         if packing is None:
             self.index = InstanceIndex.build(tuple(paths), seq_len, self.dtype, token_limits,
@@ -77,12 +81,19 @@ class TrainData:
             if token_limits is not None or max_target_seq_len is not None:
                 raise ConfigError("packed instances take neither a source mixture nor "
                                   "data.max_target_seq_len")
-            self.index = PackedIndex(
+            packed = PackedIndex(
                 paths, seq_len, self.dtype, eos_token_id=int(tokenizer["eos_token_id"]),
                 pad_token_id=int(tokenizer["pad_token_id"]), bos_token_id=tokenizer.get("bos_token_id"),
                 source_group_size=packing.source_group_size,
                 long_doc_strategy=packing.long_doc_strategy, cache_dir=cache_dir,
                 start_group=random.random())
+            if packed.num_instances < global_batch_size and packed.num_documents == 0:
+                raise OlmaxError(f"data.instances=packed: no token file holds a document ending "
+                                 f"in EOS id {packed.eos} ({tokenizer_setting or 'the tokenizer'}), "
+                                 f"so there is nothing to pack (packing takes whole documents, "
+                                 f"each ending in EOS; were the files made with another "
+                                 f"tokenizer?)")
+            self.index = packed
         self.plan = BatchPlan(self.index.num_instances, global_batch_size, seed, epoch, cache_dir)
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
@@ -119,6 +130,15 @@ class TrainData:
     def epoch_of(self, b: int) -> int:
         return self.plan.epoch_of(b)
 
+    def limit_ids(self, limit: int, setting: str) -> None:
+        """Ids read from here on must also be below ``limit`` (the model's vocabulary), named by
+        ``setting`` when one is not (an id past the model's rows would make its loss NaN)."""
+        if limit < self.id_bound[0]:
+            self.id_bound = (limit, setting)
+
+    def _check_ids(self, ids: np.ndarray, path: str, start: int, end: int) -> None:
+        check_ids(ids, self.id_bound[0], f"{path} (tokens {start}..{end})", self.id_bound[1])
+
     def check_fingerprint(self, saved: dict[str, Any]) -> None:
         """Raise OlmaxError naming the first differing file (and the override) unless ignored."""
         check_fingerprint(saved, self.fingerprint, ignore=self.ignore_fingerprint_mismatch)
@@ -133,7 +153,7 @@ class TrainData:
                  for f, s in zip(files.tolist(), starts.tolist())]
         out = np.empty((len(ids), self.seq_len), dtype=np.int32)
         for row, ((path, s, e), tokens) in enumerate(zip(spans, self._reader.read_many(spans))):
-            check_ids(tokens, self.vocab_size, f"{path} (tokens {s}..{e})")
+            self._check_ids(tokens, path, s, e)
             out[row] = tokens
         return out
 
@@ -152,7 +172,7 @@ class TrainData:
             at = 0
             for path, s, e in row_spans:
                 doc = next(docs)
-                check_ids(doc, self.vocab_size, f"{path} (tokens {s}..{e})")
+                self._check_ids(doc, path, s, e)
                 tokens[row, at:at + len(doc)] = doc
                 at += len(doc)
             label_mask[row, :at] = True
@@ -233,7 +253,12 @@ def _ensure_absl_flags() -> None:
 def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: int,
                      seed: int) -> TrainData:
     """TrainData for a run's data section (``seed`` is the run seed, as OLMo-core's loader uses it)."""
+    if data_cfg.cache_dir is not None:
+        local_dir(data_cfg.cache_dir, "data.cache_dir")      # a local folder, never a URL
     tok = get_tokenizer(data_cfg.tokenizer)
+    if data_cfg.source() == "embedded" and tok.identity != get_tokenizer("dolma2").identity:
+        raise ConfigError(f"data.embedded=true: the embedded corpus is tokenized with dolma2, but "
+                          f"data.tokenizer is {data_cfg.tokenizer!r}; leave data.tokenizer at dolma2")
     limits = None
     if data_cfg.source() == "mixture":
         entries = allocate(data_cfg.mixture, seq_len=seq_len, global_batch_size=global_batch_size,
@@ -255,7 +280,8 @@ def build_train_data(data_cfg: DataConfig, *, seq_len: int, global_batch_size: i
                      prefetch=data_cfg.prefetch, labels=labels,
                      ignore_fingerprint_mismatch=data_cfg.ignore_fingerprint_mismatch,
                      cache_dir=data_cfg.cache_dir, token_limits=limits,
-                     max_target_seq_len=data_cfg.max_target_seq_len, packing=packing)
+                     max_target_seq_len=data_cfg.max_target_seq_len, packing=packing,
+                     tokenizer_setting=f"data.tokenizer {data_cfg.tokenizer!r}")
 
 
 __all__ = ["TrainData", "batch_hash", "build_train_data"]

@@ -271,6 +271,11 @@ class PackedIndex:
         return int(self.group_offsets[-1])
 
     @property
+    def num_documents(self) -> int:
+        """Documents packed, over every group."""
+        return sum(int(self.group(i).lengths.size) for i in range(len(self.groups)))
+
+    @property
     def padding_tokens(self) -> int:
         """Padding in all instances (OLMo-core logs it per group)."""
         return self.num_instances * self.seq_len - sum(int(np.sum(self.group(i).lengths))

@@ -10,14 +10,15 @@ remote file is never read at once except by an explicit copy. Filesystems are fs
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, profiles), gcsfs (Google
 application-default credentials, ``GOOGLE_APPLICATION_CREDENTIALS``) and fsspec's HTTP.
 
-Every request is retried (``ATTEMPTS`` tries, exponential back-off from ``BACKOFF_S`` up to
-``MAX_BACKOFF_S``) on what may pass: a dropped or refused connection, a timeout, an HTTP 5xx (or
-408, 425, 429), a short answer. olmax's loop is the only one: gcsfs's own six-fold retry with
-sleeps of up to 16 s is switched off, so a store that cannot be reached is one error within
-seconds, not minutes. What retrying cannot fix is one error at once, naming the file and the real
-cause: a missing file (HTTP 404/410, ``NoSuchKey``), a denied request (401/403), another 4xx, a
-server that ignores ``Range`` (it answers a ranged read with the whole file). A file that stays
-shorter than its listed size is one error naming it ("truncated").
+Every request goes through :func:`olmax.transport.retried`, the one place that decides what a
+failure means (:mod:`olmax.store`'s run directories use it too): retried with back-off on what
+may pass (a dropped or refused connection, a timeout, an HTTP 5xx or 408, 425, 429, a short
+answer), exit 75 naming the URL and the cause once the tries are spent. olmax's loop is the only
+one: gcsfs's own six-fold retry with sleeps of up to 16 s is switched off, so a store that cannot
+be reached is one error within seconds, not minutes. What retrying cannot fix is one error at
+once, naming the file and the real cause: a missing file (HTTP 404/410, ``NoSuchKey``), a denied
+request (401/403), another 4xx, a server that ignores ``Range`` (it answers a ranged read with the
+whole file). A file that stays shorter than its listed size is one error naming it ("truncated").
 
 Verified copies and the read-through cache (``data.cache_dir``) are in
 :mod:`olmax.data.remote_cache` (its names are also this module's).
@@ -25,34 +26,28 @@ Verified copies and the read-through cache (``data.cache_dir``) are in
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
-from olmax.data.remote_cache import (ReadThroughCache, Stopped, cache_path, download, short_error,
-                                     store_md5, store_version, url_protocol, verified_copy)
-from olmax.errors import OlmaxError, RestartableError
-from olmax.store import chain as _chain, http_status as _status, new_filesystem
+from olmax.data.remote_cache import (ReadThroughCache, Stopped, cache_path, download, store_md5,
+                                     store_version, url_protocol, verified_copy)
+from olmax.errors import OlmaxError
+from olmax.store import new_filesystem
+from olmax.transport import NotFound, Retry, SCHEMES, cause, final_error, past_end, retried, url_scheme
 
 log = logging.getLogger(__name__)
 
-SCHEMES = ("s3", "gs", "gcs", "http", "https")
-ATTEMPTS = 6
-BACKOFF_S = 0.25
-MAX_BACKOFF_S = 8.0
 SIZE_WORKERS = 16
-RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)
 
 
 def is_remote(path: str | os.PathLike) -> bool:
-    s = str(path)
-    i = s.find("://")
-    return i > 0 and s[:i].lower() in SCHEMES
+    """Whether ``path`` is a URL olmax reads (s3, gs, gcs, http, https); text that looks like a
+    URL but is not one is a ConfigError (:func:`olmax.transport.url_scheme`)."""
+    return url_scheme(path) is not None
 
 
 def is_pattern(path: str) -> bool:
@@ -74,106 +69,24 @@ class _ShortRead(Exception):
     pass
 
 
-def _past_end(e: BaseException) -> bool:
-    """A ranged request the store refused as past the end of the object (HTTP 416; S3's
-    ``InvalidRange``): the object is shorter than its listed size."""
-    return getattr(e, "status", None) == 416 or "InvalidRange" in str(e) or " 416" in str(e)
-
-
-def _cause(e: BaseException) -> str:
-    """The real cause of a failed request, in a few words: ``HTTP 500 Internal Server Error``,
-    ``connection refused (127.0.0.1:9)``, else the innermost exception's first line."""
-    code = _status(e)
-    if code is not None:
-        reason = next((str(getattr(x, "message", "")) for x in _chain(e)
-                       if getattr(x, "status", None) == code and getattr(x, "message", None)), "")
-        return f"HTTP {code} {reason}".strip()
-    chain = _chain(e)
-    if any(isinstance(x, ConnectionRefusedError) or getattr(x, "errno", None) == errno.ECONNREFUSED
-           for x in chain):
-        at = next((f" ({x.host}:{x.port})" for x in chain
-                   if isinstance(getattr(x, "host", None), str) and getattr(x, "port", None)), "")
-        return f"connection refused{at}"
-    return short_error(chain[-1])
-
-
-def _connection_trouble(e: BaseException) -> bool:
-    """Whether ``e`` was raised from a failed connection or a timeout (what a retry may cure)."""
-    return any(isinstance(x, (ConnectionError, TimeoutError)) or
-               (type(x).__module__.startswith("aiohttp") and
-                any(w in type(x).__name__ for w in ("Connect", "Disconnected", "Timeout", "Payload")))
-               for x in _chain(e)[1:])
-
-
-def _final_error(url: str, e: BaseException) -> OlmaxError | None:
-    """The error for what retrying cannot fix (a missing file, a denied request, another 4xx),
-    else None (a connection error, a 5xx: retried)."""
-    if isinstance(e, OlmaxError):
-        return e
-    code = _status(e)
-    if isinstance(e, (FileNotFoundError, PermissionError)) or code is not None:
-        # fsspec's HTTP stat reports every failure as FileNotFoundError: its cause tells
-        if code in (404, 410) or (isinstance(e, FileNotFoundError) and code is None
-                                   and not _connection_trouble(e)):
-            return OlmaxError(f"token file not found: {url}")
-        if code in (401, 403) or (isinstance(e, PermissionError) and code is None):
-            return OlmaxError(f"{url}: access denied ({_cause(e)})")
-        if code is not None and code < 500 and code not in RETRY_STATUS and code != 416:
-            return OlmaxError(f"{url}: the store refused the request ({_cause(e)})")
-    return None
-
-
 def _range_ignored(url: str, start: int, nbytes: int, got: int) -> OlmaxError:
     return OlmaxError(f"{url}: the server ignores byte ranges (asked for {nbytes} bytes at {start}, "
                       f"it sent {got}); olmax reads token files in ranges: serve them from a server "
                       f"that answers Range requests (HTTP 206)")
 
 
-class _Failed(Exception):
-    """An attempt that failed in a way a retry may cure: the ``url`` it failed on, what failed
-    (for the log), the cause, and whether the file looks shorter than its listed size."""
-
-    def __init__(self, url: str, failed: str, cause: str, *, truncated: bool, detail: str | None = None):
-        super().__init__(cause)
-        self.url, self.failed, self.cause, self.truncated = url, failed, cause, truncated
-        self.detail = cause if detail is None else detail   # what the "truncated" error quotes
-
-
-def _with_retries(url: str, what: str, attempt: Callable, *, quiet: bool = False):
-    """``attempt()``, retried as the module notes say: ``ATTEMPTS`` tries with exponential back-off,
-    each failure logged (``quiet``: at debug level only; a metadata request's final error says how
-    many were made). An attempt fails by raising a client library's error about ``url`` (what
-    retrying cannot fix is raised at once: :func:`_final_error`) or a :class:`_Failed` (a partial
-    failure it describes itself). After the last attempt: an OlmaxError when the file is
-    truncated, else a RestartableError naming ``what`` failed."""
-    delay = BACKOFF_S
-    for n in range(1, ATTEMPTS + 1):
-        try:
-            return attempt()
-        except _Failed as f:
-            failed = f
-        except Exception as e:  # transport errors of three client libraries
-            final = _final_error(url, e)
-            if final is not None:
-                raise final from None
-            failed = _Failed(url, f"{what} failed", _cause(e), detail=short_error(e),
-                             truncated=isinstance(e, _ShortRead) or _past_end(e))
-        if n == ATTEMPTS:
-            if failed.truncated:
-                raise OlmaxError(f"{failed.url}: truncated: {failed.detail} (the file is shorter than "
-                                 f"its listed size; after {ATTEMPTS} attempts)") from None
-            raise RestartableError(f"{failed.url}: {what} failed after {ATTEMPTS} attempts: "
-                                   f"{failed.cause}") from None
-        (log.debug if quiet else log.warning)(
-            "%s: %s (attempt %d of %d, retrying in %.2f s): %s",
-            failed.url, failed.failed, n, ATTEMPTS, delay, failed.cause)
-        time.sleep(delay)
-        delay = min(2 * delay, MAX_BACKOFF_S)
+def _with_retries(url: str, what: str, attempt: Callable, *, quiet: bool = False,
+                  noun: str = "token file"):
+    """``attempt()`` retried by :func:`olmax.transport.retried`, which decides what a failure
+    means (the module notes); a short answer counts as a truncated file once retries are spent."""
+    return retried(url, what, attempt, quiet=quiet, noun=noun,
+                   truncated=lambda e: isinstance(e, _ShortRead))
 
 
 class _RangedReads:
     """One attempt at the ``pending`` ranges of one protocol, all requests concurrent: the ranges
-    read are stored in ``out``, the failed ones stay pending (a :class:`_Failed` names the first)."""
+    read are stored in ``out``, the failed ones stay pending (a :class:`~olmax.transport.Retry`
+    names the first)."""
 
     def __init__(self, fs, ranges, pending: list[int], out: list) -> None:
         self.fs, self.ranges, self.pending, self.out = fs, ranges, pending, out
@@ -188,7 +101,7 @@ class _RangedReads:
         failed = []
         for i, data in zip(pending, got):
             url, start, n = ranges[i]
-            final = _final_error(url, data) if isinstance(data, BaseException) else None
+            final = final_error(url, data, "token file") if isinstance(data, BaseException) else None
             if final is not None:
                 raise final
             if not isinstance(data, BaseException) and len(data) > n:
@@ -204,8 +117,8 @@ class _RangedReads:
         url, start, n = ranges[i]
         what = f"{len(failed)} of {len(pending)} ranged reads failed"
         if isinstance(data, BaseException):
-            raise _Failed(url, what, _cause(data), truncated=_past_end(data))
-        raise _Failed(url, what, f"asked for bytes {start}..{start + n}, got {len(data)}", truncated=True)
+            raise Retry(url, what, cause(data), truncated=past_end(data))
+        raise Retry(url, what, f"asked for bytes {start}..{start + n}, got {len(data)}", truncated=True)
 
 
 _INFO: dict[str, dict] = {}   # url -> {"size", "md5"}: one metadata request per file and process
@@ -247,15 +160,16 @@ class RemoteFiles:
         return fs
 
     # -- metadata ---------------------------------------------------------------------------
-    def info(self, url: str) -> dict:
+    def info(self, url: str, noun: str = "token file") -> dict:
         """``{"size": bytes, "md5": hex or None, "version": str or None}`` (remembered for the
-        process's life; :func:`~olmax.data.remote_cache.store_version`)."""
+        process's life; :func:`~olmax.data.remote_cache.store_version`). ``noun``: what the file
+        is, in the error for a missing one (:class:`~olmax.transport.NotFound`)."""
         got = self._info.get(url)
         if got is None:
             raw = _with_retries(url, "size request", lambda: self.filesystem(url).info(url),
-                              quiet=True)
+                                quiet=True, noun=noun)
             if raw.get("type") == "directory":
-                raise OlmaxError(f"{url}: is a directory, not a token file")
+                raise OlmaxError(f"{url}: is a directory, not a {noun}")
             size = raw.get("size")
             if size is None:
                 raise OlmaxError(f"{url}: the server states no size (no Content-Length)")
@@ -277,12 +191,12 @@ class RemoteFiles:
         return [self.size(u) for u in urls]
 
     def exists(self, url: str) -> bool:
+        """Whether the store has ``url``: False for a missing file only; any other failure
+        (a store that cannot be reached, a denied request) is raised."""
         try:
             self.info(url)
-        except OlmaxError as e:
-            if str(e).startswith("token file not found"):
-                return False
-            raise
+        except NotFound:
+            return False
         return True
 
     def glob(self, pattern: str) -> list[str]:
@@ -325,7 +239,7 @@ class RemoteFiles:
             for i in todo:
                 self.cache.want(ranges[i][0])
 
-    def read_direct(self, url: str, start: int, nbytes: int) -> bytes:
+    def read_direct(self, url: str, start: int, nbytes: int, noun: str = "token file") -> bytes:
         """One ranged read from the store itself (no cache), retried."""
         def get() -> bytes:
             data = self.filesystem(url).cat_file(url, start=start, end=start + nbytes)
@@ -334,7 +248,7 @@ class RemoteFiles:
             if len(data) != nbytes:
                 raise _ShortRead(f"asked for bytes {start}..{start + nbytes}, got {len(data)}")
             return bytes(data)
-        return _with_retries(url, "read", get)
+        return _with_retries(url, "read", get, noun=noun)
 
 
 def _pread(path: Path, start: int, n: int, url: str) -> bytes:

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from olmax.errors import OlmaxError
 from olmax.io import contained, env_int, hash_into, publish_file, write_error, write_json_atomic
+from olmax.transport import short_error
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +52,6 @@ class Store(Protocol):
 def url_protocol(url: str) -> str:
     scheme = url.split("://", 1)[0].lower()
     return "gs" if scheme == "gcs" else scheme
-
-
-def short_error(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def store_md5(info: dict, proto: str) -> str | None:

@@ -38,6 +38,7 @@ from olmax.data.embedded import embedded_token_files
 from olmax.data.manifests import directory_hint
 from olmax.data.mixfile import read_mix_file
 from olmax.data.remote import is_pattern, is_remote, join, remote_files
+from olmax.transport import check_location
 
 class TokenFiles(NamedTuple):
     """A data section's token files, in order, and their labels (a mix's or a mixture's source
@@ -67,10 +68,15 @@ def expand_globs(patterns: Sequence[str], where: str) -> list[str]:
 
 
 def _paths(cfg: DataConfig) -> TokenFiles:
+    check_location(cfg.root, "data.root")
+    for p in cfg.paths:
+        check_location(p, "data.paths")
     return TokenFiles([join(cfg.root, p) for p in cfg.paths], None)
 
 
 def _mix(cfg: DataConfig) -> TokenFiles:
+    check_location(cfg.root, "data.root")
+    check_location(cfg.mix, "data.mix")
     entries = read_mix_file(resolve_mix(cfg.mix), root=cfg.root, tokenizer=cfg.mix_tokenizer,
                             remap=cfg.remap)
     return TokenFiles([e.path for e in entries], [e.label for e in entries])

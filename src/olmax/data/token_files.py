@@ -197,10 +197,15 @@ class TokenReader:
             pass
 
 
-def check_ids(ids: np.ndarray, vocab_size: int, where: str) -> None:
-    """Every id must be < vocab_size; otherwise an OlmaxError naming ``where`` and the position."""
+def check_ids(ids: np.ndarray, vocab_size: int, where: str, setting: str | None = None) -> None:
+    """Every id must be < vocab_size; otherwise an OlmaxError naming ``where`` and the position.
+    ``setting``: what sets the bound, as a user changes it (``data.tokenizer 'dolma2' (100278
+    ids)``); the line then leads with it, not with the file (which may be a cache's)."""
     if ids.size and int(ids.max()) >= vocab_size:
         pos = int(np.argmax(ids >= vocab_size))
+        if setting:
+            raise OlmaxError(f"{setting} does not hold token id {int(ids[pos])}, at position "
+                             f"{pos} of {where}: the ids come from another tokenizer")
         raise OlmaxError(
             f"{where}: token id {int(ids[pos])} at position {pos} is >= vocab size {vocab_size}"
         )

@@ -31,8 +31,11 @@ from olmax.eval.perplexity import perplexity
 from olmax.eval.scoring import Scorer
 from olmax.eval.tasks import expand_tasks, get_task
 from olmax.interop.hf import load_hf
+from olmax.interop.olmo_core.checkpoint import is_olmo_core_checkpoint
+from olmax.interop.olmo_core.convert import read_weights as read_olmo_core_weights
 from olmax.interop.vocab_padding import softmax_vocab
 from olmax.store import is_bucket
+from olmax.transport import url_scheme
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +50,23 @@ def is_hf_dir(path: str | os.PathLike) -> bool:
 class LoadedModel:
     params: Any
     cfg: ModelConfig
-    source: str           # "olmax" | "hf"
+    source: str           # "olmax" | "olmo-core" | "hf"
     softmax_vocab: int    # logits entering the softmax (see olmax.eval.scoring)
 
 
 def load_model(path: str | os.PathLike) -> LoadedModel:
-    """An olmax checkpoint (step/run/checkpoints dir) or an HF ``Olmo3ForCausalLM`` directory."""
+    """An olmax checkpoint (step/run/checkpoints dir), an OLMo-core checkpoint (read in place,
+    local or a URL) or an HF ``Olmo3ForCausalLM`` directory."""
+    if is_olmo_core_checkpoint(path):
+        params, cfg, meta = read_olmo_core_weights(path)
+        return LoadedModel(jax.tree.map(jax.numpy.asarray, params), cfg, "olmo-core",
+                           softmax_vocab(meta, cfg))
     if is_bucket(str(path)):        # an olmax checkpoint in a bucket (s3://, gs://)
         params, cfg = load_params(path)
         return LoadedModel(params, cfg, "olmax", softmax_vocab(load_meta(path), cfg))
+    if url_scheme(path) is not None:
+        raise OlmaxError(f"{path}: no OLMo-core checkpoint there (at a URL olmax reads OLMo-core "
+                         f"checkpoints, and olmax ones in s3:// or gs://; HF directories locally)")
     p = Path(path)
     if not p.exists():
         raise OlmaxError(f"checkpoint not found: {p}")
@@ -80,10 +91,12 @@ class EvalSuite:
                 model_ctx_len: int, heldout_seq_len: int | None = None, vocab_size: int | None = None,
                 limit: int | None = None, heldout_max_docs: int | None = None,
                 cache: str | None = None, data_cache_dir: str | None = None,
-                exclude_overlap_with: OverlapGuard | None = None) -> "EvalSuite":
+                exclude_overlap_with: OverlapGuard | None = None,
+                vocab_setting: str | None = None) -> "EvalSuite":
         """Tokenized tasks and padded held-out sets. ``cache``: the OLMES data cache;
         ``data_cache_dir``: where the embedded corpus is cached; ``exclude_overlap_with``: check
-        the held-out sets against training files first (see :class:`OverlapGuard`)."""
+        the held-out sets against training files first (see :class:`OverlapGuard`);
+        ``vocab_setting``: what sets ``vocab_size``, as the user changes it (error lines)."""
         names = expand_tasks(list(tasks))
         for name in names:  # fail on a bad name before any slow work
             get_task(name, cache)
@@ -97,7 +110,8 @@ class EvalSuite:
         if files:
             sets = load_heldout_sets(files, heldout_seq_len or model_ctx_len,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                     vocab_size=vocab_size, max_docs=heldout_max_docs)
+                                     vocab_size=vocab_size, max_docs=heldout_max_docs,
+                                     vocab_setting=vocab_setting)
         for label, drop in flagged.items():
             tokens, mask = sets[label]
             keep = np.setdiff1d(np.arange(len(tokens)), np.asarray(drop, dtype=np.int64))

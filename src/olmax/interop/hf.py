@@ -24,6 +24,7 @@ tensor bit for bit (export defaults to the imported file's dtype). Outputs are w
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -100,8 +101,8 @@ def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None,
     """An HF Olmo3 directory, checked (every tensor's name, shape and dtype against config.json)
     without reading any weights -> (weights, ModelConfig, source info: the original ``hf_config``
     and the files' ``hf_dtype``, so an export can reproduce the directory)."""
+    hf_cfg = read_hf_config(hf_dir)       # (as given: a Path would fold a URL's "//")
     hf_dir = Path(hf_dir)
-    hf_cfg = read_hf_config(hf_dir)
     cfg = model_config_from_hf(hf_cfg, where=str(hf_dir / "config.json"),
                                padded_vocab_size=padded_vocab_size)
     weights = SafetensorsDir(check_safetensors_dir(hf_dir), collect_non_finite=collect_non_finite)
@@ -110,6 +111,7 @@ def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None,
         if name in expected or name.endswith(_IGNORED_SUFFIXES):
             continue
         if name == "lm_head.weight" and cfg.tie_embeddings:
+            _check_tied_head(weights, hf_dir)
             continue
         raise OlmaxError(f"{weights.dir / weights.location[name]}: unexpected tensor '{name}' "
                          f"for {HF_ARCHITECTURE}")
@@ -128,6 +130,28 @@ def open_hf(hf_dir: str | os.PathLike, *, padded_vocab_size: int | None = None,
     info = {"format": "hf", "path": str(hf_dir), "hf_config": hf_cfg,
             "hf_dtype": file_dtypes.pop() if len(file_dtypes) == 1 else None}
     return weights, cfg, info
+
+
+TIE_CHECK_BYTES = 64 << 20     # rows of the embedding and the LM head compared at once
+
+
+def _check_tied_head(weights: SafetensorsDir, hf_dir: Path) -> None:
+    """A tied model (``tie_word_embeddings: true``) whose files also hold ``lm_head.weight``:
+    transformers ties the two only when they are equal, and otherwise computes with the file's
+    LM head; olmax ties them, so a different one is refused (compared a block of rows at a
+    time)."""
+    embed, head = "model.embed_tokens.weight", "lm_head.weight"
+    shape, _ = weights.info(embed)
+    if weights.info(head)[0] != shape:
+        raise OlmaxError(f"{hf_dir}/config.json: tie_word_embeddings is true, but {head} has shape "
+                         f"{list(weights.info(head)[0])}, {embed} {list(shape)}")
+    step = max(1, TIE_CHECK_BYTES // max(1, 4 * math.prod(shape[1:])))
+    for a in range(0, shape[0], step):
+        b = min(a + step, shape[0])
+        if not np.array_equal(weights.read_rows(embed, a, b), weights.read_rows(head, a, b)):
+            raise OlmaxError(f"{hf_dir}/config.json: tie_word_embeddings is true, but the files' "
+                             f"{head} differs from {embed} (from row {a}): transformers then "
+                             f"computes with {head}, untied; set tie_word_embeddings to false")
 
 
 def _padding(weights: SafetensorsDir, name: str, cfg: ModelConfig, which: str,

@@ -26,16 +26,21 @@ from olmax.config import ModelConfig, YarnConfig, shown
 from olmax.config.load import INT_LIMIT
 from olmax.errors import ConfigError, OlmaxError
 from olmax.io import read_text
+from olmax.transport import url_scheme
 
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
 HF_MODEL_TYPE = "olmo3"
 VOCAB_MULTIPLE = 128
 DEFAULT_ROPE_THETA = 500_000.0      # transformers Olmo3Config.default_theta
+SILU = ("silu", "swish")            # the names transformers' ACT2FN computes F.silu for
 
 
-def read_hf_config(hf_dir: str | os.PathLike) -> dict:
+def read_hf_config(hf_dir: str | os.PathLike, what: str = "") -> dict:
     """``config.json`` of an HF directory, as a dict (its weights are not looked at here: see
     :func:`check_safetensors_dir`)."""
+    if url_scheme(hf_dir) is not None:     # a configuration error, whatever the recipe gives
+        raise ConfigError(f"{what + ' ' if what else ''}{hf_dir}: a URL; olmax reads Hugging "
+                          f"Face directories from local disk (download it first)")
     path = Path(hf_dir) / "config.json"
     if not Path(hf_dir).is_dir():
         if Path(hf_dir).exists():
@@ -52,7 +57,8 @@ def read_hf_config(hf_dir: str | os.PathLike) -> dict:
     return data
 
 
-def _minimal_period(seq: list) -> tuple:
+def minimal_period(seq: list) -> tuple:
+    """The shortest prefix of ``seq`` that repeats to it (``seq`` itself at worst)."""
     n = len(seq)
     for p in range(1, n + 1):
         if n % p == 0 and all(seq[i] == seq[i % p] for i in range(n)):
@@ -169,9 +175,19 @@ def _model_config_from_hf(hf: Mapping[str, Any], where: str,
             raise OlmaxError(f"{where}: missing '{key}'")
         return hf[key]
 
-    for key, ok in (("hidden_act", "silu"), ("attention_bias", False)):
-        if key in hf and hf[key] != ok:
-            raise OlmaxError(f"{where}: {key}={hf[key]!r} is not supported (Olmo3 uses {ok!r})")
+    if hf.get("hidden_act", "silu") not in SILU:   # transformers' ACT2FN: both are F.silu
+        raise OlmaxError(f"{where}: hidden_act={hf['hidden_act']!r} is not supported (olmax's MLP "
+                         f"is SwiGLU: 'silu')")
+    if hf.get("attention_bias", False) is not False:
+        raise OlmaxError(f"{where}: attention_bias={hf['attention_bias']!r} is not supported "
+                         f"(olmax's projections have no bias: false)")
+    dropout = hf.get("attention_dropout")
+    if dropout not in (None, 0, 0.0) or isinstance(dropout, bool):
+        raise OlmaxError(f"{where}: attention_dropout={dropout!r} is not supported (olmax has no "
+                         f"dropout: 0.0)")
+    tie = hf.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise OlmaxError(f"{where}: tie_word_embeddings must be true or false (got {tie!r})")
     def whole(key: str, default: Any = None) -> int:
         return whole_number(req(key) if default is None else _given(hf, key, default), key, where)
 
@@ -202,8 +218,8 @@ def _model_config_from_hf(hf: Mapping[str, Any], where: str,
         head_dim=head_dim, mlp_hidden=whole("intermediate_size"), vocab_size=vocab,
         padded_vocab_size=padded_vocab_size or VOCAB_MULTIPLE * math.ceil(vocab / VOCAB_MULTIPLE),
         rope_theta=theta, rope_scaling=yarn, norm_eps=json_number(hf.get("rms_norm_eps", 1e-5)),
-        qk_norm="full", block_type="reordered_norm", window_pattern=_minimal_period(windows),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qk_norm="full", block_type="reordered_norm", window_pattern=minimal_period(windows),
+        tie_embeddings=tie,
         max_seq_len=whole("max_position_embeddings", 8192))
 
 

@@ -43,6 +43,8 @@ from olmax.config import ModelConfig
 from olmax.errors import ConfigError, OlmaxError
 from olmax.data.tokenizer import get_tokenizer
 from olmax.interop.hf import load_hf
+from olmax.interop.olmo_core.checkpoint import is_olmo_core_checkpoint, read_model_config
+from olmax.interop.olmo_core.convert import read_weights as read_olmo_core_weights
 from olmax.interop.hf_config import model_config_from_hf, read_hf_config
 from olmax.interop.safetensors import check_safetensors_dir
 from olmax.model.olmo3 import forward
@@ -396,6 +398,12 @@ def _olmax_params(hf_dir: str | os.PathLike, checkpoint: str | os.PathLike | Non
     directory's converted in memory. Returns (params, config, where they came from)."""
     hf_cfg = model_config_from_hf(read_hf_config(hf_dir), where=str(Path(hf_dir) / "config.json"))
     check_safetensors_dir(hf_dir)      # before transformers reads anything (no pickles)
+    if checkpoint is not None and is_olmo_core_checkpoint(checkpoint):   # read in place
+        oc_cfg, _ = read_model_config(checkpoint)     # its config.json, before any weight
+        if oc_cfg is not None:
+            _check_same_architecture(oc_cfg, hf_cfg, checkpoint, hf_dir)
+        params, cfg, _ = read_olmo_core_weights(checkpoint)
+        return jax.tree.map(jnp.asarray, params), cfg, str(checkpoint)
     if checkpoint is not None:
         _check_same_architecture(load_model_config(checkpoint), hf_cfg, checkpoint, hf_dir)
         params, cfg = load_params(checkpoint)

@@ -30,6 +30,10 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 # safetensors dtype codes read and written
 DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype(np.float16)}
 _CODES = {dt.name: code for code, dt in DTYPES.items()}
+# Bytes per element of every safetensors dtype (its header's lengths are checked by them).
+ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E5M2FNUZ": 1,
+            "F8_E4M3FNUZ": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4,
+            "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
 
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 
@@ -81,6 +85,7 @@ def read_safetensors_header(path: Path) -> tuple[int, dict[str, dict]]:
         raise bad("header is not a JSON object")
     header.pop("__metadata__", None)
     start = 8 + n
+    spans = []
     for name, entry in header.items():
         try:
             shape = [int(d) for d in entry["shape"]]
@@ -88,11 +93,23 @@ def read_safetensors_header(path: Path) -> tuple[int, dict[str, dict]]:
             code = str(entry["dtype"])
         except (KeyError, TypeError, ValueError):
             raise bad(f"malformed entry for '{name}'") from None
-        dt = DTYPES.get(code)
-        if dt is not None and hi - lo != math.prod(shape) * dt.itemsize:
+        if code not in ITEMSIZE:
+            raise bad(f"tensor '{name}' has dtype {code!r}, which is no safetensors dtype")
+        if any(d < 0 for d in shape) or hi - lo != math.prod(shape) * ITEMSIZE[code]:
             raise bad(f"tensor '{name}' {shape} {code} spans {hi - lo} bytes")
         if not 0 <= lo <= hi or start + hi > size:
             raise bad(f"tensor '{name}' lies past the end of the file ({size} bytes; truncated?)")
+        spans.append((lo, hi, name))
+    # the tensors' bytes tile the data section, which ends the file (as the safetensors library
+    # requires): a length that disagrees anywhere is a damaged or altered file
+    at = 0
+    for lo, hi, name in sorted(spans):
+        if lo != at:
+            raise bad(f"tensor '{name}' starts at data byte {lo}, the one before it ends at {at} "
+                      f"({'overlap' if lo < at else 'gap'})")
+        at = hi
+    if start + at != size:
+        raise bad(f"the tensors end at byte {start + at}, the file at {size}")
     return start, header
 
 

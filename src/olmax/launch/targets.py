@@ -167,7 +167,7 @@ than one step plus one checkpoint save, for preemptions.
         if args.run_dir is None and nodes > 1:
             raise ConfigError(f"--run-dir DIR is required for {nodes} nodes: a directory every node "
                               "sees (a default would name a new run each time the script is written)")
-        if args.run_dir and is_bucket(args.run_dir):
+        if args.run_dir and is_bucket(run_location(args.run_dir)):
             raise ConfigError(f"--run-dir {args.run_dir}: a bucket path; the Slurm job script keeps "
                               f"its exit files in the run directory: give a directory every node "
                               f"sees (or use --target k8s or tpu-vm, which take bucket paths)")
@@ -187,7 +187,7 @@ than one step plus one checkpoint save, for preemptions.
 
 def _given_run_dir(args: argparse.Namespace) -> str | None:
     """``--run-dir`` as given; a bucket path checked and normalised (``s3://``, ``gs://``)."""
-    if args.run_dir and is_bucket(args.run_dir):
+    if args.run_dir and is_bucket(run_location(args.run_dir)):   # run_location: checked
         return str(run_location(args.run_dir))
     return args.run_dir
 

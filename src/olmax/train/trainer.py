@@ -225,6 +225,9 @@ class Trainer:
         if self.data.num_instances < t.global_batch_size:
             raise OlmaxError(f"training data has {self.data.num_instances} instances of {t.seq_len} "
                              f"tokens, fewer than one global batch ({t.global_batch_size})")
+        self.data.limit_ids(cfg.model.padded_vocab_size,
+                            f"the model's vocabulary (model.padded_vocab_size "
+                            f"{cfg.model.padded_vocab_size}; data.tokenizer {cfg.data.tokenizer!r})")
         # The step compiled ahead of time, before the run directory is touched: a step that does
         # not fit the devices is one line, and auto settings are chosen from its memory.
         self.fit = fit = self._fit_step()

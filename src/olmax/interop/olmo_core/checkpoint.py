@@ -22,17 +22,20 @@ from typing import Any, Callable
 
 import numpy as np
 
-from olmax.config import ModelConfig, YarnConfig, shown
-from olmax.errors import ConfigError, OlmaxError
-from olmax.interop.hf_config import json_number, whole_number
+from olmax.config import ModelConfig
+from olmax.errors import OlmaxError
+from olmax.interop.hf_config import whole_number
 from olmax.interop.olmo_core.dcp import METADATA, DcpReader, Files
+from olmax.interop.olmo_core.model_config import model_config_from_olmo_core
 from olmax.interop.olmo_core.torch_zip import Archive
+from olmax.model.finite import raise_non_finite, tensor_problem
 from olmax.model.params import OLMoCoreTensor, olmo_core_tensors
 
 MODEL_AND_OPTIM = "model_and_optim"
 TRAINER_STATE = "train/rank0.pt"
 MOMENTS = ("exp_avg", "exp_avg_sq")
 PIECE_BYTES = 64 << 20       # OLMo-core rows read at once for a block of an unstacked leaf
+EXACT_IN_FP32 = ("float32", "bfloat16", "float16")   # dtypes float32 holds exactly
 
 
 def is_olmo_core_checkpoint(path: str | os.PathLike) -> bool:
@@ -131,22 +134,48 @@ class OLMoCoreCheckpoint:
             return None
 
     def trainer_state(self) -> TrainerState | None:
-        if not self.full or not self.files.exists(TRAINER_STATE):
+        """``train/rank0.pt``: None where the checkpoint has none (a bare DCP folder, or no such
+        file: :meth:`no_trainer_state` says so); one that is there but cannot be read (a broken
+        link or a link loop, a damaged archive, a state without a whole-number step) is an
+        OlmaxError naming it. Never derived from anything else (Adam's count is not the step)."""
+        if not self.full:
+            return None
+        where = self.files.path(TRAINER_STATE)
+        if not self.files.exists(TRAINER_STATE):
+            if not self.files.remote and os.path.lexists(where):
+                raise OlmaxError(f"{where}: not a readable file (a directory, a broken link or a "
+                                 f"link loop); the run's step, data position and seed are in it")
             return None
         size = self.files.size(TRAINER_STATE)
-        archive = Archive(lambda o, n: self.files.read(TRAINER_STATE, o, n), size,
-                          self.files.path(TRAINER_STATE))
+        archive = Archive(lambda o, n: self.files.read(TRAINER_STATE, o, n), size, where)
         state = archive.load()
-        where = self.files.path(TRAINER_STATE)
         if not isinstance(state, dict) or "global_step" not in state:
             raise OlmaxError(f"{where}: not an OLMo-core trainer state (no global_step)")
         loader = state.get("data_loader") or {}
         if not isinstance(loader, dict):
             raise OlmaxError(f"{where}: data_loader is {type(loader).__name__}, not a dict")
-        return TrainerState(int(state["global_step"]), int(state.get("global_train_tokens_seen", 0)),
-                            int(state.get("epoch", loader.get("epoch", 1)) or 1),
-                            state.get("world_size"), state.get("max_steps"),
-                            {k: v for k, v in loader.items() if isinstance(v, (int, str, float))})
+
+        def count(value: Any, key: str) -> int:
+            n = whole_number(value, key, where)
+            if n < 0:
+                raise OlmaxError(f"{where}: {key} is {n}, not a count")
+            return n
+
+        loader = {k: v for k, v in loader.items() if isinstance(v, (int, str, float))}
+        for key in ("tokens_processed", "batches_processed", "seed", "epoch"):
+            if key in loader:
+                loader[key] = count(loader[key], f"data_loader.{key}")
+        epoch = state.get("epoch", loader.get("epoch", 1))
+        return TrainerState(count(state["global_step"], "global_step"),
+                            count(state.get("global_train_tokens_seen", 0), "global_train_tokens_seen"),
+                            count(epoch if epoch is not None else 1, "epoch") or 1,
+                            state.get("world_size"), state.get("max_steps"), loader)
+
+    def no_trainer_state(self) -> str:
+        """What an import without a trainer state cannot know, in words (see :meth:`trainer_state`)."""
+        what = "is a bare DCP folder" if not self.full else f"has no {TRAINER_STATE}"
+        return (f"{self.path} {what}: its step, data position and seed are unknown (Adam's count "
+                f"is not the step), so it starts a run (a warm start), not continues one")
 
     def model_config(self) -> ModelConfig | None:
         """The model of ``config.json`` as an olmax ModelConfig (None without a config.json)."""
@@ -157,11 +186,23 @@ class OLMoCoreCheckpoint:
 
     # -- tensors --------------------------------------------------------------------------------
     def _oc_tensor(self, name: str, kind: str, rows: slice | None = None) -> np.ndarray:
+        """One OLMo-core tensor (``rows``: a range of its first axis), refused by name when it
+        holds NaN or Inf: every path that reads an OLMo-core checkpoint for use reads here."""
         key = f"model.{name}" if kind == "model" else f"optim.state.{name}.{kind}"
         if key not in self.dcp.meta.tensors:
             what = "parameter" if kind == "model" else f"optimizer state {kind} of"
             raise OlmaxError(f"{self.path}: the checkpoint has no {what} '{name}'")
-        return self.dcp.tensor(key, rows)
+        out = self.dcp.tensor(key, rows)
+        if out.dtype.name not in EXACT_IN_FP32:
+            raise OlmaxError(f"{self.path}: tensor {key} is {out.dtype.name}; olmax reads "
+                             f"float32 weights and optimizer state (or bfloat16, float16, exactly "
+                             f"widened)")
+        out = out.astype(np.float32, copy=False)
+        shown = key if rows is None else f"{key} rows {rows.start}..{rows.stop - 1}"
+        problem = tensor_problem(shown, out)
+        if problem:
+            raise_non_finite(self.path, [problem])
+        return out
 
     def check_model(self, cfg: ModelConfig) -> None:
         """The checkpoint holds exactly ``cfg``'s parameters, in its shapes."""
@@ -195,7 +236,11 @@ class OLMoCoreCheckpoint:
         """OLMo-core's per-parameter ``step``, which must be one integer for every parameter."""
         steps: dict[str, float] = {}
         for t in olmo_core_tensors(cfg):
-            steps[t.name] = float(self._oc_tensor(t.name, "step"))
+            step = self._oc_tensor(t.name, "step")
+            if step.size != 1:
+                raise OlmaxError(f"{self.path}: Adam's step of '{t.name}' has shape "
+                                 f"{list(step.shape)}, not one number")
+            steps[t.name] = float(step.reshape(()))
         values = sorted(set(steps.values()))
         if len(values) != 1:
             common = max(values, key=lambda v: sum(1 for s in steps.values() if s == v))
@@ -279,119 +324,6 @@ class LazyLeaf:
                 out[a - lo:b - lo] = part[(slice(None),) + index[1:]]
             del part
         return out
-
-
-# ----------------------------------------------------------------------------------------------
-# config.json -> ModelConfig
-
-
-def model_config_from_olmo_core(cfg: dict, where: str) -> ModelConfig:
-    """The olmax ModelConfig of an OLMo-core experiment config (``config.json``): its ``model``
-    section (OLMo-core 2.x ``attention`` or 3.x ``sequence_mixer``) and the tokenizer's vocabulary
-    size from ``dataset.tokenizer``."""
-    model = cfg.get("model") if isinstance(cfg.get("model"), dict) else None
-    if model is None:
-        raise OlmaxError(f"{where}: no model section")
-    try:
-        return _model_config(model, cfg, where)
-    except (KeyError, TypeError) as e:
-        raise OlmaxError(f"{where}: model section without {e}") from None
-    except ConfigError as e:
-        raise OlmaxError(f"{where}: {e}") from None
-
-
-def _section(parent: dict, key: str, where: str, path: str, required: bool = True) -> dict:
-    value = parent.get(key)
-    if value is None and not required:
-        return {}
-    if not isinstance(value, dict):
-        what = "missing" if value is None else f"{type(value).__name__} {shown(value)}, not an object"
-        raise OlmaxError(f"{where}: {path}{key} is {what}")
-    return value
-
-
-def _model_config(model: dict, cfg: dict, where: str) -> ModelConfig:
-    """Every value checked by the rules a recipe's are (a whole number where a count is meant, a
-    finite number, a boolean; then ModelConfig's own ranges), each error naming the config key."""
-    def whole(d: dict, key: str, path: str, default: Any = None) -> int:
-        value = d.get(key)
-        if value is None:
-            if default is None:
-                raise OlmaxError(f"{where}: {path}{key} is missing")
-            return default
-        return whole_number(value, f"{path}{key}", where)
-
-    def flag(d: dict, key: str, path: str, default: bool) -> bool:
-        value = d.get(key, default)
-        if not isinstance(value, bool):
-            raise OlmaxError(f"{where}: {path}{key} must be true or false (got {shown(value)})")
-        return value
-
-    block = _section(model, "block", where, "model.")
-    mixer = "sequence_mixer" if "sequence_mixer" in block else "attention"
-    attn = _section(block, mixer, where, "model.block.")
-    a = f"model.block.{mixer}."
-    if block.get("name") not in ("reordered_norm", None):
-        raise OlmaxError(f"{where}: block {block.get('name')!r} is not OLMo 3's reordered_norm")
-    n_heads = whole(attn, "n_heads", a)
-    d_model = whole(model, "d_model", "model.")
-    n_layers = whole(model, "n_layers", "model.")
-    if n_heads <= 0 or n_layers <= 0:
-        raise OlmaxError(f"{where}: model.n_layers and {a}n_heads must be positive "
-                         f"(got {n_layers}, {n_heads})")
-    window = _section(attn, "sliding_window", where, a, required=False)
-    pattern: tuple = (None,)
-    if window:
-        raw = window.get("pattern")
-        if not isinstance(raw, list) or not raw:
-            raise OlmaxError(f"{where}: {a}sliding_window.pattern must be a non-empty list "
-                             f"(got {shown(raw)})")
-        pattern = tuple(None if w == -1 else whole_number(w, f"{a}sliding_window.pattern[{i}]", where)
-                        for i, w in enumerate(raw))
-        _check_forced_layers(window, pattern, n_layers, where)
-    rope = _section(attn, "rope", where, a, required=False)
-    padded = whole(model, "vocab_size", "model.")
-    tokenizer = _section(_section(cfg, "dataset", where, "", required=False), "tokenizer", where,
-                         "dataset.", required=False)
-    qk = "none" if not attn.get("qk_norm") else \
-        ("head" if flag(attn, "use_head_qk_norm", a, False) else "full")
-    norm = _section(block, "layer_norm", where, "model.block.", required=False)
-    feed_forward = _section(block, "feed_forward", where, "model.block.")
-    return ModelConfig(
-        d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-        n_kv_heads=whole(attn, "n_kv_heads", a, n_heads),
-        head_dim=whole(attn, "head_dim", a, d_model // n_heads),
-        mlp_hidden=whole(feed_forward, "hidden_size", "model.block.feed_forward."),
-        vocab_size=whole(tokenizer, "vocab_size", "dataset.tokenizer.", padded),
-        padded_vocab_size=padded,
-        rope_theta=json_number(rope.get("theta", 500_000)), rope_scaling=_yarn(rope.get("scaling"), where),
-        norm_eps=json_number(norm.get("eps", 1e-6)), qk_norm=qk,
-        window_pattern=pattern, tie_embeddings=flag(model, "tie_word_embeddings", "model.", False),
-        init_std=json_number(model.get("init_std", 0.02)))
-
-
-def _check_forced_layers(window: dict, pattern: tuple, n_layers: int, where: str) -> None:
-    """OLMo-core may force full attention on the first or last layer; olmax's repeating pattern
-    says it only where the pattern has it there already."""
-    forced = [(0, window.get("force_full_attention_on_first_layer")),
-              (n_layers - 1, window.get("force_full_attention_on_last_layer"))]
-    for layer, force in forced:
-        if force and pattern[layer % len(pattern)] is not None:
-            raise OlmaxError(f"{where}: full attention is forced on layer {layer}, where the window "
-                             f"pattern {list(pattern)} repeats a window; olmax cannot express that")
-
-
-def _yarn(scaling: Any, where: str) -> YarnConfig | None:
-    if not scaling:
-        return None
-    if not isinstance(scaling, dict) or "factor" not in scaling or "old_context_len" not in scaling:
-        what = scaling.get("_CLASS_", scaling) if isinstance(scaling, dict) else shown(scaling)
-        raise OlmaxError(f"{where}: RoPE scaling {what} is not YaRN")
-    return YarnConfig(factor=json_number(scaling["factor"]),
-                      beta_fast=json_number(scaling.get("beta_fast", 32)),
-                      beta_slow=json_number(scaling.get("beta_slow", 1)),
-                      original_max_position_embeddings=whole_number(
-                          scaling["old_context_len"], "rope.scaling.old_context_len", where))
 
 
 __all__ = ["OLMoCoreCheckpoint", "TrainerState", "LazyLeaf", "is_olmo_core_checkpoint",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -72,7 +73,11 @@ def check_param_groups(ck: OLMoCoreCheckpoint, cfg: ModelConfig, optim: OptimCon
             got = group.get(key)
             if got is None:
                 raise OlmaxError(f"{ck.path}: no optimizer setting {key} for '{name}'")
-            got = tuple(float(x) for x in got) if key == "betas" else float(got)
+            try:
+                got = tuple(float(x) for x in got) if key == "betas" else float(got)
+            except (TypeError, ValueError):
+                raise OlmaxError(f"{ck.path}: optimizer setting {key} of '{name}' is {got!r}, "
+                                 f"not {'two numbers' if key == 'betas' else 'a number'}") from None
             if got != value:
                 raise OlmaxError(f"{ck.path}: '{name}' was trained with {key} {got}, the recipe "
                                  f"says {value} (optim.{'no_decay' if key == 'weight_decay' else key})")
@@ -125,13 +130,24 @@ def convert_olmo_core_to_olmax(src: str | os.PathLike, out: str | os.PathLike, *
     if trainer is not None:
         check_count_rule(ck, optim)
     count = ck.adam_count(cfg)
-    step = trainer.global_step if trainer is not None else count
     opt_state = olmax_opt_state(optimizer(optim), streamed(ck.tree(cfg, "exp_avg")),
                                 streamed(ck.tree(cfg, "exp_avg_sq")), count)
-    meta.update(step=step, seed=trainer.seed if trainer is not None else None, optim=to_dict(optim))
-    if trainer is not None:
-        meta["olmo_core_data_position"] = dict(trainer.data_loader)
+    step = trainer_meta(ck, trainer, meta)
+    meta["optim"] = to_dict(optim)
     return save_train_state(out, step, params, opt_state, cfg, extra_meta=meta)
+
+
+def trainer_meta(ck: OLMoCoreCheckpoint, trainer: TrainerState | None, meta: dict) -> int:
+    """The step of an import of ``ck`` and what its meta says of the run (into ``meta``): from its
+    trainer state, the step, data position and seed; without one, step 0 and ``warm_start_only``
+    (what cannot be known), which ``init.load_trainer_state`` refuses."""
+    if trainer is None:
+        meta.update(seed=None, warm_start_only=ck.no_trainer_state())
+        return 0
+    meta.update(seed=trainer.seed, olmo_core_data_position=dict(trainer.data_loader))
+    if isinstance(trainer.data_loader.get("batches_processed"), int):
+        meta["data_position"] = trainer.data_loader["batches_processed"]
+    return trainer.global_step
 
 
 def import_meta(ck: OLMoCoreCheckpoint, cfg: ModelConfig, trainer: TrainerState | None) -> dict:
@@ -157,10 +173,8 @@ def merge_source(src: str | os.PathLike, *, with_optimizer: bool = True,
     if with_optimizer and ck.has_optimizer:
         check_param_groups(ck, cfg, optim)
         adam = Adam(ck.adam_count(cfg), ck.tree(cfg, "exp_avg"), ck.tree(cfg, "exp_avg_sq"))
-    step = trainer.global_step if trainer is not None else (adam.count if adam else 0)
-    meta.update(seed=trainer.seed if trainer is not None else None, optim=to_dict(optim))
-    if trainer is not None:
-        meta["olmo_core_data_position"] = dict(trainer.data_loader)
+    step = trainer_meta(ck, trainer, meta)
+    meta["optim"] = to_dict(optim)
     return Source(ck.path, cfg, ck.tree(cfg), adam, meta, step, optim)
 
 
@@ -260,7 +274,7 @@ def _dcp_items(cfg: ModelConfig, params: Any, opt_state: Any, optim: OptimConfig
 
 def olmo_core_config(cfg: ModelConfig, base: dict | None) -> dict:
     """``config.json`` for the export: the imported one (its model checked against ``cfg``), else
-    a model section OLMo-core's ``TransformerConfig`` reads."""
+    a model section OLMo-core's ``TransformerConfig.from_dict`` reads as this model."""
     if base is not None:
         got = model_config_from_olmo_core(base, "the imported config.json")
         if got.replace(init_std=cfg.init_std, max_seq_len=cfg.max_seq_len) != cfg:
@@ -268,29 +282,42 @@ def olmo_core_config(cfg: ModelConfig, base: dict | None) -> dict:
                              "with; cannot export that config")
         return copy.deepcopy(base)
     window = [-1 if w is None else int(w) for w in cfg.window_pattern]
-    attn: dict[str, Any] = {
-        "name": "default", "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+    norm = {"name": "rms", "eps": cfg.norm_eps, "bias": False}
+    attn: dict[str, Any] = {   # "type" and the scaling's "_CLASS_" pick OLMo-core's classes
+        "type": "attention", "name": "default", "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim, "bias": False,
         "rope": {"name": "default", "theta": cfg.rope_theta, "full_precision": True},
-        "qk_norm": None if cfg.qk_norm == "none" else {"name": "rms", "eps": cfg.norm_eps,
-                                                       "bias": False},
+        "qk_norm": None if cfg.qk_norm == "none" else dict(norm),
         "use_head_qk_norm": cfg.qk_norm == "head",
+        # the pattern as olmax repeats it: no layer forced (OLMo-core's defaults force both ends)
         "sliding_window": {"pattern": window, "force_full_attention_on_first_layer": False,
-                           "force_full_attention_on_last_layer": True},
+                           "force_full_attention_on_last_layer": False},
     }
-    if cfg.rope_scaling is not None:
+    block: dict[str, Any] = {
+        "name": "default" if cfg.block_type == "prenorm" else "reordered_norm",
+        "sequence_mixer": attn, "layer_norm": dict(norm),
+        "feed_forward": {"hidden_size": cfg.mlp_hidden, "bias": False, "activation": "silu"}}
+    model: dict[str, Any] = {
+        "d_model": cfg.d_model, "vocab_size": cfg.padded_vocab_size, "n_layers": cfg.n_layers,
+        "block": block, "lm_head": {"layer_norm": dict(norm), "bias": False},
+        "init_std": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings}
+    if cfg.rope_scaling is not None:   # YaRN as TransformerConfig.with_rope_scaling writes it
         y = cfg.rope_scaling
-        attn["rope"]["scaling"] = {"factor": y.factor, "beta_fast": y.beta_fast,
-                                   "beta_slow": y.beta_slow,
-                                   "old_context_len": y.original_max_position_embeddings}
-    norm = {"name": "rms", "eps": cfg.norm_eps, "bias": False}
-    return {"model": {"d_model": cfg.d_model, "vocab_size": cfg.padded_vocab_size,
-                      "n_layers": cfg.n_layers,
-                      "block": {"name": "reordered_norm", "sequence_mixer": attn, "layer_norm": norm,
-                                "feed_forward": {"hidden_size": cfg.mlp_hidden, "bias": False}},
-                      "lm_head": {"layer_norm": norm, "bias": False},
-                      "init_std": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings},
-            "dataset": {"tokenizer": {"vocab_size": cfg.vocab_size}}}
+        if y.attention_factor is not None and y.attention_factor != 0.1 * math.log(y.factor) + 1:
+            raise OlmaxError(f"model.rope_scaling.attention_factor {y.attention_factor:g}: "
+                             f"OLMo-core's YaRN computes its own (0.1 ln(factor) + 1), so its "
+                             f"config cannot say this model")
+        scaled = copy.deepcopy(block)
+        scaled["sequence_mixer"]["rope"]["scaling"] = {
+            "_CLASS_": "olmo_core.nn.rope.YaRNRoPEScalingConfig", "factor": y.factor,
+            "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
+            "old_context_len": y.original_max_position_embeddings}
+        if y.full_attention_only:      # on the full-attention layers: those layers' blocks
+            model["block_overrides"] = {str(i): copy.deepcopy(scaled)
+                                        for i, w in enumerate(cfg.layer_windows()) if w is None}
+        else:
+            model["block"] = scaled
+    return {"model": model, "dataset": {"tokenizer": {"vocab_size": cfg.vocab_size}}}
 
 
 def trainer_state_dict(meta: dict, cfg: ModelConfig) -> dict:
@@ -378,5 +405,16 @@ def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, 
     return Path(out)
 
 
-__all__ = ["convert_olmo_core_to_olmax", "convert_olmax_to_olmo_core", "olmax_opt_state",
+def read_weights(src: str | os.PathLike) -> tuple[dict, ModelConfig, dict]:
+    """An OLMo-core checkpoint's weights read in place for use (``olmax eval``, ``olmax
+    parity``): ``(params as numpy, its model, the meta an import of it gets)``, every tensor
+    checked (CRC-32s, NaN/Inf) as it is read."""
+    ck = OLMoCoreCheckpoint(src)
+    cfg = checked_model(ck, None)
+    params = jax.tree.map(lambda leaf: leaf.read(), ck.tree(cfg),
+                          is_leaf=lambda x: hasattr(x, "tensors"))
+    return params, cfg, import_meta(ck, cfg, None)
+
+
+__all__ = ["convert_olmo_core_to_olmax", "read_weights", "convert_olmax_to_olmo_core", "olmax_opt_state",
            "check_param_groups", "merge_source", "META_KEY"]

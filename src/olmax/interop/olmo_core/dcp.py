@@ -24,10 +24,11 @@ import numpy as np
 from olmax.errors import OlmaxError
 from olmax.interop.olmo_core import pickles
 from olmax.interop.olmo_core.pickles import DCP_META, Global, New, Record, TensorRef
-from olmax.interop.olmo_core.torch_zip import (Archive, PiecedArray, is_zip, numpy_dtype,
+from olmax.interop.olmo_core.torch_zip import (Archive, Crcs, PiecedArray, is_zip, numpy_dtype,
                                                 write_torch_save)
 
 METADATA = ".metadata"
+NOUN = "checkpoint file"       # what a missing remote file of a checkpoint is called
 
 
 # ----------------------------------------------------------------------------------------------
@@ -48,13 +49,16 @@ class Files:
         return f"{self.root}/{rel}"
 
     def exists(self, rel: str) -> bool:
+        """Whether the folder has file ``rel``: False for a missing file only; a store that
+        cannot be reached or a denied request is raised (exit 75 or 2, naming the URL)."""
         if not self.remote:
             return Path(self.path(rel)).is_file()
         from olmax.data.remote import remote_files
+        from olmax.transport import NotFound
 
         try:
-            remote_files().info(self.path(rel))
-        except OlmaxError:
+            remote_files().info(self.path(rel), noun=NOUN)
+        except NotFound:
             return False
         return True
 
@@ -66,7 +70,7 @@ class Files:
                 raise OlmaxError(f"{self.path(rel)}: {e.strerror or e}") from None
         from olmax.data.remote import remote_files
 
-        return remote_files().size(self.path(rel))
+        return remote_files().info(self.path(rel), noun=NOUN)["size"]
 
     def read(self, rel: str, offset: int, n: int) -> bytes:
         if n == 0:
@@ -86,7 +90,7 @@ class Files:
             return data
         from olmax.data.remote import remote_files
 
-        return remote_files().read_direct(self.path(rel), offset, n)
+        return remote_files().read_direct(self.path(rel), offset, n, noun=NOUN)
 
     def read_all(self, rel: str) -> bytes:
         return self.read(rel, 0, self.size(rel))
@@ -206,6 +210,7 @@ class DcpReader:
             raise OlmaxError(f"{files.path(METADATA)}: not found (not a DCP checkpoint folder)")
         self.meta = parse_metadata(files.read_all(METADATA), files.path(METADATA))
         self._sizes: dict[str, int] = {}
+        self.crcs = Crcs()       # every chunk's entries checked as they are read
 
     def keys(self) -> list[str]:
         return list(self.meta.tensors) + list(self.meta.values)
@@ -235,7 +240,8 @@ class DcpReader:
             raise OlmaxError(f"{self.files.path(at.file)}: truncated ({self._size(at.file)} bytes, "
                              f"{what} needs bytes up to {end})")
         return Archive(lambda o, n: self.files.read(at.file, at.offset + o, n), at.length,
-                       f"{self.files.path(at.file)} ({what})")
+                       f"{self.files.path(at.file)} ({what})", crcs=self.crcs,
+                       key=(at.file, at.offset))
 
     def tensor(self, key: str, rows: slice | None = None) -> np.ndarray:
         """The tensor ``key`` (``rows``: a range of its first axis), assembled from its chunks;

@@ -44,15 +44,54 @@ class Entry:
     header_offset: int
     size: int
     method: int
+    crc: int          # the zip's CRC-32 of the entry's bytes
+
+
+class Crcs:
+    """The running CRC-32 of each archive entry being read, checked against the zip's once the
+    bytes read reach the entry's end, streaming: a read that goes on where the last one ended
+    advances it, a read from the entry's first byte starts it again, any other read (out of
+    order) is left to one of those. An entry read whole, or from its start to its end in any
+    number of pieces, is checked; a damaged one is an OlmaxError naming the file and entry. A CRC
+    of 0 is none (``torch.serialization.set_crc32_options(False)`` writes 0 for every entry)."""
+
+    def __init__(self) -> None:
+        self._state: dict[Any, tuple[int, int] | None] = {}   # None: checked
+
+    def feed(self, key: Any, entry: Entry, start: int, data: bytes, where: str, name: str) -> None:
+        state = self._state.get(key, (0, 0))
+        if state is None:
+            return
+        if start == 0:
+            state = (0, 0)
+        if state[0] != start:
+            return
+        pos, crc = start + len(data), zlib.crc32(data, state[1])
+        if pos < entry.size:
+            self._state[key] = (pos, crc)
+            return
+        if crc != entry.crc and entry.crc != 0:   # 0: none recorded (torch.save can skip it)
+            raise OlmaxError(f"{where}: entry {name} fails its CRC-32 check (the zip records "
+                             f"{entry.crc:08x}, its bytes give {crc:08x}): the file is damaged")
+        self._state[key] = None
+
+    def unchecked(self) -> list[Any]:
+        """The entries read in part only (not yet checked)."""
+        return [key for key, state in self._state.items() if state is not None]
 
 
 class Archive:
-    """One ``torch.save`` archive at ``[0, length)`` of ``read``; ``where`` names it in errors."""
+    """One ``torch.save`` archive at ``[0, length)`` of ``read``; ``where`` names it in errors.
+    Every entry's bytes are checked against its CRC-32 as they are read (:class:`Crcs`: the
+    archive's own, or ``crcs`` shared by the archives of a checkpoint under ``key``)."""
 
-    def __init__(self, read: Read, length: int, where: str) -> None:
+    def __init__(self, read: Read, length: int, where: str, *, crcs: Crcs | None = None,
+                 key: Any = None) -> None:
         self.where = where
         self.length = length
         self._read = read
+        self._crcs = crcs if crcs is not None else Crcs()
+        self._key = key
         self._head = read(0, min(length, WINDOW)) if length > 0 else b""
         self.entries = self._central_directory()
         names = list(self.entries)
@@ -90,13 +129,13 @@ class Archive:
             if cd[pos:pos + 4] != b"PK\x01\x02":
                 raise OlmaxError(f"{self.where}: corrupt zip central directory")
             method, = struct.unpack("<H", cd[pos + 10:pos + 12])
-            csize, usize = struct.unpack("<II", cd[pos + 20:pos + 28])
+            crc, csize, usize = struct.unpack("<III", cd[pos + 16:pos + 28])
             n, e, c = struct.unpack("<HHH", cd[pos + 28:pos + 34])
             header, = struct.unpack("<I", cd[pos + 42:pos + 46])
             name = cd[pos + 46:pos + 46 + n].decode("utf-8")
             extra = cd[pos + 46 + n:pos + 46 + n + e]
             usize, csize, header = _zip64_fields(extra, usize, csize, header)
-            entries[name] = Entry(header, usize, method)
+            entries[name] = Entry(header, usize, method, crc)
             pos += 46 + n + e + c
         return entries
 
@@ -133,7 +172,9 @@ class Archive:
         if start + n > entry.size:
             raise OlmaxError(f"{self.where}: entry {name} holds {entry.size} bytes, "
                              f"{start + n} needed")
-        return self.read(self.data_offset(name) + start, n)
+        data = self.read(self.data_offset(name) + start, n)
+        self._crcs.feed((self._key, name), entry, start, data, self.where, name)
+        return data
 
     def load(self) -> Any:
         """The archive's object, tensors as :class:`~pickles.TensorRef`."""

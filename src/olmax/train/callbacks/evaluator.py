@@ -73,7 +73,9 @@ class EvaluatorCallback(Callback):
             tasks=self.cfg.tasks, heldout=self.cfg.heldout, tokenizer=get_tokenizer(cfg.data.tokenizer),
             model_ctx_len=self.cfg.seq_len or cfg.train.seq_len, vocab_size=cfg.model.vocab_size,
             limit=self.cfg.limit, heldout_max_docs=self.cfg.heldout_max_docs,
-            data_cache_dir=cfg.data.cache_dir, exclude_overlap_with=guard)
+            data_cache_dir=cfg.data.cache_dir, exclude_overlap_with=guard,
+            vocab_setting=f"the model's vocabulary (model.vocab_size {cfg.model.vocab_size}; "
+                          f"data.tokenizer {cfg.data.tokenizer!r})")
         self.overlap_report = self.suite.overlap_report
         # the training dtype and attention kernel; no remat (nothing is differentiated)
         devices = None if run.mesh is None else run.mesh.devices.flat
