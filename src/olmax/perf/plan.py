@@ -310,7 +310,7 @@ def _estimate(cfg: RunConfig, st, mesh, dev, n: int, flops: dict, kernel: float,
     return _step(method, compute_s, kernel_s, coll, b * t, n, details["chips"], flops, peak_dev)
 
 
-def _optimizer_part(args: tuple, positions: int) -> tuple[dict, int]:
+def _optimizer_part(args: tuple, positions: int) -> tuple[Any, int]:
     """The optimizer update's part (O) over the device's share of the state, and 1: or, where that
     share does not fit the device compiled apart (gradients, parameters and moments in and the new
     ones out, none donated, unlike in the step), over 1/k of it scaled by k (k = 2, 4, ...: the
