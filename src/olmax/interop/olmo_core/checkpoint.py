@@ -364,7 +364,9 @@ def _model_config(model: dict, cfg: dict, where: str) -> ModelConfig:
         mlp_hidden=whole(feed_forward, "hidden_size", "model.block.feed_forward."),
         vocab_size=whole(tokenizer, "vocab_size", "dataset.tokenizer.", padded),
         padded_vocab_size=padded,
-        rope_theta=json_number(rope.get("theta", 500_000)), rope_scaling=_yarn(rope.get("scaling"), where),
+        rope_theta=json_number(rope.get("theta", 500_000)),
+        rope_scaling=_layers_yarn(model, block, mixer, pattern, n_layers, where)
+        or _yarn(rope.get("scaling"), where, full_attention_only=False),
         norm_eps=json_number(norm.get("eps", 1e-6)), qk_norm=qk,
         window_pattern=pattern, tie_embeddings=flag(model, "tie_word_embeddings", "model.", False),
         init_std=json_number(model.get("init_std", 0.02)))
@@ -381,7 +383,37 @@ def _check_forced_layers(window: dict, pattern: tuple, n_layers: int, where: str
                              f"pattern {list(pattern)} repeats a window; olmax cannot express that")
 
 
-def _yarn(scaling: Any, where: str) -> YarnConfig | None:
+def _layers_yarn(model: dict, block: dict, mixer: str, pattern: tuple, n_layers: int,
+                 where: str) -> YarnConfig | None:
+    """YaRN on the full-attention layers only, as OLMo-core's ``with_rope_scaling`` writes it:
+    ``block_overrides`` for exactly those layers, each the block with ``rope.scaling`` added, all
+    alike. Any other ``block_overrides`` is refused (olmax's layers differ in their window only);
+    None where there are none."""
+    overrides = model.get("block_overrides")
+    if not overrides:
+        return None
+    full = {str(i) for i in range(n_layers) if pattern[i % len(pattern)] is None}
+    scalings = []
+    if isinstance(overrides, dict) and set(map(str, overrides)) == full:
+        for over in overrides.values():
+            rope = (over.get(mixer) or {}).get("rope") if isinstance(over, dict) and \
+                isinstance(over.get(mixer), dict) else None
+            if not isinstance(rope, dict) or not rope.get("scaling"):
+                break
+            plain = {**over, mixer: {**over[mixer], "rope": {k: v for k, v in rope.items()
+                                                            if k != "scaling"}}}
+            if plain != block:
+                break
+            scalings.append(rope["scaling"])
+    if len(scalings) != len(full) or any(x != scalings[0] for x in scalings):
+        raise OlmaxError(f"{where}: model.block_overrides other than YaRN on the full-attention "
+                         "layers (OLMo-core's with_rope_scaling) are not supported")
+    return _yarn(scalings[0], where, full_attention_only=True)
+
+
+def _yarn(scaling: Any, where: str, full_attention_only: bool = True) -> YarnConfig | None:
+    """YaRN of a ``rope.scaling`` section: on the full-attention layers only when it comes from
+    their ``block_overrides``; in the block itself OLMo-core scales every layer."""
     if not scaling:
         return None
     if not isinstance(scaling, dict) or "factor" not in scaling or "old_context_len" not in scaling:
@@ -391,7 +423,8 @@ def _yarn(scaling: Any, where: str) -> YarnConfig | None:
                       beta_fast=json_number(scaling.get("beta_fast", 32)),
                       beta_slow=json_number(scaling.get("beta_slow", 1)),
                       original_max_position_embeddings=whole_number(
-                          scaling["old_context_len"], "rope.scaling.old_context_len", where))
+                          scaling["old_context_len"], "rope.scaling.old_context_len", where),
+                      full_attention_only=full_attention_only)
 
 
 __all__ = ["OLMoCoreCheckpoint", "TrainerState", "LazyLeaf", "is_olmo_core_checkpoint",
