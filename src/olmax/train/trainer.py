@@ -266,8 +266,11 @@ class Trainer:
         directory is locked for the whole run (:mod:`olmax.train.callbacks.run_lock`): a second
         trainer on it stops before touching anything (a directory this trainer created for
         nothing is removed again)."""
+        bucket = store.is_bucket(self.run_dir)
+        if bucket and self.is_main:   # the store answers and takes writes (a probe, removed)
+            store.check_bucket(self.run_dir)
         prepared = None if self._holds_checkpoints() else self._prepare()
-        created = create_run_dir(self.run_dir) if self.is_main else False
+        created = create_run_dir(self.run_dir) if self.is_main and not bucket else False
         try:
             lock = lock_run_dir(self.run_dir, is_main=self.is_main, attempt=self.attempt)
         except BaseException:
