@@ -618,6 +618,10 @@ def cases() -> list[Case]:
           r"^tokenizer: unknown tokenizer 'gpt3' \(use dolma2, dolma2_sigdig, "
           r"gpt_neox_olmo_dolma_v1_5, gpt2, a path to a tokenizer.json, or OLMo-core "
           r"TokenizerConfig fields\)$"),
+        C("train", "downstream tasks with a tokenizer of ids only",
+          [*TRAIN, "eval.interval=1", "eval.tasks=[arc_easy]", "data.tokenizer=gpt2"],
+          r"^eval.tasks: data.tokenizer gpt2 gives token ids only and cannot encode the tasks' "
+          r"text; name a tokenizer that can"),
         C("train", "tokenizer fields with an id beyond its vocabulary",
           [*TRAIN, "data.tokenizer={vocab_size: 1000, eos_token_id: 1000, pad_token_id: 0}"],
           r"^data.tokenizer.eos_token_id must be an id below vocab_size 1000 \(got 1000\)$"),

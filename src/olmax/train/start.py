@@ -17,6 +17,14 @@ In this order:
 3. **Hugging Face** weights from ``init.hf_dir``, with a fresh optimizer.
 4. **Fresh**: parameters initialised from ``init.seed``.
 
+The trainer runs 2 to 4 (:func:`initial_state`) for a run directory without checkpoints before it
+creates the directory, so a start refused there leaves nothing behind; a resume reads the
+directory's checkpoints under its lock and writes nothing before one is accepted.
+
+The data's tokenizer is settled before any of this (:func:`run_tokenizer`): the one
+``data.tokenizer`` names, else the one ``init.checkpoint`` was trained with (said in a line); a
+run that names other token ids than the checkpoint's is refused.
+
 The run's model must be the one the weights were saved with: the weights' config is read by
 :func:`olmax.interop.architecture.read_weights_config` and checked by
 :func:`olmax.model.presets.resolve_model`, the functions that resolved the recipe. Weights holding
@@ -99,9 +107,10 @@ def run_tokenizer(cfg: RunConfig, report: Report = log_report) -> RunConfig:
     meta), which is reported. A run that names other token ids than the checkpoint's is refused
     in one line naming the fields and both values."""
     stored = read_weights_tokenizer(cfg.init)
-    if stored is None:
-        return cfg
     named = cfg.data.tokenizer
+    if stored is None:      # nothing recorded: the tokenizer named, else dolma2 (as config.yaml says)
+        return cfg if named is not None else \
+            dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer="dolma2"))
     theirs = stored.cfg.ids()
     if named is None:
         report(f"data.tokenizer is not set: the tokenizer of init.checkpoint, {_ids_text(theirs)} "
@@ -119,8 +128,7 @@ def run_tokenizer(cfg: RunConfig, report: Report = log_report) -> RunConfig:
 
 
 def _ids_text(ids: dict, only: Any = TOKEN_ID_FIELDS) -> str:
-    return ", ".join(f"{k} {'none' if ids[k] is None else ids[k]}" for k in only
-                     if k in TOKEN_ID_FIELDS)
+    return ", ".join(f"{k} {'none' if ids[k] is None else ids[k]}" for k in only)
 
 
 def _resume(cfg: RunConfig, ckpt: Checkpointer, abstract_state: Any, data: Any) -> Start | None:
