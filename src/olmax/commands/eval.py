@@ -3,7 +3,9 @@
 CKPT_DIR is an olmax checkpoint (a step dir, a run dir or its ``checkpoints/``) or a Hugging Face
 ``Olmo3ForCausalLM`` directory (AI2's released checkpoints). Tasks are OLMES task names or suites
 (``fast``: OLMo 3 stage 1's in-loop set; ``quick``); held-out entries are token files
-(``LABEL=PATH[,PATH]``, a path or glob, an OLMo-core mix file, or ``embedded``).
+(``LABEL=PATH[,PATH]``, a path or glob, an OLMo-core mix file, or ``embedded``), read with the
+token ids the checkpoint records (its run's tokenizer; a soup's or an import's ``config.json``)
+unless ``--tokenizer`` names a tokenizer; dolma2 where nothing is recorded (an HF directory).
 """
 
 from __future__ import annotations
