@@ -183,7 +183,8 @@ def made_from(sources: Sequence[Source], alphas: Sequence[float]) -> list[dict[s
     """What a soup's meta records of each input: its path, kind (an olmax checkpoint, an
     OLMo-core one, an import), step, Adam's count and its coefficient."""
     def kind(meta: dict) -> str:
-        source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+        source = meta.get("source")
+        source = source if isinstance(source, dict) else {}
         return str(source.get("kind") or source.get("format") or "olmax")
 
     return [{"path": s.path, "kind": kind(s.meta),

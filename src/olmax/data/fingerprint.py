@@ -130,8 +130,9 @@ def fingerprint_difference(saved: dict[str, Any], current: dict[str, Any]
     for key in ("seq_len", "max_target_seq_len", "dtype", "packing"):
         if saved.get(key) != current.get(key):
             return f"{key} was {saved.get(key)!r}, now {current.get(key)!r}", True
-    files = file_difference(*[[(f.get("path"), f.get("size")) for f in fp.get("files", [])]
-                              for fp in (saved, current)])
+    old, new = ([(f.get("path"), f.get("size")) for f in fp.get("files", [])]
+                for fp in (saved, current))
+    files = file_difference(old, new)
     if files is not None:
         return files, True
     ids = id_difference(saved.get("tokenizer") or {}, current.get("tokenizer") or {})

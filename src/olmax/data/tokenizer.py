@@ -292,7 +292,7 @@ def _encoder_for(cfg: TokenizerConfig) -> Tokenizer | None:
     if ident is None:
         return None
     if ident in DOLMA2_NAMES:
-        tok: Tokenizer = Dolma2Tokenizer()
+        tok: Any = Dolma2Tokenizer()
     elif os.path.exists(ident):
         tok = HFTokenizer(ident)
     else:

@@ -482,8 +482,8 @@ def _dataset_section(meta: dict, cfg: ModelConfig) -> dict:
     ``TokenizerConfig`` (the ids its data was read with) and its sequence length. A tokenizer
     whose vocabulary is not the model's (a toy model under dolma2's ids) has no OLMo-core
     config, whose ``vocab_size`` is the model's too: the model's vocabulary alone, then."""
-    tokenizer = (meta.get("data_fingerprint") or {}).get("tokenizer")
-    fits = bool(tokenizer) and tokenizer.get("vocab_size") == cfg.vocab_size
+    tokenizer = (meta.get("data_fingerprint") or {}).get("tokenizer") or {}
+    fits = tokenizer.get("vocab_size") == cfg.vocab_size
     dataset: dict[str, Any] = {"tokenizer": tokenizer_config_dict(tokenizer) if fits
                                else {"vocab_size": cfg.vocab_size}}
     data = (meta.get("config") or {}).get("data") or {}
