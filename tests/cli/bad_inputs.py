@@ -619,7 +619,7 @@ def cases() -> list[Case]:
           r"gpt_neox_olmo_dolma_v1_5, gpt2, a path to a tokenizer.json, or OLMo-core "
           r"TokenizerConfig fields\)$"),
         C("train", "downstream tasks with a tokenizer of ids only",
-          [*TRAIN, "eval.interval=1", "eval.tasks=[arc_easy]", "data.tokenizer=gpt2"],
+          [*TRAIN, "eval.interval=1", "eval.tasks=[arc_challenge_rc_0shot]", "data.tokenizer=gpt2"],
           r"^eval.tasks: data.tokenizer gpt2 gives token ids only and cannot encode the tasks' "
           r"text; name a tokenizer that can"),
         C("train", "tokenizer fields with an id beyond its vocabulary",
