@@ -30,6 +30,9 @@ def _base(kind: str) -> dict:
     raw = recipe_dict("olmo3_tiny")
     raw["model"]["rope_scaling"] = {}
     raw["distributed"] = {}
+    if kind == "tokenizer":     # OLMo-core TokenizerConfig fields instead of a name
+        raw["data"]["tokenizer"] = {"vocab_size": 100278, "eos_token_id": 100257,
+                                    "pad_token_id": 100277}
     if kind == "mixture":
         raw["data"] = {"mixture": {"requested_tokens": 1000, "sources": [
             {"name": "a", "target_ratio": 1.0, "paths": ["a.npy"]}]}}
@@ -44,6 +47,7 @@ def _sections() -> list[tuple[str, tuple[str, ...], type]]:
         if dataclasses.is_dataclass(tp):
             out.append(("plain", (f.name,), tp))
     out.append(("plain", ("model", "rope_scaling"), schema.YarnConfig))
+    out.append(("tokenizer", ("data", "tokenizer"), schema.TokenizerConfig))
     out.append(("mixture", ("data", "mixture"), schema.SourceMixtureConfig))
     out.append(("mixture", ("data", "mixture", "sources", 0), schema.MixtureSourceConfig))
     return out

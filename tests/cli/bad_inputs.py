@@ -6,7 +6,8 @@ checkpoints, token files, recipes, and HTTP servers on 127.0.0.1 (one answering 
 exit status, nothing on stdout, and exactly one line on stderr, ``olmax COMMAND: error: ...``,
 with the message the case expects (the file, key or value at fault); for a case whose answer is a
 result rather than an error (a plan that does not fit) one line on stdout instead, and nothing on
-stderr. Either way nothing that existed before the case was changed or removed. The table in
+stderr. Either way nothing that existed before the case was changed or removed, and a refused ``olmax
+train`` left nothing in its run directory (not even the directory). The table in
 ``docs/bad-inputs.md`` is this list with what olmax printed; regenerate it with
 
     PYTHONPATH=src:tests python tests/cli/bad_inputs.py --write docs/bad-inputs.md
@@ -415,6 +416,34 @@ def _newer_surfaces(root: Path, cfg, params, tokens, recipe: dict) -> None:
     oc_cfg = olmo_core_config(cfg, None)
     oc_cfg["model"]["n_layers"] = 1.5
     (root / "oc-half-layer" / "config.json").write_text(json.dumps(oc_cfg))
+    _start_surfaces(root, cfg, params, recipe)
+
+
+def _start_surfaces(root: Path, cfg, params, recipe: dict) -> None:
+    """Starts that must be refused before anything is written: a run of tiny.yaml's data (its
+    fingerprint, its seed, its batch) checkpointed at step 2, as an olmax run directory and as
+    an OLMo-core checkpoint (``oc-run``: trainer state, tokenizer, data_paths.txt)."""
+    from olmax.checkpoint.checkpointer import Checkpointer
+    from olmax.config import (CheckpointConfig, DataConfig, OptimConfig, RunConfig, TrainConfig,
+                              from_dict, to_dict)
+    from olmax.data.loader import TrainData
+    from olmax.data.tokenizer import get_tokenizer
+    from olmax.interop.olmo_core.convert import convert_olmax_to_olmo_core
+    from olmax.train.optim import build_optimizer
+    from olmax.train.state import init_train_state
+
+    run = RunConfig(model=cfg, data=from_dict(DataConfig, recipe["data"], "data"),
+                    train=from_dict(TrainConfig, recipe["train"], "train"))
+    data = TrainData(["tokens.npy"], seq_len=32, global_batch_size=4, seed=run.seed,
+                     tokenizer=get_tokenizer().identity)
+    meta = {"model": to_dict(cfg), "data_position": 2, "seed": run.seed,
+            "config": {"train": to_dict(run.train), "data": to_dict(run.data)},
+            "data_fingerprint": data.fingerprint}
+    ck = Checkpointer(root / "run-fp" / "checkpoints", CheckpointConfig(interval=1, async_save=False),
+                      report=lambda m: None)
+    ck.save(2, init_train_state(params, build_optimizer(OptimConfig())), meta, force=True)
+    ck.close()
+    convert_olmax_to_olmo_core(root / "run-fp", root / "oc-run")
 
 
 def _oc_config_case(root: Path, name: str, change) -> None:
@@ -502,6 +531,7 @@ def _read_not_guessed(root: Path, cfg, params) -> None:
 NOT_UTF8_CKPT = os.fsdecode(b"ckpt-caf\xe9")      # held by Python as a lone surrogate
 NOT_UTF8_TOKENS = os.fsdecode(b"tokens-caf\xe9.npy")
 TRAIN = ["train", "tiny.yaml", "--run-dir", "RUN"]
+CONTINUE = ["init.checkpoint=oc-run", "init.load_trainer_state=true", "init.load_optimizer=true"]
 HELDOUT = "tokenized/part-00000-0000.npy"
 
 
@@ -642,6 +672,42 @@ def cases() -> list[Case]:
           r"(no olmax checkpoint|Hugging Face)"),
         C("init", "init.checkpoint with NaN weights", [*TRAIN, "init.checkpoint=run-nan"],
           r"non-finite.*up_proj"),
+        C("init", "init.load_optimizer=true from a checkpoint of parameters only",
+          [*TRAIN, "init.checkpoint=ckpt", "init.load_optimizer=true"],
+          r"^init.checkpoint \S*ckpt has no optimizer state \(set init.load_optimizer=false to "
+          r"start a fresh optimizer\)$"),
+        C("init", "a run continued on other data (its fingerprint)",
+          [*TRAIN, *CONTINUE, f"data.paths=[{HELDOUT}]"],
+          r"^init.checkpoint \S*oc-run: dataset fingerprint mismatch: data file 0 was tokens.npy, "
+          r"now part-00000-0000.npy \(the checkpoint's data_paths.txt\); the data order would "
+          r"change \(override with data.ignore_fingerprint_mismatch=true\)$"),
+        C("init", "a run continued with other token ids than its checkpoint's",
+          [*TRAIN, *CONTINUE, "data.tokenizer=gpt2"],
+          r"^data.tokenizer \(gpt2\) has vocab_size 50257, eos_token_id 50256, pad_token_id "
+          r"50256, bos_token_id 50256, but init.checkpoint was trained with vocab_size 100278, "
+          r"eos_token_id 100257, pad_token_id 100277, bos_token_id none \(\S*oc-run/config.json "
+          r"dataset.tokenizer\); leave data.tokenizer unset to read the data with the "
+          r"checkpoint's ids, or name those$"),
+        C("init", "a run continued at another sequence length",
+          [*TRAIN, *CONTINUE, "train.seq_len=16"],
+          r"^init.checkpoint \S*oc-run: its data loader's sequence_length is 32, this run's "
+          r"train.seq_len 16; continuing it needs train.seq_len=32$"),
+        C("train", "a resumed run on other data (its fingerprint)",
+          ["train", "tiny.yaml", "--run-dir", "run-fp", f"data.paths=[{HELDOUT}]"],
+          r"^dataset fingerprint mismatch: data file 0 was tokens.npy \(16384 bytes\), now "
+          r"\S*part-00000-0000.npy \(\d+ bytes\); the data order would change \(override with "
+          r"data.ignore_fingerprint_mismatch=true\)$"),
+        C("train", "an unknown tokenizer", [*TRAIN, "data.tokenizer=gpt3"],
+          r"^tokenizer: unknown tokenizer 'gpt3' \(use dolma2, dolma2_sigdig, "
+          r"gpt_neox_olmo_dolma_v1_5, gpt2, a path to a tokenizer.json, or OLMo-core "
+          r"TokenizerConfig fields\)$"),
+        C("train", "downstream tasks with a tokenizer of ids only",
+          [*TRAIN, "eval.interval=1", "eval.tasks=[arc_challenge_rc_0shot]", "data.tokenizer=gpt2"],
+          r"^eval.tasks: data.tokenizer gpt2 gives token ids only and cannot encode the tasks' "
+          r"text; name a tokenizer that can"),
+        C("train", "tokenizer fields with an id beyond its vocabulary",
+          [*TRAIN, "data.tokenizer={vocab_size: 1000, eos_token_id: 1000, pad_token_id: 0}"],
+          r"^data.tokenizer.eos_token_id must be an id below vocab_size 1000 \(got 1000\)$"),
         # -- eval
         C("eval", "checkpoint that does not exist", EVAL("nowhere"), r"checkpoint not found: nowhere"),
         C("eval", "a file instead of a checkpoint", EVAL("afile"), r"afile is a file, not an olmax checkpoint"),
@@ -1262,6 +1328,16 @@ def _destroyed(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
                   for path, was in before.items() if after.get(path) != was)
 
 
+def _written(case: Case, before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """What a refused ``olmax train`` left in its run directory that was not there before (it
+    must leave nothing: every check that can refuse a start runs before the directory is
+    touched), the directory itself included."""
+    if "--run-dir" not in case.argv:
+        return []
+    run = case.argv[case.argv.index("--run-dir") + 1]
+    return sorted(p for p in after if p not in before and (p == run or p.startswith(run + "/")))
+
+
 def _substitute(text: str, names: dict[str, str]) -> str:
     for key in ("@HTTP", "@NORANGE", "@DENIED", "@CLOSED"):
         text = text.replace(key, names[key])
@@ -1292,20 +1368,22 @@ def run_all(workdir: Path, select: Callable[[Case], bool] = lambda c: True) -> l
                 env={k: _substitute(v, names) for k, v in case.env.items()})
             before = _snapshot(workdir)
             r = run_case(case)
-            destroyed = _destroyed(before, _snapshot(workdir))
+            after = _snapshot(workdir)
+            destroyed = _destroyed(before, after)
+            wrote = _written(case, before, after)
             pwned = sorted(p.name for p in workdir.glob("PWNED*"))
             shown = [a.replace(BOMB_OVERRIDE, "<alias bomb: 9^10 values>").encode(
                 "utf-8", "backslashreplace").decode("utf-8") for a in case.argv]   # a name not UTF-8
             rows.append({"group": case.group, "mistake": case.mistake,
                          "command": normalise("olmax " + " ".join(shown), workdir, names),
                          "expect": case.expect, "rc": r.rc,
-                         "clean": r.clean(case) and not pwned and not destroyed,
+                         "clean": r.clean(case) and not pwned and not destroyed and not wrote,
                          "lines": len(r.lines()), "stdout": normalise(r.stdout, workdir, names),
                          "output": normalise(r.result_line() if case.result else r.error_line(),
                                              workdir, names),
                          "stderr": normalise(r.stderr, workdir, names)[-3000:],
                          "seconds": round(r.seconds, 2), "code_executed": pwned,
-                         "destroyed": destroyed})
+                         "destroyed": destroyed, "wrote": wrote})
     finally:
         for m, b, mb in backoffs:
             m.BACKOFF_S, m.MAX_BACKOFF_S = b, mb
@@ -1336,7 +1414,9 @@ def markdown(rows: list[dict]) -> str:
         "traceback; `--debug` or `OLMAX_DEBUG=1` adds one); a plan that does not fit is a result, one",
         "line on stdout and exit status 1. Nothing in these files is ever executed (a pickled",
         "`pytorch_model.bin` and a YAML `!!python` tag are refused before they are read), no output is",
-        "half-written, and no file that existed before a case is changed or removed by it.",
+        "half-written, no file that existed before a case is changed or removed by it, and a refused",
+        "`olmax train` leaves nothing in its run directory (every check that can refuse a start runs",
+        "before the directory is touched).",
         "",
         "Generated by `tests/cli/bad_inputs.py` (`PYTHONPATH=src:tests python tests/cli/bad_inputs.py --write",
         "docs/bad-inputs.md`), which runs them; `tests/cli/test_bad_inputs.py` checks every case and that",

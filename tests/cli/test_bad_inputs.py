@@ -1,7 +1,8 @@
 """Every ordinary mistake of tests/cli/bad_inputs.py ends in one clean line (non-zero exit, nothing
 on stdout, one line on stderr naming the file, key or value; a plan that does not fit: one line on
 stdout, exit 1), nothing pickled or tagged is ever executed, no file that existed before a case is
-changed or removed, and docs/bad-inputs.md shows what olmax prints today."""
+changed or removed, a refused ``olmax train`` leaves nothing in its run directory, and
+docs/bad-inputs.md shows what olmax prints today."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def test_every_mistake_ends_in_one_clean_line(rows):
             bad.append(f"{r['command']}: EXECUTED CODE {r['code_executed']}")
         elif r["destroyed"]:
             bad.append(f"{r['command']}: CHANGED WHAT EXISTED {r['destroyed']}")
+        elif r.get("wrote"):
+            bad.append(f"{r['command']}: WROTE INTO ITS RUN DIRECTORY {r['wrote']}")
         elif not r["clean"] and not (r["group"] == "parity" and not HAVE_TORCH):
             bad.append(f"{r['command']} (rc {r['rc']}, {r['lines']} lines):\n{r['stderr'][-800:]}")
     assert not bad, "\n\n".join(bad)

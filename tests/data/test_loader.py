@@ -84,6 +84,50 @@ def test_fingerprint_mismatch_names_the_file(make_files, tmp_path):
     make(paths, ignore_fingerprint_mismatch=True).check_fingerprint(saved)
 
 
+def test_fingerprint_mismatch_says_what_differs_and_what_it_means(make_files):
+    """Files in another order change the data order; other token ids over the same files do not
+    (the tokenizer is compared by its ids: a name is not data)."""
+    paths = make_files(SIZES[:3], seed=8)
+    saved = make(paths).fingerprint
+    with pytest.raises(OlmaxError, match=r"^dataset fingerprint mismatch: the same data files in "
+                                         r"another order \(data file 0 was \S*part-000\.npy, now "
+                                         r"\S*part-001\.npy\); the data order would change "):
+        make([paths[1], paths[0], paths[2]]).check_fingerprint(saved)
+    other_ids = {**DOLMA2, "eos_token_id": 5, "name": "fields"}
+    with pytest.raises(OlmaxError, match=r"^dataset fingerprint mismatch: the tokenizer's "
+                                         r"eos_token_id was 100257, now 5; the same files in the "
+                                         r"same order, read as other token ids \(override with "
+                                         r"data\.ignore_fingerprint_mismatch=true\)$"):
+        TrainData(paths, seq_len=64, global_batch_size=8, seed=5,
+                  tokenizer=other_ids).check_fingerprint(saved)
+    renamed = {**DOLMA2, "name": "allenai/dolma2-tokenizer"}
+    TrainData(paths, seq_len=64, global_batch_size=8, seed=5,
+              tokenizer=renamed).check_fingerprint(saved)
+
+
+def test_olmo_core_fingerprint_mismatch_is_explained_from_what_the_checkpoint_keeps(make_files):
+    """An OLMo-core checkpoint keeps only the sha256; its config.json's tokenizer, its
+    data_paths.txt and its trainer state tell what differs."""
+    from olmax.data.fingerprint import olmo_core_difference
+
+    paths = make_files(SIZES[:3], seed=9)
+    ours = make(paths).fingerprint
+    theirs_ids = {**DOLMA2, "eos_token_id": 5}
+    sha = TrainData(paths, seq_len=64, global_batch_size=8, seed=5,
+                    tokenizer=theirs_ids).fingerprint["olmo_core_sha256"]
+    assert olmo_core_difference(sha, ours, tokenizer=theirs_ids, paths=paths) == (
+        "only the tokenizer's ids differ: the checkpoint's eos_token_id was 5, now 100257", False)
+    other = make([paths[0], paths[2]]).fingerprint["olmo_core_sha256"]
+    why, order = olmo_core_difference(other, ours, tokenizer=DOLMA2, paths=[paths[0], paths[2]])
+    assert order and why.startswith("data file 1 was part-002.npy, now part-001.npy")
+    assert why.endswith("(the checkpoint's data_paths.txt)")
+    assert olmo_core_difference(other, ours, tokenizer=DOLMA2, paths=paths) == (
+        "the same file names in the same order as the checkpoint's data_paths.txt, so their "
+        "sizes differ", True)
+    assert olmo_core_difference(other, ours, tokenizer=None, paths=None, max_target_seq_len=8192) \
+        == ("max_target_seq_len was 8192, now None", True)
+
+
 def test_bad_token_files(make_files, tmp_path):
     paths = make_files([1000], seed=6)
     bad = tmp_path / "odd.npy"

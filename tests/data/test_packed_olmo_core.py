@@ -150,4 +150,4 @@ def test_fingerprint_tracks_packing(tmp_path):
     b = ours(paths, 1, 0, tmp_path / "c", group=2)
     from olmax.data.fingerprint import fingerprint_difference
     assert a.fingerprint["olmo_core_sha256"] != b.fingerprint["olmo_core_sha256"]
-    assert "packing" in fingerprint_difference(a.fingerprint, b.fingerprint)
+    assert "packing" in fingerprint_difference(a.fingerprint, b.fingerprint)[0]

@@ -348,10 +348,12 @@ def config_key_exists(key: str) -> bool:
         hints = typing.get_type_hints(cls)
         if name not in hints:
             return False
+        if last:          # a field, or a section (data.tokenizer: a name or its fields)
+            return True
         options = [a for a in typing.get_args(hints[name]) if a is not type(None)] or [hints[name]]
         cls = next((a for a in options if dataclasses.is_dataclass(a)), None)
         if cls is None:
-            return last
+            return False
     return False
 
 

@@ -1,5 +1,9 @@
 """OLMo-core's own ``Trainer`` on CPU (ai2-olmo-core 3.0.0), as AI2's official OLMo 3 scripts set it up.
 
+The data's tokenizer is OLMo-core's ``TokenizerConfig`` of ``SPEC["tokenizer"]`` (``vocab``, ``eos``,
+``pad``, optionally ``bos`` and ``identifier``); ``config.json`` holds the model's and the dataset's
+configs as an experiment's ``ConfigSaverCallback`` writes them.
+
 A ``TrainerConfig`` with a ``CheckpointerCallback`` (a pre-train ``step0`` save unless a checkpoint
 was loaded, then one every ``save_interval`` steps), a ``TransformerTrainModule`` with
 ``SkipStepAdamW`` (the embedding in a no-decay group), ``CosWithWarmup``, z-loss 1e-5, clipping at
@@ -58,11 +62,61 @@ def run(spec: dict[str, Any], world_size: int = 1, timeout: float = 600) -> dict
     return json.loads(Path(spec["out"]).read_text())
 
 
+def token_files(root: Path, *, eos: int, top: int, sizes: tuple[int, ...] = (3000, 2200),
+                seed: int = 0, spike: tuple[int, ...] = (), seq_len: int = 32) -> list[str]:
+    """Raw uint32 token files under ``root`` for both trainers: ids 1..``top`` (skewed: a model
+    learns them within a few steps), ``eos`` separating documents. ``spike``: instances (of
+    ``seq_len`` tokens, numbered over the files in order, as OLMo-core's FSL dataset numbers
+    them) made of the rarest 100 ids: a batch of them is a loss spike."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    first = 0
+    for i, n in enumerate(sizes):
+        toks = np.minimum(rng.geometric(0.02, size=n), top).astype(np.uint32)
+        toks[rng.integers(0, n, size=n // 200)] = eos
+        for instance in spike:
+            if first <= instance < first + n // seq_len:
+                at = (instance - first) * seq_len
+                toks[at:at + seq_len] = rng.integers(top - 99, top + 1, size=seq_len)
+        first += n // seq_len
+        p = root / f"part-{i}.npy"
+        toks.tofile(p)
+        paths.append(str(p))
+    return paths
+
+
+def olmax_train(recipe: Path, run: Path, *overrides: str) -> list[dict]:
+    """``olmax train RECIPE --run-dir RUN OVERRIDES``, in process; its metrics lines."""
+    from olmax.cli import main
+
+    assert main(["train", str(recipe), "--run-dir", str(run), "--quiet", *overrides]) == 0
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "loss" in r and "step" in r]
+
+
+def same_steps(ours: list[dict], theirs: dict[str, Any], steps: list[int]) -> None:
+    """olmax's metrics lines are OLMo-core's record, step for step: the same steps and batches
+    (sha256 of the token ids), CE loss within 1e-5 relative (fp32 sums in another order), grad
+    norm within 1e-4 relative, the same skipped steps."""
+    from olmax.data.loader import batch_hash
+
+    assert [r["step"] for r in ours] == steps
+    assert theirs["steps"] == steps
+    for r, loss, norm, skipped, batch in zip(ours, theirs["losses"], theirs["grad_norms"],
+                                             theirs["skipped"], theirs["batches"]):
+        where = f"step {r['step']}"
+        assert r["batch_hash"] == batch_hash(np.asarray(batch)), where
+        assert abs(r["loss"] / loss - 1) <= 1e-5, (where, r["loss"], loss)
+        assert abs(r["grad_norm"] / norm - 1) <= 1e-4, (where, r["grad_norm"], norm)
+        assert r["skipped"] == skipped, where
+
+
 def _main(spec_path: str, rank: int, world_size: int) -> None:
     import torch
     import torch.distributed as dist
     from olmo_core.config import DType
     from olmo_core.data import collator, data_loader, numpy_dataset
+    from olmo_core.data.tokenizer import TokenizerConfig
     from olmo_core.distributed.parallel import DataParallelType
     from olmo_core.optim import CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
     from olmo_core.train import Duration, TrainerConfig
@@ -95,8 +149,11 @@ def _main(spec_path: str, rank: int, world_size: int) -> None:
         z_loss_multiplier=1e-5, max_grad_norm=o["max_grad_norm"], dp_config=dp)
     module = module_cfg.build(model, device=torch.device("cpu"))
     t = spec["tokenizer"]
+    tokenizer = TokenizerConfig(vocab_size=t["vocab"], eos_token_id=t["eos"], pad_token_id=t["pad"],
+                                bos_token_id=t.get("bos"), identifier=t.get("identifier"))
     ds = numpy_dataset.NumpyFSLDataset(*spec["paths"], sequence_length=T, pad_token_id=t["pad"],
-                                       eos_token_id=t["eos"], vocab_size=t["vocab"], dtype=np.uint32)
+                                       eos_token_id=t["eos"], vocab_size=t["vocab"],
+                                       bos_token_id=t.get("bos"), dtype=np.uint32)
     ds.prepare()
     loader = data_loader.NumpyFSLDataLoader(
         ds, collator=collator.DataCollator(pad_token_id=t["pad"]), global_batch_size=B * T,
@@ -137,10 +194,10 @@ def _main(spec_path: str, rank: int, world_size: int) -> None:
     trainer = trainer_cfg.build(module, loader)
     saver = trainer.callbacks["config_saver"]
     assert isinstance(saver, ConfigSaverCallback)
+    dataset = numpy_dataset.NumpyFSLDatasetConfig(tokenizer=tokenizer, paths=spec["paths"],
+                                                  sequence_length=T, work_dir=spec["work_dir"])
     saver.config = {"model": ref.oc_config(cfg).as_config_dict(),
-                    "dataset": {"sequence_length": T, "tokenizer": {
-                        "vocab_size": t["vocab"], "eos_token_id": t["eos"],
-                        "pad_token_id": t["pad"]}},
+                    "dataset": dataset.as_config_dict(),
                     "train_module": module_cfg.as_config_dict(),
                     "trainer": trainer_cfg.as_config_dict()}
     trainer.fit()

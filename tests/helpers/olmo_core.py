@@ -204,28 +204,57 @@ def olmax_tree(sd: dict[str, np.ndarray], cfg: ModelConfig) -> dict:
     return tree
 
 
-def merge_core_checkpoints(folders) -> dict:
-    """OLMo-core's merge of ``model_and_optim/`` folders (the ``merge_checkpoints`` of its script
-    ``src/scripts/merge_core_checkpoints.py``, reimplemented with the ai2-olmo-core functions it
-    calls: the script lives in OLMo-core's repository, not in the package): every tensor key, an
-    fp32 accumulator of zeros to which each folder's tensor times ``1 / N`` is added in input order.
-    ``{key: torch tensor}`` of the tensors only: what is not a tensor is the first folder's."""
+def merge_core_checkpoints(model_paths, output_path, skip_optimizer_state=False) -> None:
+    """OLMo-core's ``src/scripts/merge_core_checkpoints.py`` (its ``merge_checkpoints``), step for
+    step with the ai2-olmo-core functions it calls (the script lives in OLMo-core's repository,
+    not in the package): each checkpoint's ``model_and_optim/`` metadata
+    (``get_checkpoint_metadata``), their keys checked equal; values that are not tensors loaded
+    (``load_state_dict``) from the first checkpoint that has them; every tensor an fp32
+    accumulator of zeros to which each checkpoint's tensor times ``1 / N`` is added in input
+    order, 128 keys per ``load_state_dict``; then the first checkpoint's folder copied to
+    ``output_path`` without its ``model_and_optim/``, and the result saved there as
+    ``{"model": ..., "optim": ...}`` by ``save_state_dict``."""
+    import os
+    import shutil
+
     import torch
-    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_state_dict
+    from olmo_core.data.utils import chunked
+    from olmo_core.distributed.checkpoint import (get_checkpoint_metadata, load_state_dict,
+                                                  save_state_dict)
     from torch.distributed.checkpoint import TensorStorageMetadata
 
-    folders = [str(f) for f in folders]
-    metas = [get_checkpoint_metadata(f) for f in folders]
-    assert all(set(m.state_dict_metadata) == set(metas[0].state_dict_metadata) for m in metas)
+    paths = [os.path.join(str(p), "model_and_optim") for p in model_paths]
+    metas = [get_checkpoint_metadata(p) for p in paths]
+
+    def keys_of(meta):
+        return {k for k in meta.state_dict_metadata
+                if not (skip_optimizer_state and k.startswith("optim."))}
+
+    assert all(keys_of(m) == keys_of(metas[0]) for m in metas), "different keys"
     merged: dict = {}
-    for path, meta in zip(folders, metas):
-        keys = [(k, m) for k, m in meta.state_dict_metadata.items()
-                if isinstance(m, TensorStorageMetadata)]
-        batch = {}
-        for k, m in keys:
-            merged.setdefault(k, torch.zeros(m.size))
-            batch[k] = torch.empty_like(merged[k])
-        load_state_dict(path, batch)
-        for k, _ in keys:
-            merged[k].add_(batch[k], alpha=1 / len(folders))
-    return merged
+    for path, meta in zip(paths, metas):
+        values, tensors = [], []
+        for key, m in meta.state_dict_metadata.items():
+            if skip_optimizer_state and key.startswith("optim."):
+                continue
+            (tensors if isinstance(m, TensorStorageMetadata) else values).append((key, m))
+        batch = {key: None for key, _ in values if key not in merged}
+        if batch:
+            load_state_dict(path, batch)
+            merged.update(batch)
+        for chunk in chunked(tensors, 128):
+            for key, m in chunk:
+                merged.setdefault(key, torch.zeros(m.size))
+            batch = {key: torch.empty_like(merged[key]) for key, _ in chunk}
+            load_state_dict(path, batch)
+            for key, _ in chunk:
+                merged[key].add_(batch[key], alpha=1 / len(paths))
+    state = {"model": {}, "optim": {}}
+    for key, value in merged.items():
+        head, _, rest = key.partition(".")
+        state[head][rest] = value
+    if os.path.exists(output_path):
+        shutil.rmtree(output_path)
+    shutil.copytree(str(model_paths[0]), str(output_path),
+                    ignore=lambda d, files: files if os.path.basename(d) == "model_and_optim" else [])
+    save_state_dict(os.path.join(str(output_path), "model_and_optim"), state)

@@ -221,12 +221,10 @@ def test_soup_continues_as_olmo_cores(tmp_path):
     different batches, each checkpointed; ``olmax merge`` of the two; then 12 steps from the soup
     with its Adam state and a new schedule (``init.checkpoint=SOUP init.load_optimizer=true``,
     through the trainer's ``start_state``). OLMo-core: the two checkpoints in its layout
-    (``olmax convert olmax-to-olmo-core``) averaged as ``merge_core_checkpoints.py`` averages them,
-    the average saved and loaded as its trainer loads a checkpoint, then its optimizer's steps on
-    the same batches. Every step as in ``_same_steps``: loss within 1e-5 relative, grad norm within
+    (``olmax convert olmax-to-olmo-core``) merged as ``merge_core_checkpoints.py`` merges them,
+    the merged checkpoint loaded as its trainer loads one, then its optimizer's steps on the same
+    batches. Every step as in ``_same_steps``: loss within 1e-5 relative, grad norm within
     1e-4, the same skipped steps (the skip rule runs from the soup's 8th step)."""
-    from olmo_core.distributed.checkpoint import save_model_and_optim_state
-
     batches = ref.make_batches()
     after = batches[8:20]                        # the spike (step 20) is the soup's 12th step
     params = init_params(ref.CFG, jax.random.key(3))
@@ -254,21 +252,13 @@ def test_soup_continues_as_olmo_cores(tmp_path):
     assert int(start.state.opt_state.inner[0].count) == 2
     _, ours = _olmax_steps(start.state, after, first_step=1)
 
-    folders = []
+    exports = []
     for src in ingredients:
         out = tmp_path / f"oc-{src.name}"
         assert main(["convert", "olmax-to-olmo-core", str(src), str(out)]) == 0
-        folders.append(out / "model_and_optim")
-    merged = ref.merge_core_checkpoints(folders)
-    # The script's output: a model (and optimizer) of the first checkpoint holding the averages
-    model, opt = _oc_load(folders[0])
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(merged[f"model.{name}"])
-            for k in ("exp_avg", "exp_avg_sq", "step"):
-                opt.state[p][k].copy_(merged[f"optim.state.{name}.{k}"])
-    save_model_and_optim_state(tmp_path / "oc-soup", model, opt, flatten_optimizer_state=True)
-    model, opt = _oc_load(tmp_path / "oc-soup")
+        exports.append(out)
+    ref.merge_core_checkpoints(exports, tmp_path / "oc-soup")
+    model, opt = _oc_load(tmp_path / "oc-soup" / "model_and_optim")
     assert {float(s["step"]) for s in opt.state.values()} == {2.0}
     theirs = ref.oc_steps(model, opt, after, first_step=1)
     print(f"\nsoup, {len(after)} steps: losses {[round(x, 4) for x in theirs[0]]}, max relative "
@@ -276,7 +266,7 @@ def test_soup_continues_as_olmo_cores(tmp_path):
           f"{[i + 1 for i, x in enumerate(theirs[1]) if x]}")
     _same_steps(ours, theirs)
     # Negative control: OLMo-core from the first ingredient alone is another run
-    alone = ref.oc_steps(*_oc_load(folders[0]), after[:1], first_step=1)
+    alone = ref.oc_steps(*_oc_load(exports[0] / "model_and_optim"), after[:1], first_step=1)
     assert abs(alone[0][0] / theirs[0][0] - 1) > 1e-4
 
 

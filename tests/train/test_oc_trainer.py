@@ -32,14 +32,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from helpers import oc_trainer
 from helpers.reference import require
 from olmax.cli import main
 from olmax.config import OptimConfig, to_dict
-from olmax.data.loader import batch_hash
 from olmax.interop.olmo_core.checkpoint import OLMoCoreCheckpoint
 from olmax.model.presets import get_preset
 
@@ -91,14 +89,7 @@ def _tokenizer(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> World:
     root = tmp_path_factory.mktemp("oc_trainer")
-    rng = np.random.default_rng(0)
-    paths = []
-    for i, n in enumerate((3000, 2200)):
-        toks = np.minimum(rng.geometric(0.02, size=n), 998).astype(np.uint32)
-        toks[rng.integers(0, n, size=n // 200)] = EOS
-        p = root / f"part-{i}.npy"
-        toks.tofile(p)
-        paths.append(str(p))
+    paths = oc_trainer.token_files(root, eos=EOS, top=998)
     _tokenizer(root / "tok")
     recipe = root / "tiny.yaml"
     recipe.write_text(f"""
@@ -136,22 +127,10 @@ logging:
 
 
 def _olmax(world: World, name: str, *overrides: str) -> list[dict]:
-    run = world.root / name
-    assert main(["train", str(world.recipe), "--run-dir", str(run), "--quiet", *overrides]) == 0
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if "loss" in r and "step" in r]
+    return oc_trainer.olmax_train(world.recipe, world.root / name, *overrides)
 
 
-def _same(ours: list[dict], theirs: dict, steps: list[int]) -> None:
-    assert [r["step"] for r in ours] == steps
-    assert theirs["steps"] == steps
-    for r, loss, norm, skipped, batch in zip(ours, theirs["losses"], theirs["grad_norms"],
-                                             theirs["skipped"], theirs["batches"]):
-        where = f"step {r['step']}"
-        assert r["batch_hash"] == batch_hash(np.asarray(batch)), where
-        assert abs(r["loss"] / loss - 1) <= 1e-5, (where, r["loss"], loss)
-        assert abs(r["grad_norm"] / norm - 1) <= 1e-4, (where, r["grad_norm"], norm)
-        assert r["skipped"] == skipped, where
+_same = oc_trainer.same_steps
 
 
 def test_olmo_cores_checkpoints_count_adam_from_one(world):

@@ -52,9 +52,13 @@ log = logging.getLogger(__name__)
 Report = Callable[[str], None]
 
 
-def _report(msg: str) -> None:
+def log_report(msg: str) -> None:
+    """How the checkpointer (and the start of a run) reports: one log line, from process 0."""
     if jax.process_index() == 0:
         log.info("checkpoint: %s", msg)
+
+
+_report = log_report
 
 
 def _sync(name: str) -> None:

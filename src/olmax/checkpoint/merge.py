@@ -21,6 +21,10 @@ three checkpoints, weights only. AI2 computed both with OLMo-core's
 - ``weights_only`` (the script's ``--skip-optimizer-state``): the weights alone, a parameters-only
   step directory; otherwise a ``checkpoints/``-style folder holding ``<step>/`` with ``params``,
   ``opt_state`` and ``meta``, which ``init.checkpoint`` reads.
+- the output's meta says what it was made from (``merge``: each input's path, kind, step, Adam's
+  count and coefficient). A soup is a checkpoint like any other: ``olmax train`` warm-starts from
+  it at any ``optim.rolling_interval_length`` (its windows restart empty), ``olmax convert`` takes
+  it both ways, ``olmax eval`` and ``olmax parity`` read it.
 
 Inputs must hold one architecture (every architectural field of their model configs, and the
 padded vocabulary, equal) and, unless ``weights_only``, each its optimizer state; anything else is
@@ -199,6 +203,19 @@ def averaged_tree(trees: Sequence[Any], alphas: Sequence[float], cfg: ModelConfi
                                             is_leaf=lambda x: hasattr(x, "shape"))
 
 
+def made_from(sources: Sequence[Source], alphas: Sequence[float]) -> list[dict[str, Any]]:
+    """What a soup's meta records of each input: its path, kind (an olmax checkpoint, an
+    OLMo-core one, an import), step, Adam's count and its coefficient."""
+    def kind(meta: dict) -> str:
+        source = meta.get("source")
+        source = source if isinstance(source, dict) else {}
+        return str(source.get("kind") or source.get("format") or "olmax")
+
+    return [{"path": s.path, "kind": kind(s.meta),
+             "step": s.step, "adam_count": None if s.adam is None else s.adam.count,
+             "coefficient": a} for s, a in zip(sources, alphas)]
+
+
 def merge(sources: Sequence[Source], out: str | os.PathLike, *,
           weights: Sequence[float] | None = None, weights_only: bool = False,
           opt_state: Callable[[OptimConfig, Any, Any, int], Any] | None = None) -> Path:
@@ -213,7 +230,7 @@ def merge(sources: Sequence[Source], out: str | os.PathLike, *,
     cfg = first.model
     params = averaged_tree([s.params for s in sources], alphas, cfg)
     record: dict[str, Any] = {"sources": [s.path for s in sources], "coefficients": alphas,
-                              "weights_only": weights_only}
+                              "weights_only": weights_only, "inputs": made_from(sources, alphas)}
     meta = {k: v for k, v in first.meta.items() if k not in ("model", "format_version", "step")}
     if weights_only:
         meta[META_KEY] = record

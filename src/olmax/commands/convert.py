@@ -12,8 +12,9 @@ reproduces every tensor bit for bit. See ``olmax.interop.hf``.
 olmo-core-to-olmax reads an OLMo-core ``step<N>/`` folder (local, or an https/s3/gs URL) without
 torch: weights, Adam's moments and count, the trainer's step and data position; its optimizer
 settings must be the recipe's (``--recipe``; default: olmax's optimizer defaults, OLMo 3's).
-olmax-to-olmo-core writes a folder OLMo-core's Trainer loads with ``load_trainer_state=True``.
-Round trips are bit for bit. See ``olmax.interop.olmo_core``.
+olmax-to-olmo-core writes the folder ai2-olmo-core 3.0's own checkpointer writes, key for key:
+its Trainer resumes it with ``load_trainer_state=True`` and its tools read it (``load_keys``, its
+merge script, its HF conversion). Round trips are bit for bit. See ``olmax.interop.olmo_core``.
 """
 
 from __future__ import annotations

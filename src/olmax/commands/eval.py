@@ -4,7 +4,9 @@ CKPT_DIR is an olmax checkpoint (a step dir, a run dir or its ``checkpoints/``),
 ``step<N>/`` folder (read in place, local or a URL) or a Hugging Face ``Olmo3ForCausalLM``
 directory (AI2's released checkpoints). Tasks are OLMES task names or suites
 (``fast``: OLMo 3 stage 1's in-loop set; ``quick``); held-out entries are token files
-(``LABEL=PATH[,PATH]``, a path or glob, an OLMo-core mix file, or ``embedded``).
+(``LABEL=PATH[,PATH]``, a path or glob, an OLMo-core mix file, or ``embedded``), read with the
+token ids the checkpoint records (its run's tokenizer; a soup's or an import's ``config.json``)
+unless ``--tokenizer`` names a tokenizer; dolma2 where nothing is recorded (an HF directory).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import sys
 
 from olmax.commands import HELP
-from olmax.config import to_dict
+from olmax.config import TokenizerConfig, to_dict
 from olmax.device_memory import raising_does_not_fit
 from olmax.errors import ConfigError, OlmaxError
 from olmax.data.tokenizer import get_tokenizer
@@ -40,11 +42,22 @@ def add_parser(subparsers) -> None:
                    help="model context length for requests (default: the model's max_seq_len)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
-    p.add_argument("--tokenizer", default="dolma2", help="dolma2 or a tokenizer.json")
+    p.add_argument("--tokenizer", default=None,
+                   help="dolma2, an OLMo-core tokenizer preset or a tokenizer.json (default: the "
+                        "tokenizer an olmax or OLMo-core checkpoint records, else dolma2)")
     p.add_argument("--json", dest="json_out", required=True, metavar="OUT", help="write results here")
     p.add_argument("--force", action="store_true", help="replace an existing --json file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
+
+
+def _recorded_tokenizer(checkpoint: str) -> TokenizerConfig | None:
+    """The tokenizer an olmax checkpoint records (its run's token ids, an import's or a soup's
+    ``config.json``), or None (dolma2)."""
+    from olmax.interop.weights_tokenizer import read_checkpoint_tokenizer
+
+    found = read_checkpoint_tokenizer(checkpoint)
+    return None if found is None else found.cfg
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,10 +73,11 @@ def run(args: argparse.Namespace) -> int:
         get_task(name)
     model = load_model(args.checkpoint)
     ctx = args.max_length or model.cfg.max_seq_len
-    tok = get_tokenizer(args.tokenizer)
+    tok = get_tokenizer(args.tokenizer or (_recorded_tokenizer(args.checkpoint)
+                                           if model.source == "olmax" else None))
     if tok.vocab_size > model.cfg.padded_vocab_size:
-        raise OlmaxError(f"tokenizer '{args.tokenizer}' has {tok.vocab_size} tokens but the model's "
-                         f"vocabulary is {model.cfg.padded_vocab_size}")
+        raise OlmaxError(f"tokenizer '{tok.identity['name']}' has {tok.vocab_size} tokens but the "
+                         f"model's vocabulary is {model.cfg.padded_vocab_size}")
     suite = EvalSuite.prepare(tasks=args.tasks, heldout=args.heldout, tokenizer=tok, model_ctx_len=ctx,
                               vocab_size=model.cfg.vocab_size, limit=args.limit,
                               heldout_max_docs=args.heldout_max_docs,

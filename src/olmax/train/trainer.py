@@ -58,7 +58,8 @@ import olmax
 from olmax.reporting import startup_messages
 from olmax.checkpoint.checkpointer import Checkpointer
 from olmax.config import RunConfig, to_dict
-from olmax.errors import NeedsAttentionError, OlmaxError
+from olmax.checkpoint.format import resolve_step_dir
+from olmax.errors import NeedsAttentionError, OlmaxError, RestartableError
 from olmax.data.loader import batch_hash, build_train_data
 from olmax import store
 from olmax.store import run_location
@@ -67,8 +68,8 @@ from olmax.parallel.distributed import check_devices, maybe_initialize
 from olmax.parallel.mesh import check_rows_per_process, make_mesh
 from olmax.train.callbacks import Callback, RunView, build_callbacks
 from olmax.train.callbacks.run_lock import lock_run_dir
-from olmax.train.start import start_state
-from olmax.train.run_log import MetricsLogger, metrics_location
+from olmax.train.start import Start, initial_state, run_tokenizer, start_state
+from olmax.train.run_log import MetricsLogger, metrics_location, rewind_jsonl
 from olmax.train.optim import build_optimizer
 from olmax.train.schedules import build_schedule
 from olmax.config import TrainConfig
@@ -180,6 +181,10 @@ class Trainer:
         if t.max_steps is not None or self.cfg.scheduler.t_max is not None:
             self.schedule = build_schedule(self.cfg.scheduler, self.cfg.optim.lr, t.max_steps or 1)
 
+    def _note(self, message: str) -> None:
+        if self.is_main:
+            log.info(message)
+
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if self.logger is not None:
             self.logger.log(step, metrics)
@@ -220,6 +225,8 @@ class Trainer:
         if t.global_batch_size % jax.process_count():
             raise OlmaxError(f"train.global_batch_size {t.global_batch_size} is not divisible by "
                              f"the process count {jax.process_count()}")
+        # the data's tokenizer: the one named, else the starting checkpoint's (said in a line)
+        self.cfg = cfg = run_tokenizer(cfg, report=self._note)
         self.data = build_train_data(cfg.data, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
                                      seed=cfg.seed)
         if self.data.num_instances < t.global_batch_size:
@@ -322,27 +329,71 @@ class Trainer:
     # -- the run ------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Train to ``train.max_steps`` (or ``train.hard_stop``, or until stopped); returns a summary dict. The run
+        """Train to ``train.max_steps`` (or ``train.hard_stop``, or until stopped); returns a summary dict.
+
+        A run that holds no checkpoint of its own is built and checked whole before its run
+        directory is touched (data, callbacks, the start state from ``init.*`` with every check
+        that can refuse it), so a refused start leaves nothing there; a run that resumes takes
+        the directory's lock first and writes nothing before its checkpoint is accepted. The run
         directory is locked for the whole run (:mod:`olmax.train.callbacks.run_lock`): a second
         trainer on it stops before touching anything (a directory this trainer created for
         nothing is removed again)."""
-        created = create_run_dir(self.run_dir) if self.is_main else False
+        bucket = store.is_bucket(self.run_dir)
+        if bucket and self.is_main:   # the store answers and takes writes (a probe, removed)
+            store.check_bucket(self.run_dir)
+        prepared = None if self._holds_checkpoints() else self._prepare()
+        created = create_run_dir(self.run_dir) if self.is_main and not bucket else False
         try:
             lock = lock_run_dir(self.run_dir, is_main=self.is_main, attempt=self.attempt)
         except BaseException:
+            if prepared is not None:
+                self._close(prepared[0], None, None, quietly=True)
             if created:
                 with contextlib.suppress(OSError):
                     self.run_dir.rmdir()      # only if still empty
             raise
         try:   # the lock is a callback too: it stops the run if it is ever taken over
-            return self._run(lock)
+            return self._run(lock, prepared)
         finally:
             lock.release()
 
-    def _run(self, lock: Callback) -> dict[str, Any]:
-        self._build()              # bad data/mesh settings fail before anything is written
-        self._prepare_run_dir()
-        callbacks = build_callbacks(self.cfg, [lock, *self.extra_callbacks])   # checks eval inputs
+    def _holds_checkpoints(self) -> bool:
+        """Whether the run directory holds a checkpoint to resume from, as process 0 sees it
+        (every process takes the same path)."""
+        holds = False
+        if self.is_main:
+            try:
+                resolve_step_dir(self.run_dir)
+                holds = True
+            except RestartableError:     # the store did not answer: a restart may see it
+                raise
+            except OlmaxError:
+                holds = False
+        if jax.process_count() > 1:
+            holds = bool(multihost_utils.broadcast_one_to_all(np.int32(holds)))
+        return holds
+
+    def _prepare(self) -> tuple[list[Callback], Start]:
+        """A run without checkpoints: its pieces (:meth:`_build`), its callbacks and its start
+        state from ``init.*`` (:func:`~olmax.train.start.initial_state`), built and checked
+        before anything is written."""
+        self._build()
+        callbacks = build_callbacks(self.cfg, self.extra_callbacks)   # checks eval inputs
+        try:
+            with raising_does_not_fit(STATE_WHERE, [FSDP_HINT]):
+                start = initial_state(self.cfg, self.abstract_state, self._fresh_state, self.data)
+        except BaseException:
+            self._close(callbacks, None, None, quietly=True)
+            raise
+        return callbacks, start
+
+    def _run(self, lock: Callback, prepared: tuple[list[Callback], Start] | None
+             ) -> dict[str, Any]:
+        if prepared is None:
+            self._build()          # bad data/mesh settings fail before anything is written
+            callbacks = build_callbacks(self.cfg, [lock, *self.extra_callbacks])
+        else:
+            callbacks = sorted([lock, *prepared[0]], key=lambda cb: cb.order)
         try:
             ckpt = Checkpointer(store.join(self.run_dir, "checkpoints"), self.cfg.checkpoint)
         except BaseException:
@@ -354,9 +405,15 @@ class Trainer:
                                   flush_fn=self._flush_logs)
         bar, losses, failed = None, [], True
         try:
-            with raising_does_not_fit(STATE_WHERE, [FSDP_HINT]):
-                start = start_state(self.cfg, ckpt, self.abstract_state, self._fresh_state, self.data,
-                                    metrics_path=metrics_location(self.run_dir))
+            if prepared is None or ckpt.latest_step() is not None:   # checked before any write
+                with raising_does_not_fit(STATE_WHERE, [FSDP_HINT]):
+                    start = start_state(self.cfg, ckpt, self.abstract_state, self._fresh_state,
+                                        self.data)
+            else:
+                start = prepared[1]
+            if self.is_main:
+                rewind_jsonl(metrics_location(self.run_dir), start.step)
+            self._prepare_run_dir()
             run.state, run.step, run.origin = start.state, start.step, start.origin
             self.logger = MetricsLogger(self.run_dir, self.cfg.logging, enabled=self.is_main,
                                         run_config=to_dict(self.cfg), purge_step=start.step + 1)

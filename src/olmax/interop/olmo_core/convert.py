@@ -8,10 +8,15 @@ from ``config.json``. The output is a ``checkpoints/``-style folder holding one 
 ``<global step>/`` (``params``, ``opt_state``, ``meta``), which ``init.checkpoint`` and every
 other command read; ``weights_only`` writes a parameters-only step directory.
 
-``olmax-to-olmo-core``: ``model_and_optim/`` (DCP, one chunk per tensor: OLMo-core reshards on
-load), ``train/rank0.pt`` (the trainer's state), ``.metadata.json`` and ``config.json`` (the one
-the checkpoint was imported with, its model section checked; else a model section written from
-the olmax config). ``weights_only``: a bare DCP folder of ``model.*`` keys.
+``olmax-to-olmo-core``: the layout OLMo-core 3.0's own checkpointer writes, key for key:
+``model_and_optim/`` (DCP: the model's keys and the optimizer state flattened, in its order, with
+its ``planner_data`` and storage metadata, so that its ``load_keys``, its merge script, its HF
+conversion and its Trainer read it; one chunk per tensor: OLMo-core reshards on load),
+``train/rank0.pt`` (the trainer's state, with the dataset fingerprint OLMo-core computes for the
+run's files and token ids), ``.metadata.json``, ``config.json`` (the one the checkpoint was
+imported with, its model section checked; else the model section OLMo-core's ``TransformerConfig``
+writes and the run's tokenizer as its ``TokenizerConfig``) and ``data_paths.txt`` (the run's
+files). ``weights_only``: a bare DCP folder of ``model.*`` keys.
 
 Both directions read and write one tensor at a time. :func:`merge_source` opens an OLMo-core
 checkpoint as an input of ``olmax merge`` (:mod:`olmax.checkpoint.merge`).
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -49,6 +53,8 @@ GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr")
 # The version of OLMo-core's NumpyDatasetBase.fingerprint, which olmax's olmo_core_sha256 computes
 # (a different version makes OLMo-core skip the fingerprint check with a warning).
 OC_FINGERPRINT_VERSION = "v2.0"
+OC_VERSION = "3.0.0"          # the ai2-olmo-core release whose layout the export is
+DATA_PATHS = "data_paths.txt"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -250,9 +256,32 @@ def _oc_value(tree: Any, t: OLMoCoreTensor) -> np.ndarray | PiecedArray:
     return PiecedArray(t.shape, np.float32, pieces)
 
 
+# The tensors of a block in the order OLMo-core's modules register them (its state dicts' order)
+BLOCK_ORDER = ("attention.w_q.weight", "attention.w_k.weight", "attention.w_v.weight",
+               "attention.w_out.weight", "attention.q_norm.weight", "attention.k_norm.weight",
+               "attention_norm.weight", "feed_forward.w1.weight", "feed_forward.w2.weight",
+               "feed_forward.w3.weight", "feed_forward_norm.weight")
+
+
+def module_order(tensors: list[OLMoCoreTensor]) -> list[OLMoCoreTensor]:
+    """``tensors`` in OLMo-core's model order: the embedding, the blocks (each in
+    :data:`BLOCK_ORDER`), the LM head: the order its checkpointer writes the keys in."""
+    def key(t: OLMoCoreTensor) -> tuple:
+        head, _, rest = t.name.partition(".")
+        if head == "blocks":
+            layer, _, name = rest.partition(".")
+            within = BLOCK_ORDER.index(name) if name in BLOCK_ORDER else len(BLOCK_ORDER)
+            return (1, int(layer), within)
+        return (0 if head == "embeddings" else 2, 0, 0)
+    return sorted(tensors, key=key)
+
+
 def _dcp_items(cfg: ModelConfig, params: Any, opt_state: Any, optim: OptimConfig | None,
                lr: float | None) -> Iterator[tuple[str, Any]]:
-    tensors = olmo_core_tensors(cfg)
+    """The export's keys with their values, in the order OLMo-core's checkpointer writes them:
+    the model, then each parameter's ``step``, ``exp_avg`` and ``exp_avg_sq``, then each one's
+    param-group settings."""
+    tensors = module_order(olmo_core_tensors(cfg))
     for t in tensors:
         yield f"model.{t.name}", _oc_value(params, t)
     if opt_state is None:
@@ -264,84 +293,136 @@ def _dcp_items(cfg: ModelConfig, params: Any, opt_state: Any, optim: OptimConfig
         yield f"optim.state.{t.name}.exp_avg_sq", _oc_value(nu, t)
     assert optim is not None
     for t in tensors:
-        decay = 0.0 if t.path[-1] in optim.no_decay else optim.weight_decay
+        no_decay = t.path[-1] in optim.no_decay
         group = {"lr": float(lr if lr is not None else optim.lr), "betas": tuple(optim.betas),
-                 "eps": float(optim.eps), "weight_decay": float(decay),
+                 "eps": float(optim.eps), "weight_decay": 0.0 if no_decay else optim.weight_decay,
                  "initial_lr": float(optim.lr)}
-        for key in GROUP_KEYS:
+        # A group OLMo-core's OptimGroupOverride made (no decay) holds its override first
+        order = ("weight_decay",) + tuple(k for k in GROUP_KEYS if k != "weight_decay") \
+            if no_decay else GROUP_KEYS
+        for key in order:
             yield f"optim.param_groups.{t.name}.{key}", group[key]
 
 
-def olmo_core_config(cfg: ModelConfig, base: dict | None) -> dict:
+def olmo_core_config(cfg: ModelConfig, base: dict | None, dataset: dict | None = None) -> dict:
     """``config.json`` for the export: the imported one (its model checked against ``cfg``), else
-    a model section OLMo-core's ``TransformerConfig.from_dict`` reads as this model."""
+    the model section OLMo-core's ``TransformerConfig.as_config_dict()`` writes for ``cfg`` (what
+    its ``TransformerConfig.from_dict`` builds the model from: OLMo-core's HF conversion, its
+    merge script) and ``dataset`` (default: the tokenizer's vocabulary size alone)."""
     if base is not None:
         got = model_config_from_olmo_core(base, "the imported config.json")
         if got.replace(init_std=cfg.init_std, max_seq_len=cfg.max_seq_len) != cfg:
             raise OlmaxError("the checkpoint's model differs from the config.json it was imported "
                              "with; cannot export that config")
         return copy.deepcopy(base)
-    window = [-1 if w is None else int(w) for w in cfg.window_pattern]
-    norm = {"name": "rms", "eps": cfg.norm_eps, "bias": False}
-    attn: dict[str, Any] = {   # "type" and the scaling's "_CLASS_" pick OLMo-core's classes
-        "type": "attention", "name": "default", "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim, "bias": False,
-        "rope": {"name": "default", "theta": cfg.rope_theta, "full_precision": True},
-        "qk_norm": None if cfg.qk_norm == "none" else dict(norm),
-        "use_head_qk_norm": cfg.qk_norm == "head",
-        # the pattern as olmax repeats it: no layer forced (OLMo-core's defaults force both ends)
-        "sliding_window": {"pattern": window, "force_full_attention_on_first_layer": False,
-                           "force_full_attention_on_last_layer": False},
-    }
-    block: dict[str, Any] = {
-        "name": "default" if cfg.block_type == "prenorm" else "reordered_norm",
-        "sequence_mixer": attn, "layer_norm": dict(norm),
-        "feed_forward": {"hidden_size": cfg.mlp_hidden, "bias": False, "activation": "silu"}}
-    model: dict[str, Any] = {
-        "d_model": cfg.d_model, "vocab_size": cfg.padded_vocab_size, "n_layers": cfg.n_layers,
-        "block": block, "lm_head": {"layer_norm": dict(norm), "bias": False},
-        "init_std": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings}
-    if cfg.rope_scaling is not None:   # YaRN as TransformerConfig.with_rope_scaling writes it
+    return {"model": transformer_config_dict(cfg),
+            "dataset": dataset or {"tokenizer": {"vocab_size": cfg.vocab_size}}}
+
+
+def _oc(name: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """An OLMo-core config object as ``as_config_dict`` writes it: its fields (None left out),
+    then its class."""
+    return {**{k: v for k, v in fields.items() if v is not None}, "_CLASS_": name}
+
+
+def _whole(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x
+
+
+def transformer_config_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """OLMo-core's ``TransformerConfig.as_config_dict()`` for the OLMo 3 model ``cfg``, key for
+    key (the attention backend left to OLMo-core's default: flash where it has it, else torch).
+    YaRN on the full-attention layers only is OLMo-core's ``with_rope_scaling``: those layers'
+    blocks as ``block_overrides``."""
+    if cfg.rope_scaling is not None and cfg.rope_scaling.attention_factor is not None:
+        raise OlmaxError("model.rope_scaling.attention_factor: OLMo-core's YaRN computes it, a "
+                         "config.json cannot set it")
+    f32 = "float32"
+    norm = _oc("olmo_core.nn.layer_norm.LayerNormConfig",
+               {"name": "rms", "eps": cfg.norm_eps, "bias": False, "dtype": f32})
+    theta = _whole(cfg.rope_theta)   # an int in OLMo-core's RoPEConfig
+
+    def block(scaling: dict | None) -> dict[str, Any]:
+        rope = _oc("olmo_core.nn.rope.RoPEConfig", {
+            "name": "default", "theta": theta, "full_precision": True, "no_global_rope": False,
+            "scaling": scaling, "partial_rotary_factor": 1.0})
+        window = _oc("olmo_core.nn.attention.SlidingWindowAttentionConfig", {
+            "pattern": [-1 if w is None else int(w) for w in cfg.window_pattern],
+            "force_full_attention_on_first_layer": False,
+            "force_full_attention_on_last_layer": cfg.layer_windows()[-1] is None})
+        attention = {**_oc("olmo_core.nn.attention.AttentionConfig", {
+            "name": "default", "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+            "head_dim": cfg.head_dim, "bias": False, "rope": rope,
+            "qk_norm": None if cfg.qk_norm == "none" else norm, "dtype": f32,
+            "sliding_window": window, "use_head_qk_norm": cfg.qk_norm == "head",
+            "scalable_softmax": False, "attention_sinks": False}), "type": "attention"}
+        feed_forward = _oc("olmo_core.nn.feed_forward.FeedForwardConfig", {
+            "hidden_size": cfg.mlp_hidden, "name": "default", "bias": False, "dtype": f32,
+            "activation": "silu"})
+        return _oc("olmo_core.nn.transformer.config.TransformerBlockConfig", {
+            "sequence_mixer": attention, "layer_norm": norm, "feed_forward": feed_forward,
+            "name": "reordered_norm" if cfg.block_type == "reordered_norm" else "default"})
+
+    yarn = None
+    if cfg.rope_scaling is not None:
         y = cfg.rope_scaling
-        if y.attention_factor is not None and y.attention_factor != 0.1 * math.log(y.factor) + 1:
-            raise OlmaxError(f"model.rope_scaling.attention_factor {y.attention_factor:g}: "
-                             f"OLMo-core's YaRN computes its own (0.1 ln(factor) + 1), so its "
-                             f"config cannot say this model")
-        scaled = copy.deepcopy(block)
-        scaled["sequence_mixer"]["rope"]["scaling"] = {
-            "_CLASS_": "olmo_core.nn.rope.YaRNRoPEScalingConfig", "factor": y.factor,
-            "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
-            "old_context_len": y.original_max_position_embeddings}
-        if y.full_attention_only:      # on the full-attention layers: those layers' blocks
-            model["block_overrides"] = {str(i): copy.deepcopy(scaled)
-                                        for i, w in enumerate(cfg.layer_windows()) if w is None}
-        else:
-            model["block"] = scaled
-    return {"model": model, "dataset": {"tokenizer": {"vocab_size": cfg.vocab_size}}}
+        yarn = _oc("olmo_core.nn.rope.YaRNRoPEScalingConfig", {   # its betas are ints
+            "factor": y.factor, "beta_fast": _whole(y.beta_fast), "beta_slow": _whole(y.beta_slow),
+            "old_context_len": y.original_max_position_embeddings})
+    scaled_layers = yarn is not None and cfg.rope_scaling.full_attention_only  # type: ignore[union-attr]
+    overrides = None
+    if scaled_layers:
+        overrides = {str(i): block(yarn) for i, w in enumerate(cfg.layer_windows()) if w is None}
+    lm_head = _oc("olmo_core.nn.lm_head.LMHeadConfig", {
+        "name": "default", "layer_norm": norm, "bias": False, "dtype": f32,
+        "loss_implementation": "default"})
+    return _oc("olmo_core.nn.transformer.config.TransformerConfig", {
+        "d_model": cfg.d_model, "vocab_size": cfg.padded_vocab_size, "n_layers": cfg.n_layers,
+        "block": block(None if scaled_layers else yarn), "lm_head": lm_head, "name": "default",
+        "dtype": f32, "init_method": "normal", "init_seed": 0, "init_std": cfg.init_std,
+        "block_overrides": overrides, "tie_word_embeddings": cfg.tie_embeddings})
+
+
+def tokenizer_config_dict(tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """OLMo-core's ``TokenizerConfig.as_config_dict()`` of a tokenizer's ids and identifier."""
+    return _oc("olmo_core.data.tokenizer.TokenizerConfig", {
+        k: tokenizer.get(k) for k in ("vocab_size", "eos_token_id", "pad_token_id",
+                                      "bos_token_id", "identifier")})
 
 
 def trainer_state_dict(meta: dict, cfg: ModelConfig) -> dict:
     """OLMo-core's ``Trainer.state_dict()`` for an olmax checkpoint's meta: the step, tokens seen
-    and the data loader's position (its fingerprint: the run's own, else the imported one's)."""
+    and the data loader's position (its fingerprint: the run's own, which is OLMo-core's for the
+    same files and token ids, else the imported one's). Where the meta is still at the imported
+    trainer state's position (an import, a soup whose first input is one), its token counts are
+    kept as they were; at step 0 nothing needs a batch size."""
     step = int(meta.get("step", 0))
     train = (meta.get("config") or {}).get("train") or {}
     imported = meta.get(META_KEY) or {}
-    tokens_per_batch = _tokens_per_batch(train, imported)
     loader = dict(imported.get("data_loader") or {})
     position = int(meta.get("data_position", step))
+    tokens = (lambda n: n * _tokens_per_batch(train, imported)) if (step or position) else \
+        (lambda n: 0)
+    processed = int(loader["tokens_processed"]) if (
+        not train and loader.get("batches_processed") == position
+        and "tokens_processed" in loader) else tokens(position)
+    seen = int(imported["tokens_seen"]) if (
+        not train and imported.get("global_step") == step and "tokens_seen" in imported) \
+        else tokens(step)
     fingerprint = (meta.get("data_fingerprint") or {}).get("olmo_core_sha256") \
         or loader.get("dataset_fingerprint")
     loader.update({"dataset_fingerprint_version": loader.get("dataset_fingerprint_version",
                                                              OC_FINGERPRINT_VERSION),
                    "dataset_fingerprint": fingerprint or "",
                    "batches_processed": position,
-                   "tokens_processed": position * tokens_per_batch,
+                   "tokens_processed": processed,
                    "seed": int(meta.get("seed") or loader.get("seed") or 0),
                    "epoch": int(loader.get("epoch", 1)), "dataset_type": "fsl",
                    "sequence_length": int(train.get("seq_len", loader.get("sequence_length", 0))),
                    "max_target_sequence_length": _max_target(meta, loader)})
-    return {"global_step": step, "global_train_tokens_seen": step * tokens_per_batch,
-            "global_train_petaflops": 0.0, "max_steps": train.get("max_steps"),
+    return {"global_step": step, "global_train_tokens_seen": seen,
+            "global_train_petaflops": 0.0,
+            "max_steps": train.get("max_steps", imported.get("max_steps")),
             "data_loader": loader, "epoch": loader["epoch"], "world_size": 1,
             "rng": _NO_RNG, "callbacks": {}}
 
@@ -384,7 +465,7 @@ def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, 
         raise OlmaxError(f"{step_dir}: no optimizer state (a parameters-only checkpoint); use "
                          "--weights-only")
     base = (meta.get(META_KEY) or {}).get("config")
-    config = olmo_core_config(cfg, base)
+    config = olmo_core_config(cfg, base, _dataset_section(meta, cfg))
     params, opt_state = _olmax_arrays(step_dir, not weights_only)
     optim = None if weights_only else run_optim(meta)
     if optim is not None:   # how the run counted Adam's steps, as OLMo-core's config records it
@@ -400,8 +481,12 @@ def convert_olmax_to_olmo_core(ckpt: str | os.PathLike, out: str | os.PathLike, 
         (tmp / "train").mkdir()
         with open(tmp / "train" / "rank0.pt", "wb") as f:
             write_torch_save(f, trainer_state_dict(meta, cfg))
-        (tmp / ".metadata.json").write_text(json.dumps({"version": "3.0.0"}))
+        (tmp / ".metadata.json").write_text(json.dumps({"ephemeral": False,
+                                                         "version": OC_VERSION}))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        files = (meta.get("data_fingerprint") or {}).get("files")
+        if files:     # OLMo-core's ConfigSaverCallback: the dataset's files, in order
+            (tmp / DATA_PATHS).write_text("\n".join(str(f["path"]) for f in files))
     return Path(out)
 
 
@@ -414,6 +499,24 @@ def read_weights(src: str | os.PathLike) -> tuple[dict, ModelConfig, dict]:
     params = jax.tree.map(lambda leaf: leaf.read(), ck.tree(cfg),
                           is_leaf=lambda x: hasattr(x, "tensors"))
     return params, cfg, import_meta(ck, cfg, None)
+
+
+def _dataset_section(meta: dict, cfg: ModelConfig) -> dict:
+    """``config.json``'s ``dataset`` for an olmax run's checkpoint: its tokenizer as OLMo-core's
+    ``TokenizerConfig`` (the ids its data was read with) and its sequence length. A tokenizer
+    whose vocabulary is not the model's (a toy model under dolma2's ids) has no OLMo-core
+    config, whose ``vocab_size`` is the model's too: the model's vocabulary alone, then."""
+    tokenizer = (meta.get("data_fingerprint") or {}).get("tokenizer") or {}
+    fits = tokenizer.get("vocab_size") == cfg.vocab_size
+    dataset: dict[str, Any] = {"tokenizer": tokenizer_config_dict(tokenizer) if fits
+                               else {"vocab_size": cfg.vocab_size}}
+    data = (meta.get("config") or {}).get("data") or {}
+    seq_len = ((meta.get("config") or {}).get("train") or {}).get("seq_len")
+    if seq_len:
+        dataset["sequence_length"] = int(seq_len)
+    if data.get("max_target_seq_len"):
+        dataset["max_target_sequence_length"] = int(data["max_target_seq_len"])
+    return dataset
 
 
 __all__ = ["convert_olmo_core_to_olmax", "read_weights", "convert_olmax_to_olmo_core", "olmax_opt_state",

@@ -15,6 +15,7 @@ tensor after a check that they tile it exactly. :func:`write_dcp` writes a folde
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -346,8 +347,9 @@ def write_dcp(folder: Path, items: Iterable[tuple[str, Any]], checkpoint_id: str
         "planner_data": planner,
         "storage_data": pickles.Pairs(tuple(storage)),
         "storage_meta": New(Global(DCP_META, "StorageMeta"), (),
-                            {"checkpoint_id": checkpoint_id, "save_id": "olmax", "load_id": None,
-                             "modules": []}),
+                            {"checkpoint_id": checkpoint_id, "save_id": str(uuid.uuid4()),
+                             "load_id": None, "modules": []}),
+        "version": None,
     })
     (folder / METADATA).write_bytes(pickles.dumps(metadata))
 
@@ -357,10 +359,9 @@ _NUMPY_NAMES = {n: numpy_dtype(n) for n in ("float32", "bfloat16", "float16", "f
 
 
 def _planner_path(key: str) -> list[str]:
-    """DCP's ``planner_data``: the nested path of a flat key (``optim.state.<fqn>.<name>``)."""
+    """DCP's ``planner_data``: the path of a flat key in the state dict OLMo-core saves,
+    ``{"model": {fqn: ...}, "optim": {"state.<fqn>.exp_avg": ...}}`` (its optimizer state
+    flattened, as its trainer saves it): ``("model", fqn)``, ``("optim", "state.<fqn>.exp_avg")``.
+    OLMo-core's ``load_keys`` rebuilds that dict from these paths and looks the keys up in it."""
     head, _, rest = key.partition(".")
-    if head == "optim":
-        kind, _, rest = rest.partition(".")
-        fqn, _, leaf = rest.rpartition(".")
-        return [head, kind, fqn, leaf]
     return [head, rest]

@@ -27,6 +27,7 @@ import numpy as np
 from olmax.config import EvalConfig, RunConfig
 from olmax.data.sources import heldout_sets, resolve_paths
 from olmax.data.tokenizer import get_tokenizer
+from olmax.errors import ConfigError
 from olmax.eval.contamination import OverlapGuard
 from olmax.eval.runner import EvalSuite, log_metrics
 from olmax.eval.scoring import Scorer
@@ -55,6 +56,11 @@ class EvaluatorCallback(Callback):
             return None
         for name in expand_tasks(list(e.tasks)):   # a bad task or file fails before training
             get_task(name)
+        tok = get_tokenizer(run_cfg.data.tokenizer) if e.tasks else None
+        if tok is not None and not tok.can_encode:  # the tasks' text is encoded with it
+            raise ConfigError(f"eval.tasks: data.tokenizer {tok.identity['name']} gives token ids "
+                              "only and cannot encode the tasks' text; name a tokenizer that can "
+                              "(dolma2, a tokenizer.json, or fields whose identifier is one)")
         heldout_sets(e.heldout, cache_dir=run_cfg.data.cache_dir)
         return cls(e)
 
