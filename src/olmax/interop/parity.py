@@ -228,6 +228,8 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
     if batch < 1 or (seq_len is not None and seq_len < 1):
         raise ConfigError("batch and seq_len must be positive")
     runtime = Runtime.resolve(dtype, attn_impl=attn_impl, profile=profile)
+    if reference is None:     # the reference implementations first: without them, nothing runs
+        torch, transformers = _reference()
     params, cfg, source = _olmax_params(hf_dir, checkpoint, dtype)
     v = cfg.vocab_size
     rows: list[np.ndarray] = []       # HF's logits, kept for save_reference
@@ -239,7 +241,6 @@ def run_parity(hf_dir: str | os.PathLike, *, checkpoint: str | os.PathLike | Non
         ref_fn: Any = lambda b, row: saved["logits"][b]  # noqa: E731
         hf_meta = {k: meta[k] for k in ("hf_attn_implementation", "hf_rope_dtype", "warnings", "versions")}
     else:
-        torch, transformers = _reference()
         tokens, inputs = _inputs(cfg, hf_dir, tokens, token_file, text, batch,
                                  seq_len or default_seq_len(cfg), seed)
         model = _hf_model(hf_dir, hf_dtype, hf_attn)

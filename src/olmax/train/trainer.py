@@ -37,6 +37,7 @@ with the memory of each candidate tried: :mod:`olmax.train.fit`; a resumed run k
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -46,7 +47,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, cast
+from typing import Any, Iterable, Iterator, Mapping, cast
 
 import jax
 import numpy as np
@@ -167,6 +168,7 @@ class Trainer:
         self.logger: MetricsLogger | None = None
         self.run_view: RunView | None = None
         self.summary: dict[str, Any] = {}
+        self._batches: Iterator[tuple[int, dict]] = iter(())   # the run's batches (_first_batches)
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -382,10 +384,20 @@ class Trainer:
         try:
             with raising_does_not_fit(STATE_WHERE, [FSDP_HINT]):
                 start = initial_state(self.cfg, self.abstract_state, self._fresh_state, self.data)
+            self._batches = self._first_batches(start.step)
         except BaseException:
             self._close(callbacks, None, None, quietly=True)
             raise
         return callbacks, start
+
+    def _first_batches(self, step: int) -> Iterator[tuple[int, dict]]:
+        """The batches from ``step`` on, the first one read now: its token ids are checked against
+        the model's vocabulary (and its files read) before anything is written."""
+        if step >= self.last_step:
+            return iter(())
+        it = self.data.iterate(step, jax.process_index(), jax.process_count())
+        first = next(it)
+        return itertools.chain([first], it)
 
     def _run(self, lock: Callback, prepared: tuple[list[Callback], Start] | None
              ) -> dict[str, Any]:
@@ -409,6 +421,7 @@ class Trainer:
                 with raising_does_not_fit(STATE_WHERE, [FSDP_HINT]):
                     start = start_state(self.cfg, ckpt, self.abstract_state, self._fresh_state,
                                         self.data)
+                self._batches = self._first_batches(start.step)
             else:
                 start = prepared[1]
             if self.is_main:
@@ -458,8 +471,7 @@ class Trainer:
         for cb in callbacks:
             cb.on_train_start(run)
         last = self.last_step
-        it = (self.data.iterate(run.step, jax.process_index(), jax.process_count())
-              if run.step < last else iter(()))
+        it = self._batches
         for step in range(run.step + 1, last + 1):
             b, host = next(it)
             if b != step - 1:
