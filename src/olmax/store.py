@@ -145,9 +145,11 @@ def new_filesystem(proto: str, *, one_try: bool = False):
 
 
 def filesystem(url: str):
-    """The process's filesystem for ``url``'s scheme (one per scheme and process id)."""
+    """The process's filesystem for ``url``'s scheme (one per scheme, process id and endpoint);
+    the scheme's endpoint variables checked on every call, a cached filesystem or not."""
     proto = split(url)[0]
-    key = (os.getpid(), proto, _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST"))
+    check_endpoints(proto)
+    key = (os.getpid(), proto, _endpoint(proto))
     with _FS_LOCK:
         fs = _FS.get(key)
         if fs is None:
@@ -168,7 +170,7 @@ def library_filesystem(url: str):
     GCS gcsfs's plain class (see :func:`new_filesystem`)."""
     proto = split(url)[0]
     check_endpoints(proto)
-    key = (os.getpid(), proto, _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST"))
+    key = (os.getpid(), proto, _endpoint(proto))
     with _FS_LOCK:
         fs = _LIB_FS.get(key)
         if fs is None:
@@ -457,6 +459,14 @@ def read_segments(prefix: str) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # TensorStore (the checkpoints' arrays)
+
+
+def _endpoint(proto: str) -> str | None:
+    """The endpoint ``proto``'s client takes from the environment (its own variables only: an S3
+    endpoint does not tell a GCS filesystem apart, nor the other way round)."""
+    if proto in ("gs", "gcs"):
+        return _env("STORAGE_EMULATOR_HOST")
+    return _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
 def _env(*names: str) -> str | None:
