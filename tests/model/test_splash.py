@@ -231,3 +231,109 @@ def test_splash_with_segments_compiles_for_tpu():
 
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv, seg).compile()
     assert compiled.as_text().count("tpu_custom_call") == 3
+
+
+def _dot_precisions(jaxpr, out: list) -> list:
+    """The precision of every dot_general in ``jaxpr`` and the jaxprs inside it (Pallas kernels)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            out.append(eqn.params["precision"])
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _dot_precisions(inner, out)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_kernels_run_bf16_at_default_precision_under_highest(dtype):
+    """Under ``jax.default_matmul_precision("highest")`` (what ``olmax parity`` sets), the bf16
+    kernels' dots, forward and backward, are traced at the default precision (Mosaic refuses a
+    16-bit product at highest), and give what they give without it; fp32 kernels keep highest."""
+    (q, k, v), ct = _inputs(128, 4, 2, 32, dtype)
+
+    def run(q, k, v, ct):
+        out, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, 16, 32 ** -0.5, impl="splash", backend="cpu",
+                                                     block=128), q, k, v)
+        return out, vjp(ct)
+
+    with jax.default_matmul_precision("highest"):
+        found = {str(p) for p in _dot_precisions(jax.make_jaxpr(run)(q, k, v, ct).jaxpr, [])}
+        highest = jax.jit(run)(q, k, v, ct)
+    if dtype == "bfloat16":
+        assert found == {"(Precision.DEFAULT, Precision.DEFAULT)"}
+        plain = jax.jit(run)(q, k, v, ct)
+        for a, b in zip(jax.tree.leaves(highest), jax.tree.leaves(plain)):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    else:
+        assert "(Precision.HIGHEST, Precision.HIGHEST)" in found
+
+
+def test_bf16_kernels_compile_for_tpu_under_highest_precision():
+    """Mosaic (libtpu, ahead of time for a v5e chip) compiles the bf16 forward and backward kernels
+    of a model run under ``jax.default_matmul_precision("highest")``; the kernels called without
+    olmax's precision guard do not ("Bad lhs type")."""
+    import functools
+
+    from jax.sharding import SingleDeviceSharding
+
+    from olmax.model import splash
+    from olmax.perf.targets import topology_devices
+
+    rep = SingleDeviceSharding(topology_devices("v5e:1x1")[0])
+    q = jax.ShapeDtypeStruct((1, 256, 4, 64), jnp.bfloat16, sharding=rep)
+    kv = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16, sharding=rep)
+    raw = functools.partial(splash._local_splash, window=64, scale=0.125, block=128, interpret=False)
+
+    def compile_with(fn):
+        def f(q, k, v):
+            out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v), q, k, v)
+            return out, vjp(out)
+        with jax.default_matmul_precision("highest"):
+            return jax.jit(f).lower(q, kv, kv).compile()
+
+    assert compile_with(splash.at_kernel_precision(raw, jnp.bfloat16)).as_text().count("tpu_custom_call") == 3
+    with pytest.raises(Exception, match="Bad lhs type"):
+        compile_with(raw)
+
+
+@pytest.mark.parametrize("documents", [False, True])
+def test_fused_backward_equals_two_kernels(documents):
+    """``train.splash_fused_bwd``: dq accumulated in the dk/dv kernel gives the two-kernel backward's
+    gradients (fp32, 1e-5 relative), with and without documents; the output is the same kernel's."""
+    (q, k, v), ct = _inputs(256, 4, 2, 32, "float32")
+    seg = (jnp.asarray(np.repeat(np.arange(3), [70, 100, 86])[None].repeat(2, 0), jnp.int32)
+           if documents else None)
+    res = {}
+    for fused in (False, True):
+        def run(q, k, v, ct, fused=fused):
+            out, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, 96, 32 ** -0.5, impl="splash",
+                                                         backend="cpu", block=128, segment_ids=seg,
+                                                         fused_bwd=fused), q, k, v)
+            return out, vjp(ct)
+        res[fused] = jax.tree.leaves(jax.jit(run)(q, k, v, ct))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), res[False], res[True]):
+        rel = float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(a)))
+        assert rel <= 1e-5, (name, rel)
+
+
+def test_fused_backward_compiles_to_one_backward_kernel_for_tpu():
+    """Compiled by Mosaic for a v5e chip: the fused backward is one kernel (forward + 1), the
+    default two (forward + dq + dk/dv)."""
+    from jax.sharding import SingleDeviceSharding
+
+    from olmax.perf.targets import topology_devices
+
+    rep = SingleDeviceSharding(topology_devices("v5e:1x1")[0])
+    q = jax.ShapeDtypeStruct((1, 512, 4, 128), jnp.bfloat16, sharding=rep)
+    kv = jax.ShapeDtypeStruct((1, 512, 2, 128), jnp.bfloat16, sharding=rep)
+    kernels = {}
+    for fused in (False, True):
+        def loss(q, k, v, fused=fused):
+            out = attention(q, k, v, 256, 128 ** -0.5, impl="splash", backend="tpu", block=256,
+                            fused_bwd=fused)
+            return jnp.sum(out.astype(jnp.float32))
+        text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).compile().as_text()
+        kernels[fused] = text.count("tpu_custom_call")
+    assert kernels == {False: 3, True: 2}

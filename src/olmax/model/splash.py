@@ -76,13 +76,16 @@ def _mask(tp: int, t: int, window: int | None):
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(tp: int, t: int, window: int | None, heads: int, block: int, interpret: bool):
+def _kernel(tp: int, t: int, window: int | None, heads: int, block: int, interpret: bool,
+            fused_bwd: bool = False):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as m
 
+    # Fused: the dk/dv kernel also accumulates dq (no dq kernel: its blocks are None).
     sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                           block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-                          block_q_dq=block, block_kv_dq=block)
+                          block_q_dq=None if fused_bwd else block, block_kv_dq=None if fused_bwd else block,
+                          use_fused_bwd_kernel=fused_bwd)
     mask = m.MultiHeadMask([_mask(tp, t, window) for _ in range(heads)])
     with jax.ensure_compile_time_eval():  # concrete mask tables, safe to cache across traces
         return sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
@@ -178,7 +181,7 @@ _warned: set[str] = set()
 
 
 def _local_splash(q, k, v, segment_ids=None, *, window: int | None, scale: float, block: int,
-                  interpret: bool):
+                  interpret: bool, fused_bwd: bool = False):
     """q: [b, T, Hq, D], k/v: [b, T, Hkv, D], segment_ids [b, T] or None (one device's part)
     -> [b, T, Hq, D]."""
     b, t, hq, d = q.shape
@@ -188,7 +191,7 @@ def _local_splash(q, k, v, segment_ids=None, *, window: int | None, scale: float
     qt = jnp.pad((q.astype(jnp.float32) * scale).astype(q.dtype), pad).transpose(0, 2, 1, 3)
     kt = jnp.pad(k, pad).transpose(0, 2, 1, 3)
     vt = jnp.pad(v, pad).transpose(0, 2, 1, 3)
-    kernel = _kernel(tp, t, window, hq, bs, interpret)
+    kernel = _kernel(tp, t, window, hq, bs, interpret, fused_bwd)
     scope = f"{_SCOPE}_t{t}_w{'full' if window is None or window >= t else window}_h{hq}_d{d}_b{b}_bs{bs}"
     with jax.named_scope(scope):
         if segment_ids is None:
@@ -290,10 +293,47 @@ def _local_splash_split(q, k, v, seg_q, seg_kv, *, window: int | None, halo: boo
     return out.transpose(0, 2, 1, 3)[:, :tq]
 
 
+def at_kernel_precision(fn, dtype):
+    """``fn(q, k, v, *ids)`` (the kernels' call; ``ids``: integer segment ids, not
+    differentiated), forward and backward traced under JAX's default matmul precision when q is
+    16-bit; ``fn`` itself otherwise.
+
+    Pallas dots take their precision from JAX's configuration when they are traced, and Mosaic
+    refuses a 16-bit product at ``highest`` (its compile fails: "Bad lhs type"): a bf16 model run
+    under ``jax.default_matmul_precision("highest")`` (``olmax parity``, which asks for it so that
+    fp32 means fp32) would not compile on a TPU. A bf16 x bf16 product is exact at any precision;
+    the kernels' one fp32 product (probabilities times values) takes one bf16 pass, as in every
+    bf16 training step. The backward is traced after the forward returns, so it is held under the
+    same setting here (a custom VJP around the kernels' own)."""
+    if jnp.dtype(dtype).itemsize > 2:
+        return fn
+
+    def call(q, k, v, *ids):
+        @jax.custom_vjp
+        def run(q, k, v, *ids):
+            with jax.default_matmul_precision("default"):
+                return fn(q, k, v, *ids)
+
+        def forward(q, k, v, *ids):
+            with jax.default_matmul_precision("default"):
+                out, back = jax.vjp(lambda q, k, v: fn(q, k, v, *ids), q, k, v)
+            return out, back
+
+        def backward(back, ct):
+            with jax.default_matmul_precision("default"):
+                return (*back(ct), *(None,) * len(ids))
+
+        run.defvjp(forward, backward)
+        return run(q, k, v, *ids)
+
+    return call
+
+
 def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int | None,
                      scale: float, segment_ids: jnp.ndarray | None = None,
                      block_size: int = DEFAULT_BLOCK, *, native: bool = False,
-                     context: int = 1, head_stride: int | None = None) -> jnp.ndarray:
+                     context: int = 1, head_stride: int | None = None,
+                     fused_bwd: bool = False) -> jnp.ndarray:
     """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] -> [B, T, Hq, D] in q's dtype (see module docstring);
     ``segment_ids`` [B, T]: the document mask. ``native``: the program compiles for TPU (else
     Pallas interpret mode). ``context`` > 1: the sequence is in the zig-zag layout over that many
@@ -306,10 +346,11 @@ def splash_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, window: int
     if context > 1:
         from olmax.model.attention_cp import context_parallel_attention
 
-        local = functools.partial(_local_splash_split, scale=scale, block=block_size,
-                                  interpret=not native)
+        local = at_kernel_precision(functools.partial(_local_splash_split, scale=scale,
+                                                      block=block_size, interpret=not native), q.dtype)
         return context_parallel_attention(q, k, v, window, scale, context, segment_ids,
                                           local=local, head_stride=head_stride).astype(q.dtype)
-    fn = functools.partial(_local_splash, window=window, scale=scale, block=block_size,
-                           interpret=not native)
+    fn = at_kernel_precision(functools.partial(_local_splash, window=window, scale=scale,
+                                               block=block_size, interpret=not native,
+                                               fused_bwd=fused_bwd), q.dtype)
     return per_device_attention(fn, q, k, v, segment_ids).astype(q.dtype)
