@@ -32,5 +32,5 @@ if [[ -n "${OUT:-}" ]]; then
   ARGS=(--json "$OUT/tpu.json" --cases "$OUT/cases")
   exec > >(tee -a "$OUT/log.txt") 2>&1
 fi
-"$PY" -c 'import platform, jax; print(f"python {platform.python_version()}, jax {jax.__version__}")'
+"$PY" -c 'import platform; print(f"python {platform.python_version()}")'
 timeout "${TPU_BENCH_TIMEOUT:-530}" "$PY" benchmarks/tpu_bench.py "${ARGS[@]}" "$@"

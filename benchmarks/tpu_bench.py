@@ -103,6 +103,9 @@ def main() -> int:
     a = p.parse_args()
     t_start = time.perf_counter()
 
+    from olmax.reporting import route_startup_noise
+
+    route_startup_noise()          # JAX's Cloud TPU warnings (hugepages): not the table's business
     import jax
     import yaml
 

@@ -48,3 +48,34 @@ def test_bench_matmul_cli_json(tmp_path, capsys):
 def test_bench_train_bad_override(capsys):
     assert main(["bench", "train", "olmo3_tiny", "train.no_such_key=1", "--steps", "1"]) == 2
     assert "no_such_key" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_interleaved_legs_step_one_shared_state(tmp_path, capsys):
+    """``olmax bench ab``: two legs of the same settings step one training state in turn, so their
+    (1 warm-up + 2 rounds) x 2 = 6 steps are the 6 steps of one runner, loss for loss; a leg of
+    another micro-batch compiles its own program; the JSON names each leg's settings."""
+    from olmax.perf.bench import TrainStepRunner, interleave_steps
+
+    cfg = load_recipe("olmo3_tiny", TINY)
+    res = interleave_steps({"a": cfg, "b": cfg}, rounds=2, warmup=1)
+    alone = TrainStepRunner(cfg)
+    losses = []
+    for _ in range(6):
+        alone.run()
+        losses.append(float(alone.metrics["loss"]))
+    assert res["b"]["loss"] == losses[-1] and res["a"]["loss"] == losses[-2]
+    assert res["a"]["ratio_to_first"] == 1.0 and len(res["b"]["steps_s"]) == 2
+    out = tmp_path / "ab.json"
+    assert main(["bench", "ab", "olmo3_tiny", *TINY, "--leg", "one", "--leg", "two",
+                 "train.micro_batch_size=1", "--rounds", "1", "--json", str(out)]) == 0
+    legs = json.loads(out.read_text())["legs"]
+    assert (legs["one"]["micro_batch_size"], legs["two"]["micro_batch_size"]) == (2, 1)
+    assert legs["two"]["overrides"] == ["train.micro_batch_size=1"]
+    assert "| two | train.micro_batch_size=1 | 1 |" in capsys.readouterr().out
+
+
+def test_bench_ab_needs_two_named_legs(capsys):
+    assert main(["bench", "ab", "olmo3_tiny", "--leg", "only"]) == 2
+    assert "at least two legs" in capsys.readouterr().err
+    assert main(["bench", "ab", "olmo3_tiny", "--leg", "a", "--leg", "a"]) == 2

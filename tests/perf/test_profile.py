@@ -117,3 +117,39 @@ def test_bench_profile_command_on_a_tiny_shape(tmp_path, capsys):
     assert {"fwd", "bwd", "update"} <= {r["phase"] for r in p["ops"]}
     assert hlo_out.read_text().startswith("HloModule")
     assert main(["bench", "profile", "olmo3_tiny", "--json", str(out)]) == 2     # exists: refused
+
+
+class _Ev:
+    def __init__(self, name, start_ns, duration_ns):
+        self.name, self.start_ns, self.duration_ns = name, start_ns, duration_ns
+
+
+class _Line:
+    def __init__(self, name, events):
+        self.name, self.events = name, events
+
+
+class _Plane:
+    def __init__(self, name, lines):
+        self.name, self.lines = name, lines
+
+
+def test_a_tpu_timeline_gives_each_op_its_own_time_less_its_nested_ops():
+    """A TPU's ``XLA Ops`` line, hand-made: a loop of 100 us around two runs of a fusion (20 + 30 us)
+    and a copy (10 us), then a convolution (50 us) and the same fusion again (5 us); two module
+    runs of 90 + 80 us. Each op gets its own time (the loop only the 40 us its body leaves), runs
+    are counted, and another device's plane and the host's lines are not read."""
+    us = 1000
+    ops = [_Ev("while.3", 0, 100 * us), _Ev("%fusion.1", 10 * us, 20 * us), _Ev("copy.2", 30 * us, 10 * us),
+           _Ev("fusion.1", 50 * us, 30 * us), _Ev("convolution.4", 120 * us, 50 * us),
+           _Ev("fusion.1", 170 * us, 5 * us)]
+    tpu0 = _Plane("/device:TPU:0", [_Line("Steps", [_Ev("0", 0, 200 * us)]), _Line("XLA Ops", ops),
+                                    _Line("XLA Modules", [_Ev("jit_step(1)", 0, 90 * us),
+                                                          _Ev("jit_step(1)", 95 * us, 80 * us)])])
+    tpu1 = _Plane("/device:TPU:1", [_Line("XLA Ops", [_Ev("fusion.1", 0, 999 * us)])])
+    host = _Plane("/host:CPU", [_Line("tf_XLAPjRtCpuClient", [_Ev("fusion.1", 0, 777 * us)])])
+    agg, exec_ms = profile.device_op_events([host, tpu1, tpu0])
+    assert agg == {"while.3": [1, pytest.approx(0.040)], "fusion.1": [3, pytest.approx(0.055)],
+                   "copy.2": [1, pytest.approx(0.010)], "convolution.4": [1, pytest.approx(0.050)]}
+    assert exec_ms == pytest.approx(0.170)
+    assert profile.device_op_events([host]) is None

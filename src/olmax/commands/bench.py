@@ -10,6 +10,12 @@ key can be overridden, e.g. ``model.n_layers=4 train.seq_len=8192 train.attn_imp
 :mod:`olmax.perf.profile`): pass, source line, each op's rate against the matmul or bandwidth
 ceiling measured in the same process, and the step's floor estimate.
 
+``bench ab RECIPE [key=value ...] --leg NAME [key=value ...] --leg ...`` times two or more
+settings of one model side by side in this process (:func:`olmax.perf.bench.interleave_steps`):
+every leg compiled, then one step of each in turn for ``--rounds`` rounds, each leg's median
+step and its median per-round ratio to the first leg. The legs step one shared training state, so
+a device that holds a single copy of it (one TPU chip) compares them with no second process.
+
 ``bench matmul`` measures the ceiling: the best FLOP/s of a square matmul (fp32 accumulation).
 With ``--table OUT`` it measures the rates table that ``olmax plan`` prices a GPU's step with
 (:mod:`olmax.perf.gpu_rates`: GEMMs on a grid of shapes, cuDNN attention by sequence, head
@@ -25,7 +31,7 @@ import argparse
 from olmax.commands import HELP
 from olmax.errors import ConfigError
 from olmax.io import as_inputs, refuse_existing, refuse_outputs, write_json_atomic
-from olmax.perf.bench import bench_train, format_train, matmul_ceiling
+from olmax.perf.bench import bench_train, format_train, interleave_steps, matmul_ceiling
 from olmax.perf.profile import format_profile, profile_step
 from olmax.train.recipes import load_recipe
 
@@ -60,6 +66,17 @@ def add_parser(subparsers) -> None:
     pr.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
     pr.add_argument("--force", action="store_true", help="replace an existing --json or --hlo file")
     pr.set_defaults(func=run_profile)
+
+    ab = sub.add_parser("ab", help="settings of one model side by side, steps interleaved")
+    ab.add_argument("recipe", help="recipe name or YAML path")
+    ab.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of every leg")
+    ab.add_argument("--leg", nargs="+", action="append", required=True, metavar="NAME [key=value]",
+                    help="a leg: its name, then its own overrides (at least two legs)")
+    ab.add_argument("--rounds", type=int, default=6, help="timed rounds (default 6)")
+    ab.add_argument("--warmup", type=int, default=1, help="untimed steps of each leg (default 1)")
+    ab.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
+    ab.add_argument("--force", action="store_true", help="replace an existing --json file")
+    ab.set_defaults(func=run_ab)
 
     m = sub.add_parser("matmul", help="measured matmul ceiling (FLOP/s)")
     m.add_argument("--size", type=int, default=None, help="matrix size (default 8192; 1024 on CPU)")
@@ -109,6 +126,36 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.json_out:
         write_json_atomic(args.json_out, {"recipe": args.recipe, "overrides": list(args.overrides),
                                           **result}, overwrite=args.force)
+    return 0
+
+
+def run_ab(args: argparse.Namespace) -> int:
+    names = [leg[0] for leg in args.leg]
+    if len(names) < 2 or len(set(names)) != len(names) or any("=" in n for n in names):
+        raise ConfigError("--leg: at least two legs, each named first (a name without '='), "
+                          f"names distinct (got {names})")
+    if args.rounds < 1 or args.warmup < 0:
+        raise ConfigError(f"--rounds must be >= 1 and --warmup >= 0 (got {args.rounds}, {args.warmup})")
+    if args.json_out:
+        refuse_existing(args.json_out, args.force, flag="--json", inputs=as_inputs([args.recipe], "the recipe"))
+    cfgs = {leg[0]: load_recipe(args.recipe, [*args.overrides, *leg[1:]]) for leg in args.leg}
+    result = interleave_steps(cfgs, rounds=args.rounds, warmup=args.warmup)
+    first = cfgs[names[0]]
+    tokens = first.train.global_batch_size * first.train.seq_len
+    print(f"{args.recipe} {' '.join(args.overrides)}: {args.rounds} rounds, steps interleaved")
+    print("| leg | overrides | micro | remat | step ms | tokens/s | ratio to the first (median per round) |")
+    print("|---|---|---|---|---|---|---|")
+    for leg in args.leg:
+        r = result[leg[0]]
+        if "error" in r:
+            print(f"| {leg[0]} | {' '.join(leg[1:]) or '-'} | {r['error']} |||||")
+            continue
+        print(f"| {leg[0]} | {' '.join(leg[1:]) or '-'} | {r['micro_batch_size']} | {r['remat']} | "
+              f"{r['step_s'] * 1e3:.1f} | {tokens / r['step_s']:,.0f} | {r['ratio_to_first']:.3f} |")
+    if args.json_out:
+        write_json_atomic(args.json_out, {"recipe": args.recipe, "overrides": list(args.overrides),
+                                          "legs": {leg[0]: {"overrides": leg[1:], **result[leg[0]]}
+                                                   for leg in args.leg}}, overwrite=args.force)
     return 0
 
 

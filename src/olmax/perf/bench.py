@@ -150,7 +150,10 @@ class TrainStepRunner:
     not fit refused in one line); ``compile_s`` is the lowering + compilation of the step it runs,
     ``fit`` what was chosen and its compiled peak."""
 
-    def __init__(self, cfg: RunConfig, seed: int = 0):
+    def __init__(self, cfg: RunConfig, seed: int = 0, *, share: "TrainStepRunner | None" = None):
+        """``share``: another runner of the same model and batch shape whose state and batch this
+        one steps (its own compiled step, no second copy of the state on the device: how two
+        programs of one model are timed side by side on a device that holds one state)."""
         model_cfg, train_cfg = cfg.model, cfg.train
         b, t = train_cfg.global_batch_size, train_cfg.seq_len
         tx = build_optimizer(cfg.optim)
@@ -166,25 +169,73 @@ class TrainStepRunner:
         st = self.fit.training
         assert st is not None
         self.runtime, self.compiled, self.n_micro = st.runtime, self.fit.compiled, st.n_micro
+        self.lr = jnp.asarray(cfg.optim.lr, jnp.float32)
+        self.metrics: dict = {}
+        self._where = where
+        self._hints = memory_hints(train_cfg, self.fit.micro_batch_size, self.fit.remat)
+        self._share = share
+        if share is not None:
+            return
         self.state = st.fresh_state(None)      # init_params from the seed's key, on the device
         rng = np.random.default_rng(seed)
         tokens = jnp.asarray(rng.integers(0, model_cfg.vocab_size, (b, t)), jnp.int32)
         self.batch = {"tokens": jax.device_put(tokens, st.batch_shardings["tokens"]),
                       "instance_mask": jax.device_put(jnp.ones((b,), jnp.bool_),
                                                       st.batch_shardings["instance_mask"])}
-        self.lr = jnp.asarray(cfg.optim.lr, jnp.float32)
-        self.metrics: dict = {}
-        self._where = where
-        self._hints = memory_hints(train_cfg, self.fit.micro_batch_size, self.fit.remat)
 
     def run(self) -> float:
         """One step; returns its wall time in seconds. Out of device memory while running (what
         the compiled program's analysis did not foresee): :class:`DoesNotFit`."""
+        owner = self._share or self
         t0 = time.perf_counter()
         with raising_does_not_fit(self._where, self._hints):
-            self.state, self.metrics = self.compiled(self.state, self.batch, self.lr)
-            _sync((self.state, self.metrics))
+            owner.state, self.metrics = self.compiled(owner.state, owner.batch, self.lr)
+            _sync((owner.state, self.metrics))
         return time.perf_counter() - t0
+
+
+def interleave_steps(cfgs: dict[str, RunConfig], rounds: int = 6, warmup: int = 1,
+                     seed: int = 0) -> dict:
+    """A/B of training steps in this process, on one device: every leg's step compiled (the first
+    leg's state and batch on the device, the others stepping that same state: one copy of it,
+    however many programs), ``warmup`` steps of each, then ``rounds`` rounds of one step of
+    each leg in turn. Per leg: its settings, compile, every step's seconds, the median; per round,
+    each leg's time over the first leg's, and the median of those ratios (robust to the machine
+    drifting). The legs must share the model and the batch shape (what the state is); a leg after
+    the first that does not fit the device is reported (``error``) and left out."""
+    from olmax.device_memory import DoesNotFit
+
+    names = list(cfgs)
+    first = TrainStepRunner(cfgs[names[0]], seed)
+    runners = {names[0]: first}
+    refused: dict[str, str] = {}
+    for n in names[1:]:
+        c, c0 = cfgs[n], cfgs[names[0]]
+        if (c.model, c.train.global_batch_size, c.train.seq_len) != (
+                c0.model, c0.train.global_batch_size, c0.train.seq_len):
+            raise ConfigError(f"A/B leg {n!r}: its model or batch shape differs from {names[0]!r}'s")
+        try:
+            runners[n] = TrainStepRunner(c, seed, share=first)
+        except DoesNotFit as e:          # a leg that does not fit is reported, the others run
+            refused[n] = str(e)
+    names = [n for n in names if n not in refused]
+    for _ in range(warmup):
+        for r in runners.values():
+            r.run()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(rounds):
+        for n in names:
+            times[n].append(runners[n].run())
+    out = {}
+    for n in names:
+        r = runners[n]
+        ratios = [t / t0 for t, t0 in zip(times[n], times[names[0]])]
+        out[n] = {"micro_batch_size": r.fit.micro_batch_size, "remat": r.fit.remat,
+                  "peak_bytes": r.fit.peak_bytes, "compile_s": r.compile_s, "steps_s": times[n],
+                  "step_s": statistics.median(times[n]), "ratio_to_first": statistics.median(ratios),
+                  "loss": float(r.metrics["loss"]) if "loss" in r.metrics else None}
+    out.update({n: {"error": why} for n, why in refused.items()})
+    return out
 
 
 def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,

@@ -622,9 +622,33 @@ _ARRAY_DIMS_RE = re.compile(r"^\w+\[([0-9,]*)\]")
 _CONTRACTING_RE = re.compile(r"lhs_contracting_dims=\{([0-9,]*)\}")
 
 
+_DIM_LABELS_RE = re.compile(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)")
+_WINDOW_SIZE_RE = re.compile(r"window=\{size=([0-9x]+)")
+_FEATURE_GROUPS_RE = re.compile(r"feature_group_count=(\d+)")
+
+
+def _conv_contracted(ins, dims: dict[str, list[int]]) -> int:
+    """The products each output element of a ``convolution`` sums: the input features (the
+    lhs's ``f`` dimension, per feature group) times the window's size. A matmul written as a
+    convolution (``dim_labels=bf_io->bf``, no window) contracts its lhs's ``f``."""
+    m = _DIM_LABELS_RE.search(ins.text)
+    lhs = dims.get(_first_operand(ins))
+    if m is None or lhs is None or "f" not in m.group(1):
+        return 1
+    k = lhs[m.group(1).index("f")]
+    g = _FEATURE_GROUPS_RE.search(ins.text)
+    if g:
+        k //= max(1, int(g.group(1)))
+    w = _WINDOW_SIZE_RE.search(ins.text)
+    if w:
+        k *= math.prod(int(x) for x in w.group(1).split("x"))
+    return k
+
+
 def dot_flops(text: str) -> dict[str, float]:
     """Instruction name -> the FLOPs (2 x output elements x contracted elements) of the dots it
-    runs once: a ``dot``'s own, a fusion's those of the computation it calls."""
+    runs once: a ``dot``'s or ``convolution``'s own, a fusion's those of the computation it
+    calls."""
     comps, _ = parse(text)
     own: dict[str, float] = {}
     calls: dict[str, str] = {}
@@ -633,9 +657,15 @@ def dot_flops(text: str) -> dict[str, float]:
         dims: dict[str, list[int]] = {}
         for ins in instrs:
             m = _ARRAY_DIMS_RE.match(ins.shape.strip())
-            if m is None:            # a tuple
+            if m is not None:        # not a tuple
+                dims[ins.name] = [int(d) for d in m.group(1).split(",") if d]
+            if ins.opcode == "fusion":   # its dots are its body's, whatever its result (a tuple too)
+                called = called_computations(ins).get("calls", [])
+                if called:
+                    calls[ins.name] = called[0]
                 continue
-            dims[ins.name] = [int(d) for d in m.group(1).split(",") if d]
+            if m is None:
+                continue
             if ins.opcode == "dot":
                 lhs = _first_operand(ins)
                 cd = _CONTRACTING_RE.search(ins.text)
@@ -644,10 +674,9 @@ def dot_flops(text: str) -> dict[str, float]:
                     k *= dims.get(lhs, [1] * (int(c) + 1))[int(c)]
                 own[ins.name] = 2.0 * math.prod(dims[ins.name]) * k
                 comp_dots[cname] += own[ins.name]
-            elif ins.opcode == "fusion":
-                called = called_computations(ins).get("calls", [])
-                if called:
-                    calls[ins.name] = called[0]
+            elif ins.opcode == "convolution":   # a TPU's compiled matmuls are convolutions
+                own[ins.name] = 2.0 * math.prod(dims[ins.name]) * _conv_contracted(ins, dims)
+                comp_dots[cname] += own[ins.name]
     return {**own, **{n: comp_dots[c] for n, c in calls.items() if comp_dots.get(c)}}
 
 

@@ -142,7 +142,7 @@ def component(source: str, op_name: str) -> str:
         return "optimizer (clip, AdamW)"
     if "loss.py" in s or "logits_from_hidden" in s or "lm_head" in s or "lse_and_target" in s:
         return "LM head + loss"
-    if "attention" in s:
+    if "attention" in s or "splash" in s:
         return "attention"
     if "hidden_states" in s and ("take" in op_name or "scatter" in op_name or "gather" in op_name):
         return "embedding"
@@ -168,11 +168,15 @@ def profile_events(trace_dir: str) -> tuple[dict[str, list], float]:
     from jax.profiler import ProfileData
 
     path = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0]
+    planes = list(ProfileData.from_file(path).planes)
+    device = device_op_events(planes)
+    if device is not None:
+        return device
     starts: dict[str, list] = collections.defaultdict(list)
     ends: dict[str, list] = collections.defaultdict(list)
     exec_ms = 0.0
     window = None
-    for plane in ProfileData.from_file(path).planes:
+    for plane in planes:
         for line in plane.lines:
             for ev in line.events:
                 if line.name.startswith("tf_XLAPjRtCpuClient") and ev.name.startswith(
@@ -217,6 +221,52 @@ def profile_events(trace_dir: str) -> tuple[dict[str, list], float]:
         elif last_ended is not None:
             ms[last_ended] += (b - a) / 1e6
     return {n: [count[n], ms[n]] for n in count}, exec_ms
+
+
+_DEVICE_PLANE = re.compile(r"^/device:TPU:(\d+)$")
+
+
+def _op_name(event_name: str) -> str:
+    """The HLO instruction's name of a device op event: a TPU's events are named by the
+    instruction's whole text (``fusion.12 = bf16[...] fusion(...), kind=kOutput, ...``)."""
+    return event_name.split(" = ", 1)[0].strip().lstrip("%")
+
+
+def device_op_events(planes) -> tuple[dict[str, list], float] | None:
+    """Op name -> [runs, ms] from an accelerator's own timeline, and the time its programs ran
+    (ms); None where the trace has none (a CPU run).
+
+    A TPU's plane (``/device:TPU:0``; the first device when there are several: every device
+    runs the same program) has a line ``XLA Ops``, one event per HLO instruction the chip ran, and
+    ``XLA Modules``, one per program run. The chip runs one op at a time on its core, so each op's
+    ms is its own time on that line, less the time of the ops nested inside it (a loop or a
+    conditional is an event around its body's ops); the ms column then sums to the modules' time
+    less the gaps between ops."""
+    found = sorted(((int(m.group(1)), plane) for plane in planes
+                    if (m := _DEVICE_PLANE.match(plane.name))), key=lambda kv: kv[0])
+    for _, plane in found:
+        lines = {line.name: line for line in plane.lines}
+        if "XLA Ops" not in lines:
+            continue
+        events = sorted(((ev.start_ns, ev.start_ns + ev.duration_ns, _op_name(ev.name))
+                         for ev in lines["XLA Ops"].events), key=lambda e: (e[0], -e[1]))
+        count: collections.Counter = collections.Counter()
+        ms: dict[str, float] = collections.defaultdict(float)
+        stack: list[list] = []            # [end_ns, name, exclusive ns]
+        for s0, s1, name in [*events, (float("inf"), float("inf"), "")]:
+            while stack and stack[-1][0] <= s0:     # ops that ended before this one starts
+                _, done, own = stack.pop()
+                ms[done] += own / 1e6
+            if not name:
+                break
+            if stack:                     # nested: the parent's own time loses the child's
+                stack[-1][2] -= min(s1, stack[-1][0]) - s0
+            stack.append([s1, name, s1 - s0])
+            count[name] += 1
+        modules = lines.get("XLA Modules")
+        exec_ms = sum(ev.duration_ns for ev in modules.events) / 1e6 if modules is not None else sum(ms.values())
+        return {n: [count[n], ms[n]] for n in count}, exec_ms
+    return None
 
 
 GEMM_KERNELS = "GEMM micro-kernels (ynn::dot_*)"
@@ -339,7 +389,10 @@ def profile_step(cfg: RunConfig, steps: int = 3, *, hlo_out: str | None = None,
                      "phase": phase(info["op_name"]), "component": component(info["source"], info["op_name"])})
     rows.sort(key=lambda r: -r["ms"])
     total = sum(r["ms"] for r in rows)
-    ceil = matmul_ceiling(1024, dtype)
+    # An accelerator's matrix unit reaches its rate only on large products (a TPU's 8192^3 bf16
+    # product is the house's ceiling: olmax bench matmul); a CPU's on a 1024^3 GEMM.
+    accel = jax.default_backend() in ("tpu", "gpu")
+    ceil = matmul_ceiling(8192 if accel else 1024, dtype, iters=10)
     bws = bandwidth_ceilings()
     for r in rows:
         if not r["dot_flops"]:
@@ -371,7 +424,7 @@ def format_profile(p: dict, top: int = 25) -> str:
     dots = [r for r in rows if r["dot_flops"]]
     dot_ms, dot_f = sum(r["ms"] for r in dots), sum(r["dot_flops"] for r in dots)
     if dot_ms:
-        out.append(f"matmul ceiling (1024^3 {p['dtype']}, fp32 accumulation, best of 10): {ceil_g:.1f} GFLOP/s; "
+        out.append(f"matmul ceiling ({ceil['size']}^3 {ceil['dtype']}, fp32 accumulation): {ceil_g:.1f} GFLOP/s; "
                    f"ops with dots: {dot_f / 1e9:.1f} GFLOP in {dot_ms:.0f} ms = {dot_f / dot_ms / 1e6:.1f} "
                    f"GFLOP/s ({100 * dot_f / dot_ms / 1e6 / ceil_g:.0f} % of the ceiling), "
                    f"{100 * dot_ms / total:.0f} % of the step")
