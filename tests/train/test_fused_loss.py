@@ -116,3 +116,32 @@ def test_loss_chunk_length_holds_the_rows_per_device():
     assert loss_chunk(train, 1, None, Runtime(profile=cpu)) == 32
     assert loss_chunk(train, 2, None, Runtime(profile=cpu)) == 64
     assert loss_chunk(train, 2, None, Runtime(profile=tpu)) == 1024
+
+
+def test_loss_chunk_rows_overrides_the_profile_and_keeps_the_loss():
+    """``train.loss_chunk_rows``: rows of logits per chunk on a device, whatever the profile (8192
+    rows: 2048 positions for 4 sequences, 8192 for 1); the loss and its gradients over 4, 2 and 1
+    chunks of a 4 x 64 batch are equal up to the order of fp32 sums (1e-6 of the largest)."""
+    tpu = PROFILES["tpu"]
+    train = TrainConfig(seq_len=8192, global_batch_size=16, loss_chunk_rows=8192)
+    assert loss_chunk(train, 4, None, Runtime(profile=tpu)) == 2048
+    assert loss_chunk(train, 16, None, Runtime(profile=tpu)) == 8192
+    assert loss_chunk(TrainConfig(seq_len=8192, global_batch_size=16), 16, None, Runtime(profile=tpu)) == 1024
+    from olmax.model.olmo3 import seq_chunks
+
+    h = jax.random.normal(jax.random.key(0), (4, 64, 16), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (16, 40), jnp.float32) * 0.3
+    labels = jax.random.randint(jax.random.key(2), (4, 64), 0, 40)
+    kernels = KERNELS["reference"]
+    got = {}
+    for rows in (64, 128, 256):
+        chunk = loss_chunk(TrainConfig(seq_len=64, global_batch_size=4, loss_chunk_rows=rows), 1, None,
+                           Runtime(profile=tpu))
+        assert seq_chunks(h, chunk).shape[0] == 256 // rows
+        got[rows] = jax.value_and_grad(
+            lambda h, w, c=chunk: lm_loss(h, w, labels, z_loss_multiplier=1e-4, chunk_size=c,
+                                          kernels=kernels)[0], argnums=(0, 1))(h, w)
+    for rows in (64, 128):
+        for a, b in zip(jax.tree.leaves(got[rows]), jax.tree.leaves(got[256])):
+            a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+            assert np.max(np.abs(a - b)) <= 1e-6 * np.max(np.abs(b)), (rows, np.max(np.abs(a - b)))

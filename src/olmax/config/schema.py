@@ -340,6 +340,9 @@ class TrainConfig:
     # and the window's edge (OLMo 3 7B at 8,192: 1.06/1.12x the kept pairs at 512, 1.25/1.50x at
     # 2,048, full/windowed layers). MaxText's OLMo 3 launcher runs 2,048.
     splash_block: int = 512
+    # Splash's backward in one kernel (dq computed in the dk/dv kernel, the probabilities
+    # recomputed once instead of twice) instead of two; context parallelism keeps two.
+    splash_fused_bwd: bool = False
     # What the backward pass recomputes instead of storing (olmax.model.runtime.REMAT_POLICIES);
     # "auto": the policy of olmax.train.fit.REMAT_LADDER with the least recomputation that fits.
     remat: Remat = "none"
@@ -359,6 +362,11 @@ class TrainConfig:
     # (AI2's llama3 head_stride). None, or a stride that does not divide a device's key heads: all
     # heads at once.
     context_head_stride: int | None = None
+    # Rows of logits (positions x the micro-batch's sequences on a device) in one chunk of the
+    # fused LM head and loss (olmax.train.loss); None: the platform profile's rule
+    # (olmax.platforms.Profile.loss_chunk). The chunk's positions are the largest divisor of the
+    # sequence at most rows / sequences.
+    loss_chunk_rows: int | None = None
 
     def __post_init__(self) -> None:
         check_choices(self, "train")
@@ -373,7 +381,7 @@ class TrainConfig:
                               + ")")
         if not lengths:
             object.__setattr__(self, "max_steps", DEFAULT_MAX_STEPS)
-        check_positive(self, "train", "micro_batch_max", "watchdog_s", "context_head_stride",
+        check_positive(self, "train", "micro_batch_max", "watchdog_s", "context_head_stride", "loss_chunk_rows",
                        optional=True)
         check_number(self, "train", "memory_limit_gib", low=0, low_open=True, optional=True)
         if self.micro_batch_size != "auto":

@@ -50,13 +50,15 @@ NATIVE_BACKEND = {"splash": "tpu", "cudnn": "gpu"}
 
 def attention(q, k, v, window: int | None, scale: float, impl: str = "xla",
               backend: str | None = None, segment_ids: jnp.ndarray | None = None,
-              context: int = 1, head_stride: int | None = None, block: int = SPLASH_BLOCK) -> jnp.ndarray:
+              context: int = 1, head_stride: int | None = None, block: int = SPLASH_BLOCK,
+              fused_bwd: bool = False) -> jnp.ndarray:
     """Attention by the implementation ``impl`` in a program compiled by ``backend``;
     ``segment_ids`` [B, T] (None: one document per row) keeps it inside documents.
     ``context`` > 1 (only for :data:`olmax.model.attention_cp.SPLIT_IMPLS`): the sequence is in the
     zig-zag layout over that many context-parallel devices, each computing its own queries;
     ``head_stride``: key heads whose keys and values are gathered at a time (None: all);
-    ``block``: splash's query and key block (other implementations ignore it)."""
+    ``block``: splash's query and key block, ``fused_bwd``: its backward in one kernel (other
+    implementations ignore both; a context-parallel splash keeps two backward kernels)."""
     try:
         fn = IMPLEMENTATIONS[impl]
     except KeyError:
@@ -73,7 +75,7 @@ def attention(q, k, v, window: int | None, scale: float, impl: str = "xla",
                                           head_stride=head_stride)
     if impl == "splash":
         return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl],
-                  block_size=block)
+                  block_size=block, fused_bwd=fused_bwd)
     if impl in NATIVE_BACKEND:
         return fn(q, k, v, window, scale, segment_ids, native=backend == NATIVE_BACKEND[impl])
     return fn(q, k, v, window, scale, segment_ids)

@@ -86,7 +86,8 @@ def _attention_block(p: Params, x: jnp.ndarray, cfg: ModelConfig, window: int | 
     k = constrain(apply_rope(k, sin, cos), KV_HEADS)
     o = constrain(attention(q, k, v, window, cfg.head_dim ** -0.5, impl=rt.attn_impl, backend=rt.backend,
                             segment_ids=segment_ids, context=rt.context,
-                            head_stride=rt.context_head_stride, block=rt.splash_block), Q_HEADS)
+                            head_stride=rt.context_head_stride, block=rt.splash_block,
+                            fused_bwd=rt.splash_fused_bwd), Q_HEADS)
     return constrain(dense(o.reshape(b, t, cfg.q_dim), p["o_proj"]), HIDDEN)
 
 

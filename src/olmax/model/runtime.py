@@ -95,6 +95,8 @@ class Runtime:
     context_head_stride: int | None = None
     # Splash attention's query and key block (``train.splash_block``); other kernels ignore it.
     splash_block: int = DEFAULT_SPLASH_BLOCK
+    # Splash's backward in one kernel (``train.splash_fused_bwd``).
+    splash_fused_bwd: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_dtype", dtype_of(self.compute_dtype))
@@ -118,13 +120,15 @@ class Runtime:
         devices when compiling ahead of time), with ``changes`` to those fields."""
         return cls.resolve(**{"compute_dtype": train.compute_dtype, "attn_impl": train.attn_impl,
                               "remat": train.remat, "profile": train.profile,
-                              "float8": train.float8, "splash_block": train.splash_block, **changes},
+                              "float8": train.float8, "splash_block": train.splash_block,
+                              "splash_fused_bwd": train.splash_fused_bwd, **changes},
                            devices=devices)
 
     @classmethod
     def resolve(cls, compute_dtype: Any = "float32", attn_impl: str = "auto", remat: str = "none",
                 profile: str = "auto", devices: Iterable | None = None,
-                float8: bool = False, splash_block: int = DEFAULT_SPLASH_BLOCK) -> "Runtime":
+                float8: bool = False, splash_block: int = DEFAULT_SPLASH_BLOCK,
+                splash_fused_bwd: bool = False) -> "Runtime":
         """A runtime with the platform profile ``profile`` (``auto``: the devices' platform) for
         a program compiled for ``devices``. ``float8`` only where those devices have float8
         matmuls (:func:`olmax.platforms.float8_matmuls`; elsewhere a ConfigError)."""
@@ -136,7 +140,7 @@ class Runtime:
                               "matmuls (GPUs of compute capability 8.9+, TPU7x); "
                               "set train.float8: false")
         return cls(compute_dtype, attn_impl, remat, profile_for(profile, auto_profile(devices)), backend,
-                   float8, splash_block=splash_block)
+                   float8, splash_block=splash_block, splash_fused_bwd=splash_fused_bwd)
 
     @property
     def kernels(self) -> Kernels:

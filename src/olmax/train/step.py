@@ -92,6 +92,8 @@ def loss_chunk(train_cfg: TrainConfig, n_micro: int, mesh: Mesh | None, runtime:
     dp = 1 if mesh is None else data_parallel_size(mesh)
     local = [d for d in devices if d.process_index == jax.process_index()] or devices
     per_device = max(1, train_cfg.global_batch_size // (n_micro * dp))
+    if train_cfg.loss_chunk_rows is not None:
+        return max(1, train_cfg.loss_chunk_rows // per_device)
     return runtime.profile.loss_chunk(per_device, len(local))
 
 
