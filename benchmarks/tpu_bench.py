@@ -98,6 +98,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--budget-s", type=float, default=480, help="start no row after this many seconds")
     p.add_argument("--no-plan", action="store_true", help="measure only")
+    p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override added to every row (repeatable), e.g. train.splash_fused_bwd=true")
     p.add_argument("--json", dest="json_out")
     p.add_argument("--cases", help="write each row's calibration case (YAML) into this folder")
     a = p.parse_args()
@@ -135,7 +137,7 @@ def main() -> int:
     rows: list[dict] = []
     for name in a.rows.split(","):
         model, batch = (dict(TINY), 4) if tiny else ROWS[name]
-        args = overrides(model, batch, 64 if tiny else SEQ, tiny)
+        args = overrides(model, batch, 64 if tiny else SEQ, tiny) + a.extra
         if time.perf_counter() - t_start > a.budget_s:
             rows.append({"row": name, "args": args, "error": "not run: the time budget was spent"})
             continue

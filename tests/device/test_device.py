@@ -70,7 +70,7 @@ def refs() -> Path:
 # Splash against XLA's attention, both on the device
 
 
-def _attention_and_grads(impl, q, k, v, ct, windows, segment_ids=None, block=512):
+def _attention_and_grads(impl, q, k, v, ct, windows, segment_ids=None, block=512, fused_bwd=False):
     """Output and (dq, dk, dv) under ``ct`` for every window, compiled for the default backend
     (splash by Mosaic on a TPU, in Pallas interpret mode elsewhere)."""
     from olmax.model.attention import attention
@@ -80,7 +80,7 @@ def _attention_and_grads(impl, q, k, v, ct, windows, segment_ids=None, block=512
         for w in windows:
             out, vjp = jax.vjp(lambda q, k, v, w=w: attention(
                 q, k, v, w, q.shape[-1] ** -0.5, impl=impl, backend=jax.default_backend(),
-                segment_ids=segment_ids, block=block), q, k, v)
+                segment_ids=segment_ids, block=block, fused_bwd=fused_bwd), q, k, v)
             res.append((out, *vjp(ct)))
         return res
     return jax.jit(run)(q, k, v, ct)
@@ -92,11 +92,13 @@ def _err(a, truth) -> float:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("documents", [False, True])
-def test_splash_on_the_device_is_as_accurate_as_xla(dtype, documents):
+@pytest.mark.parametrize("documents,fused", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "documents", "documents-fused-bwd"])
+def test_splash_on_the_device_is_as_accurate_as_xla(dtype, documents, fused):
     """GQA heads of 128 over 2048 positions in splash's 512-blocks (block skipping on the diagonal
-    and the window's edge), a window of 768 and full attention, with and without documents. (On
-    the CPU, in Pallas interpret mode: 256 positions in 128-blocks, heads of 32.)"""
+    and the window's edge), a window of 768 and full attention, with and without documents, and
+    with the backward in one kernel (``train.splash_fused_bwd``) under the same bounds. (On the
+    CPU, in Pallas interpret mode: 256 positions in 128-blocks, heads of 32.)"""
     tpu = jax.default_backend() == "tpu"
     b, hq, hkv = 2, 4, 2
     t, d, block, windows = (2048, 128, 512, (768, None)) if tpu else (256, 32, 128, (96, None))
@@ -113,7 +115,7 @@ def test_splash_on_the_device_is_as_accurate_as_xla(dtype, documents):
                                      None if seg is None else jax.device_put(seg, cpu), block)
     cast = [x.astype(dtype) for x in (q, k, v, ct)]
     with jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
-        splash = _attention_and_grads("splash", *cast, windows, seg, block)
+        splash = _attention_and_grads("splash", *cast, windows, seg, block, fused_bwd=fused)
         xla = _attention_and_grads("xla", *cast, windows, seg, block)
     bad = []
     for w, s, x, tr in zip(windows, splash, xla, truth):
