@@ -294,9 +294,9 @@ def _local_splash_split(q, k, v, seg_q, seg_kv, *, window: int | None, halo: boo
 
 
 def at_kernel_precision(fn, dtype):
-    """``fn(q, k, v, *ids)`` (the kernels' call; ``ids``: integer segment ids, not
-    differentiated), forward and backward traced under JAX's default matmul precision when q is
-    16-bit; ``fn`` itself otherwise.
+    """``fn(q, k, v, *ids, **static)`` (the kernels' call; ``ids``: integer segment ids, not
+    differentiated; ``static``: Python settings), forward and backward traced under JAX's default
+    matmul precision when q is 16-bit; ``fn`` itself otherwise.
 
     Pallas dots take their precision from JAX's configuration when they are traced, and Mosaic
     refuses a 16-bit product at ``highest`` (its compile fails: "Bad lhs type"): a bf16 model run
@@ -308,15 +308,16 @@ def at_kernel_precision(fn, dtype):
     if jnp.dtype(dtype).itemsize > 2:
         return fn
 
-    def call(q, k, v, *ids):
+    def call(q, k, v, *ids, **static):
+        # ``static``: the call's Python settings (a context-parallel call's window, layout, size)
         @jax.custom_vjp
         def run(q, k, v, *ids):
             with jax.default_matmul_precision("default"):
-                return fn(q, k, v, *ids)
+                return fn(q, k, v, *ids, **static)
 
         def forward(q, k, v, *ids):
             with jax.default_matmul_precision("default"):
-                out, back = jax.vjp(lambda q, k, v: fn(q, k, v, *ids), q, k, v)
+                out, back = jax.vjp(lambda q, k, v: fn(q, k, v, *ids, **static), q, k, v)
             return out, back
 
         def backward(back, ct):
