@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from olmax.config import MeshConfig, RunConfig
-from olmax.device_memory import gib, raising_does_not_fit
+from olmax.device_memory import DoesNotFit, gib, raising_does_not_fit
 from olmax.errors import ConfigError
 from olmax.model.flops import flops_per_token, mfu, peak_flops
 from olmax.model.params import count_params
@@ -203,17 +203,16 @@ def interleave_steps(cfgs: dict[str, RunConfig], rounds: int = 6, warmup: int = 
     each leg's time over the first leg's, and the median of those ratios (robust to the machine
     drifting). The legs must share the model and the batch shape (what the state is); a leg after
     the first that does not fit the device is reported (``error``) and left out."""
-    from olmax.device_memory import DoesNotFit
-
     names = list(cfgs)
+    shape = lambda c: (c.model, c.train.global_batch_size, c.train.seq_len)  # noqa: E731
+    for n in names[1:]:                   # refused before anything compiles
+        if shape(cfgs[n]) != shape(cfgs[names[0]]):
+            raise ConfigError(f"A/B leg {n!r}: its model or batch shape differs from {names[0]!r}'s")
     first = TrainStepRunner(cfgs[names[0]], seed)
     runners = {names[0]: first}
     refused: dict[str, str] = {}
     for n in names[1:]:
-        c, c0 = cfgs[n], cfgs[names[0]]
-        if (c.model, c.train.global_batch_size, c.train.seq_len) != (
-                c0.model, c0.train.global_batch_size, c0.train.seq_len):
-            raise ConfigError(f"A/B leg {n!r}: its model or batch shape differs from {names[0]!r}'s")
+        c = cfgs[n]
         try:
             runners[n] = TrainStepRunner(c, seed, share=first)
         except DoesNotFit as e:          # a leg that does not fit is reported, the others run

@@ -389,10 +389,7 @@ def profile_step(cfg: RunConfig, steps: int = 3, *, hlo_out: str | None = None,
                      "phase": phase(info["op_name"]), "component": component(info["source"], info["op_name"])})
     rows.sort(key=lambda r: -r["ms"])
     total = sum(r["ms"] for r in rows)
-    # An accelerator's matrix unit reaches its rate only on large products (a TPU's 8192^3 bf16
-    # product is the house's ceiling: olmax bench matmul); a CPU's on a 1024^3 GEMM.
-    accel = jax.default_backend() in ("tpu", "gpu")
-    ceil = matmul_ceiling(8192 if accel else 1024, dtype, iters=10)
+    ceil = matmul_ceiling(dtype=dtype)      # the platform's size: 8192^3 on accelerators, 1024^3 on CPU
     bws = bandwidth_ceilings()
     for r in rows:
         if not r["dot_flops"]:
