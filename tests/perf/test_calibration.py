@@ -77,7 +77,7 @@ def test_an_olmax_tpu_case_is_estimated_by_olmax_plan(tmp_path, monkeypatch):
     its topology (what a user's plan says), kept like a compile and reused."""
     import importlib.util
 
-    from olmax.perf.plan import plan
+    from olmax.perf import plan as plan_module
     from olmax.train.recipes import load_recipe
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))     # its sibling modules
@@ -85,10 +85,20 @@ def test_an_olmax_tpu_case_is_estimated_by_olmax_plan(tmp_path, monkeypatch):
     cal = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cal)
     monkeypatch.setattr(cal, "COMPILES", tmp_path)
+    planned, real_plan = [], plan_module.plan   # each plan the script makes, with what it returned
+
+    def recorded(cfg, topology, *args, **kwargs):
+        planned.append((cfg, topology, args, kwargs, real_plan(cfg, topology, *args, **kwargs)))
+        return planned[-1][-1]
+
+    monkeypatch.setattr(plan_module, "plan", recorded)
     case = calibration_cases.validate(copy.deepcopy(TPU_OLMAX_CASE))
     first = cal.calibrate_case(case, "", rerun=False, compile_=True, timeout=600)
     assert first["status"] == "estimated", first
-    direct = plan(load_recipe("olmo3_tiny", TPU_OLMAX_CASE["peer"]["args"], find_mix=False), "v5e:1x1")
+    # one plan, of the case's recipe and overrides for its topology, as a user's plan is asked
+    [(cfg, topology, args, kwargs, direct)] = planned
+    assert (topology, args, kwargs) == ("v5e:1x1", (), {})
+    assert cfg == load_recipe("olmo3_tiny", TPU_OLMAX_CASE["peer"]["args"], find_mix=False)
     assert first["estimate"]["step_s"] == pytest.approx(direct.estimate["step_s"], rel=1e-9)
     again = cal.calibrate_case(case, "", rerun=False, compile_=False, timeout=600)   # the record
     assert again["estimate"]["step_s"] == first["estimate"]["step_s"]
