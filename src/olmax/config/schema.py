@@ -301,7 +301,7 @@ AttnImpl = Literal["auto", "xla", "chunked", "dot_product", "cudnn", "splash"]  
 PlatformProfile = Literal["auto", "cpu", "tpu", "gpu", "rocm"]   # olmax.platforms.PROFILE_NAMES
 # olmax.model.runtime.REMAT_POLICIES; "auto": the least recomputation that fits (olmax.train.fit)
 Remat = Literal["auto", "none", "full", "dots", "dots_no_batch", "save_outputs", "save_attn",
-                "save_proj"]
+                "save_proj", "save_kernels"]
 
 
 LENGTH_KEYS = ("max_steps", "max_epochs", "max_tokens")   # TrainConfig: one of them, the run's length

@@ -29,6 +29,7 @@ from olmax.errors import ConfigError
 from olmax.model.attention import IMPLEMENTATIONS
 from olmax.model.kernels import FLOAT8_KERNELS, KERNELS, Kernels
 from olmax.model.splash import DEFAULT_BLOCK as DEFAULT_SPLASH_BLOCK
+from olmax.model.splash import RESIDUALS as SPLASH_RESIDUALS
 from olmax.platforms import Profile, auto_profile, backend_of, float8_matmuls, profile_for
 
 COMPUTE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -36,13 +37,10 @@ COMPUTE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat
 
 def _save_names_and_kernels(*names: str):
     """Save the values named ``names`` (``checkpoint_name`` in :mod:`olmax.model.olmo3`) and the
-    outputs of Pallas kernels -- splash attention's output and softmax statistics, so that its
-    forward kernel does not run again in the backward pass."""
-    by_name = jax.checkpoint_policies.save_only_these_names(*names)
-
-    def policy(prim, *args, **params):
-        return prim.name == "pallas_call" or by_name(prim, *args, **params)
-    return policy
+    residuals of the attention kernel -- splash's output and softmax statistics, by their name
+    (:data:`olmax.model.splash.RESIDUALS`), so that its forward kernel does not run again in the
+    backward pass."""
+    return jax.checkpoint_policies.save_only_these_names(*names, SPLASH_RESIDUALS)
 
 
 # Per-layer rematerialisation (``jax.checkpoint`` around each layer; its input is always kept).
@@ -61,6 +59,10 @@ REMAT_POLICIES = {
     # every projection's output and the attention kernel: only element-wise work is recomputed
     "save_proj": _save_names_and_kernels("q_proj", "k_proj", "v_proj", "attn_out", "mlp_gate",
                                          "mlp_up", "mlp_out"),
+    # ``full`` but for the attention kernel's output and softmax statistics (one activation and a
+    # row of statistics per layer): the backward pass recomputes every matmul, never the forward
+    # kernel. Where attention is not a Pallas kernel (splash), this is ``full``.
+    "save_kernels": _save_names_and_kernels(),
 }
 
 

@@ -29,6 +29,12 @@ block by block (online softmax in fp32 scratch, bf16 or fp32 matmul operands) an
   traced, with equal shapes (no grid shrinking), and the device picks its own by its index in the
   context group. Query and key lengths then differ, with a block each (``min(512, length)``).
 
+- the residuals the backward kernels read, the output and its softmax statistics (one fp32 per
+  query row and head), named ``RESIDUALS`` (the kernel's ``residual_checkpoint_name``), so that a
+  rematerialisation policy keeps them by that name (``olmax.model.runtime``). The forward kernel
+  itself writes the statistics 128 lanes wide; a policy that kept the kernel's raw outputs would
+  keep 128 copies of each (for ``olmo3-600m`` at 8 x 4096 tokens, 256 MiB a layer).
+
 In a program compiled for TPU (``native``) the kernel is compiled by Mosaic; elsewhere it runs in
 Pallas interpret mode (exact, slow: how the TPU profile's code path is tested on CPU), which is
 logged once. Any sequence length the model accepts is padded inside, as above. The kernel's FLOPs are not visible to XLA's cost analysis, so
@@ -52,6 +58,7 @@ log = logging.getLogger(__name__)
 
 LANES = 128
 DEFAULT_BLOCK = 512
+RESIDUALS = "splash_residuals"   # checkpoint name of the kernel's output and softmax statistics
 # Matmuls per visited (query block, key block) pair: forward QK^T and PV; backward dq kernel
 # QK^T (recomputed), dO V^T, dS K; dkv kernel QK^T (recomputed), P^T dO, dO V^T, dS^T Q.
 MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
@@ -89,7 +96,7 @@ def _kernel(tp: int, t: int, window: int | None, heads: int, block: int, interpr
     mask = m.MultiHeadMask([_mask(tp, t, window) for _ in range(heads)])
     with jax.ensure_compile_time_eval():  # concrete mask tables, safe to cache across traces
         return sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                  interpret=interpret)
+                                  residual_checkpoint_name=RESIDUALS, interpret=interpret)
 
 
 @functools.lru_cache(maxsize=256)
@@ -233,7 +240,7 @@ def _split_tables(tq_p: int, tkv_p: int, coords: tuple, window: int | None, head
         if first is None:    # the kernel's static arguments, as splash's own constructor sets them
             with jax.ensure_compile_time_eval():
                 first = sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                           interpret=interpret)
+                                           residual_checkpoint_name=RESIDUALS, interpret=interpret)
     tables = jax.tree.map(lambda *xs: _small_ints(np.stack(xs)), *infos)
     return tables, first.kwargs
 
