@@ -126,8 +126,8 @@ def test_visited_blocks_and_flops():
 def test_save_policies_keep_the_kernel_outputs():
     """Under ``remat=full`` the backward pass runs the forward kernel again (4 kernel calls per
     layer: forward, its recompute, dq, dkv); ``save_kernels``, ``save_attn`` and ``save_proj``
-    keep its output and softmax statistics (3 calls). (``tests/model/test_remat_scan.py`` checks that every policy
-    gives the same gradients.)"""
+    keep its output and softmax statistics (3 calls). (``tests/model/test_remat_scan.py`` checks
+    that every policy gives the same gradients.)"""
     from olmax.config import ModelConfig
     from olmax.model import olmo3
     from olmax.model.params import abstract_params
@@ -173,6 +173,7 @@ def test_save_policies_keep_the_kernel_residuals_compact():
 
     def saved(remat):
         runtime = Runtime(attn_impl="splash", remat=remat, compute_dtype=jnp.bfloat16)
+
         def f(p):
             return jnp.sum(olmo3.hidden_states(p, tokens, cfg, runtime).astype(jnp.float32))
 

@@ -27,8 +27,7 @@ block by block (online softmax in fp32 scratch, bf16 or fp32 matmul operands) an
   the causal / local mask evaluated at the queries' true positions (the kernel's ``q_sequence``);
   where it differs between devices, each device's mask tables are built when the program is
   traced, with equal shapes (no grid shrinking), and the device picks its own by its index in the
-  context group. Query and key lengths then differ, with a block each (``min(512, length)``).
-
+  context group. Query and key lengths then differ, with a block each (``min(512, length)``);
 - the residuals the backward kernels read, the output and its softmax statistics (one fp32 per
   query row and head), named ``RESIDUALS`` (the kernel's ``residual_checkpoint_name``), so that a
   rematerialisation policy keeps them by that name (``olmax.model.runtime``). The forward kernel
