@@ -8,7 +8,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
-from olmax.device_memory import DoesNotFit, as_does_not_fit, parse_oom, raising_does_not_fit
+from olmax.device_memory import (DoesNotFit, as_does_not_fit, compiler_remat_ops, parse_oom,
+                                 raising_does_not_fit)
 from olmax.reporting import describe_error, exit_code
 
 G, M = 2 ** 30, 2 ** 20
@@ -24,6 +25,13 @@ FORMATS = [
     # a kernel's blocks larger than the core's vector memory
     ("RESOURCE_EXHAUSTED: Ran out of memory in memory space vmem. Used 40.00M of 16.00M vmem.",
      "compile", 40 * M, 16 * M, "vmem"),
+    # a kernel's blocks over the core's scoped VMEM (libtpu, splash at blocks of 2,048, heads of 64)
+    ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:\nRan out of memory in memory space vmem "
+     "while allocating on stack for %splash_mha_dkv_no_residuals.16 = (bf16[8,4096,64]{2,1,0:T(8,128)"
+     "(2,1)S(1)}, bf16[8,4096,64]{2,1,0:T(8,128)(2,1)S(1)}) custom-call(%get-tuple-element.12230."
+     "data_next_ref), custom_call_target=\"tpu_custom_call\". Scoped allocation with size 19.89M and "
+     "limit 16.00M exceeded scoped vmem limit by 3.89M. It should not be possible to run out of "
+     "scoped vmem - ", "compile", int(19.89 * M), 16 * M, "vmem"),
     # TPU runtime: one allocation
     ("RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 8.00G. That was "
      "not possible. There are 3.12G free.; (0x0x0_HBM0)", "run", 8 * G, int(3.12 * G), "hbm"),
@@ -74,3 +82,47 @@ def test_a_real_allocation_failure_is_exit_2_and_one_line():
                                          r"16384.00 GiB .*; to lower it: --batch \(now 8\)$"):
         with raising_does_not_fit("the forward pass", ["--batch (now 8)"]):
             jnp.zeros((2 ** 42,), jnp.float32).block_until_ready()
+
+
+def test_a_kernels_scoped_vmem_names_the_kernel_and_never_claims_zero_bytes():
+    """libtpu's scoped-VMEM refusal names the kernel whose blocks overflow the core's memory; a
+    refusal that gives no figure says so instead of claiming 0 bytes."""
+    message = FORMATS[3][0]
+    assert parse_oom(message).kernel == "splash_mha_dkv_no_residuals"
+    line = str(as_does_not_fit(RuntimeError(message), "the step (1 x TPU v5 lite)",
+                               ["train.micro_batch_size (now 4)"]))
+    assert line == ("does not fit: the step (1 x TPU v5 lite): its kernel splash_mha_dkv_no_residuals "
+                    "needs 19.9 MiB of on-chip vector memory (VMEM) per device, 16.0 MiB available; "
+                    "to lower it: train.splash_block (a smaller block)")
+    bare = "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: out of scoped vmem"
+    assert (parse_oom(bare).space, parse_oom(bare).needed) == ("vmem", 0)
+    line = str(as_does_not_fit(RuntimeError(bare), "the step"))
+    assert "0.0 MiB" not in line and "the compiler gave no figure" in line
+
+
+class _Text:
+    def __init__(self, text):
+        self.text = text
+
+    def as_text(self):
+        return self.text
+
+
+def test_the_compilers_own_recomputation_is_counted_by_instruction():
+    """XLA's rematerialization pass names each clone after the instruction it recomputes
+    (``NAME.remat``, then ``NAME.remat2`` ...): distinct clones are counted, their uses are not."""
+    text = """HloModule jit_step, is_scheduled=true
+ENTRY %main {
+  %fusion.12.remat = bf16[1,4096,4096]{2,1,0:T(8,128)(2,1)} fusion(bf16[4096,1024] %p0), kind=kLoop
+  %convolution_add_fusion.3.remat2 = f32[4096,1024]{1,0:T(8,128)} fusion(%fusion.12.remat), kind=kOutput
+  %add.7 = f32[4096,1024]{1,0} add(%convolution_add_fusion.3.remat2, %fusion.12.remat)
+  ROOT %tuple.1.remat = (f32[4096,1024]{1,0}) tuple(%add.7)
+  %not_a_clone_remat.5 = f32[] constant(0)
+}"""
+    assert compiler_remat_ops(_Text(text)) == 3
+    assert compiler_remat_ops(_Text("HloModule m\nENTRY %e { ROOT %a = f32[] constant(1) }")) == 0
+
+    class NoText:
+        def as_text(self):
+            raise RuntimeError("no text")
+    assert compiler_remat_ops(NoText()) is None

@@ -8,6 +8,9 @@ words, at compile time and at run time, on each platform; :func:`parse_oom` read
 - TPU, compile time: ``Ran out of memory on HBM, the total memory required for HLO temporaries
   (59.00G) exceeds available HBM (15.75G)``; ``Ran out of memory in memory space hbm. Used 20.53G
   of 15.48G hbm. Exceeded hbm capacity by 5.05G.`` (``vmem`` for a kernel's on-chip memory);
+- TPU, compile time, a kernel's scoped on-chip memory: ``CompileTimeScopedVmemOom: Ran out of
+  memory in memory space vmem while allocating on stack for %splash_mha_dkv_no_residuals.16 = ...
+  Scoped allocation with size 19.89M and limit 16.00M exceeded scoped vmem limit by 3.89M``;
 - TPU, run time: ``Error allocating device buffer: Attempting to allocate 8.00G. That was not
   possible. There are 3.12G free.``; ``Attempting to reserve 12.83G at the bottom of memory. That
   was not possible. There are 9.19G free, 0B reserved, and 9.19G reservable.``;
@@ -43,6 +46,7 @@ def _bytes(number: str, unit: str) -> int:
 # (pattern, what the first and second number are): "need"/"have" of a whole program at compile
 # time, or "alloc"/"free" of one allocation at run time
 _PATTERNS = (
+    (re.compile(r"Scoped allocation with size " + _SIZE + r" and limit " + _SIZE, re.I), "compile"),
     (re.compile(r"\(" + _SIZE + r"\)\s*exceeds available (HBM|VMEM) \(" + _SIZE + r"\)", re.I),
      "compile"),
     (re.compile(r"Used " + _SIZE + r" of " + _SIZE + r" (hbm|vmem|smem)", re.I), "compile"),
@@ -64,19 +68,26 @@ class OutOfMemory:
     needed: int
     available: int | None
     space: str = "hbm"
+    kernel: str | None = None     # the kernel whose scoped VMEM ran out, where the message names it
 
 
 def parse_oom(message: str) -> OutOfMemory | None:
     """The out-of-memory error ``message`` reports (see the module docstring), else None."""
     text = str(message)
-    for pattern, when in _PATTERNS:
+    if re.search(r"ScopedVmemOom|Scoped allocation with size", text, re.I):   # a kernel's blocks overflow the core's scoped VMEM: no figure is a figure of 0
+        kernel = re.search(r"allocating on stack for %([A-Za-z_][\w]*?)(?:\.\d+)?\s*=", text)
+        m = _PATTERNS[0][0].search(text)
+        return OutOfMemory("compile", _bytes(*m.groups()[:2]) if m else 0,
+                           _bytes(*m.groups()[2:4]) if m else None, "vmem",
+                           kernel.group(1) if kernel else None)
+    for pattern, when in _PATTERNS[1:]:
         m = pattern.search(text)
         if not m:
             continue
         g = m.groups()
-        if pattern is _PATTERNS[0][0]:
-            return OutOfMemory(when, _bytes(g[0], g[1]), _bytes(g[3], g[4]), g[2].lower())
         if pattern is _PATTERNS[1][0]:
+            return OutOfMemory(when, _bytes(g[0], g[1]), _bytes(g[3], g[4]), g[2].lower())
+        if pattern is _PATTERNS[2][0]:
             return OutOfMemory(when, _bytes(g[0], g[1]), _bytes(g[2], g[3]), g[4].lower())
         if len(g) >= 4:
             return OutOfMemory(when, _bytes(g[0], g[1]), _bytes(g[2], g[3]))
@@ -110,9 +121,10 @@ class DoesNotFit(OlmaxError):
 
     def __init__(self, needed: int, available: int | None, where: str,
                  hints: Iterable[str] = (), *, when: str = "compile", space: str = "hbm",
-                 source: str | None = None):
+                 source: str | None = None, kernel: str | None = None):
         self.needed, self.available, self.where, self.when, self.space = (
             needed, available, where, when, space)
+        self.kernel = kernel
         self.source = source
         self.hints = list(hints)
         super().__init__(self.describe())
@@ -127,7 +139,10 @@ class DoesNotFit(OlmaxError):
         else:
             limit = ("no limit known" if self.available is None else
                      f"{gib(self.available)} available" + (f" ({self.source})" if self.source else ""))
-            text = f"does not fit: {self.where} needs {gib(self.needed)} of {memory} per device, {limit}"
+            what = f"{self.where}: its kernel {self.kernel}" if self.kernel else self.where
+            need = (f"needs {gib(self.needed)} of {memory} per device, {limit}" if self.needed else
+                    f"needs more {memory} per device than there is ({limit}; the compiler gave no figure)")
+            text = f"does not fit: {what} {need}"
         if self.hints:
             text += "; to lower it: " + ", ".join(self.hints)
         return text
@@ -141,7 +156,8 @@ def as_does_not_fit(exc: BaseException, where: str, hints: Iterable[str] = ()) -
     hints = list(hints)
     if oom.space == "vmem":   # a kernel's blocks, not the batch
         hints = ["train.splash_block (a smaller block)"]
-    return DoesNotFit(oom.needed, oom.available, where, hints, when=oom.when, space=oom.space)
+    return DoesNotFit(oom.needed, oom.available, where, hints, when=oom.when, space=oom.space,
+                      kernel=oom.kernel)
 
 
 class raising_does_not_fit:
@@ -173,6 +189,25 @@ def compiled_peak(compiled: Any, platform: str) -> int:
     alias, code = ma.alias_size_in_bytes, ma.generated_code_size_in_bytes
     peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0) if platform != "cpu" else 0
     return peak or int(arg + out - alias + tmp + code)
+
+
+_REMAT_CLONE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+\.remat\d*)\s*=", re.M)
+
+
+def compiler_remat_ops(compiled: Any) -> int | None:
+    """How many instructions of a compiled program the compiler itself recomputes: XLA's
+    rematerialization pass clones an instruction (``NAME.remat``, ``NAME.remat2``, ...) to compute
+    it again later when the program's buffers, as written, exceed the device's memory. Such a
+    program fits by recomputing work, and runs slower than its FLOPs say (a larger micro-batch
+    that the compiler squeezes in can be slower than a smaller one). None where the compiled text
+    cannot be read."""
+    try:
+        text = compiled.as_text()
+    except Exception:  # some executables have no text
+        return None
+    if not isinstance(text, str):
+        return None
+    return len(set(_REMAT_CLONE.findall(text)))
 
 
 def resident_bytes(compiled: Any) -> int:
@@ -254,5 +289,5 @@ def device_limit(device: Any, backend: str) -> tuple[int | None, str]:
 
 
 __all__ = ["DoesNotFit", "OutOfMemory", "parse_oom", "oom_of", "as_does_not_fit",
-           "raising_does_not_fit", "compiled_peak", "resident_bytes", "device_limit", "hbm_bytes", "usable_hbm",
+           "raising_does_not_fit", "compiled_peak", "compiler_remat_ops", "resident_bytes", "device_limit", "hbm_bytes", "usable_hbm",
            "mem_fraction", "MEM_FRACTION", "MEM_FRACTION_ENV", "HBM_BYTES", "GiB", "gib"]
