@@ -189,7 +189,9 @@ def main() -> int:
                        ("n/a" if est is None else f"{est * 1e3:.0f} ({est / r['step_s']:.2f})"))
         else:
             planned = "n/a"
-        print(f"| {r['row']} | {r['batch']} x {r['seq_len']} | {r['micro_batch_size']} | {r['remat']} | "
+        remat = r["remat"] + (f" ({r['compiler_remat_ops']} recomputed by the compiler)"
+                              if r.get("compiler_remat_ops") else "")
+        print(f"| {r['row']} | {r['batch']} x {r['seq_len']} | {r['micro_batch_size']} | {remat} | "
               f"{r['step_s'] * 1e3:.0f} | {r['tokens_per_s']:,.0f} | {pct(r['mfu_causal'])} | "
               f"{pct(r['mfu_olmo_core'])} | {pct(r['pct_of_ceiling_causal'])} | "
               f"{gib(r['peak_memory_bytes'])} / {gib(r['memory_limit_bytes'])} | "

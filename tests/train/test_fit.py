@@ -146,3 +146,71 @@ def test_a_resumed_run_keeps_the_micro_batches_it_chose(token_files, tmp_path, c
     fresh = tmp_path / "fresh"
     assert main([*common[:3], str(fresh), *common[4:], "train.max_steps=1"]) == 0
     assert json.loads((fresh / "fit.json").read_text())["micro_batch_size"] == 8
+
+
+class _Recomputing:
+    """A compiled step as a compiler that fits programs above ``size`` by recomputing some of their
+    instructions would return it: the same program and memory analysis, its text with clones."""
+
+    def __init__(self, compiled, size: int):
+        self.compiled, self.size = compiled, size
+
+    def memory_analysis(self):
+        return self.compiled.memory_analysis()
+
+    def as_text(self):
+        text = self.compiled.as_text()
+        if compiled_peak(self.compiled, "cpu") > self.size:
+            text += "\n  %fusion.1.remat = f32[8]{0} fusion(f32[8]{0} %p), kind=kLoop\n"
+        return text
+
+    def __call__(self, *args):
+        return self.compiled(*args)
+
+
+@pytest.mark.slow
+def test_auto_takes_what_fits_as_written_before_what_the_compiler_squeezes_in():
+    """Every micro-batch fits the limit, but the compiler recomputes instructions of those above
+    micro-batch 2 (as libtpu did for the 370m on a v5e chip at micro-batch 2, which ran 7 % slower
+    than micro-batch 1): auto takes the largest that fits as written, and a limit under which every
+    candidate needs the compiler's recomputation still gets the largest that fits at all."""
+    p2, p4 = compiled_peak(_compiled(2)[1], "cpu"), compiled_peak(_compiled(4)[1], "cpu")
+    mesh = make_mesh(MeshConfig(), jax.devices()[:1])
+    train = replace(TRAIN, micro_batch_size="auto")
+
+    def fit(size):
+        return fit_step(MODEL, train, TX, mesh, jax.random.key(0), lambda st: abstract_batch(st, B, T),
+                        where="the step", limit=(10 * p4, "given"),
+                        compile_fn=lambda lowered: _Recomputing(lowered.compile(), size))
+
+    chosen = fit((p2 + p4) // 2)
+    assert (chosen.micro_batch_size, chosen.compiler_remat_ops) == (2, 0)
+    assert [(t.micro_batch_size, t.fits, t.compiler_remat_ops) for t in chosen.trials] == [
+        (8, True, 1), (1, True, 0), (4, True, 1), (2, True, 0)]
+    assert chosen.record()["compiler_remat_ops"] == 0
+    assert "(1 recomputed by the compiler)" in chosen.summary()
+    squeezed = fit(0)       # every candidate recomputed: the largest that fits at all
+    assert (squeezed.micro_batch_size, squeezed.compiler_remat_ops) == (8, 1)
+    assert len(squeezed.trials) == 2     # 8 and 1, each compiled once over both searches
+
+
+def test_a_kernels_on_chip_memory_is_refused_at_once():
+    """A kernel's blocks that overflow the core's scoped VMEM do not fit at any micro-batch or
+    policy: the first candidate's refusal is the answer, in one line naming the block."""
+    compiles = []
+
+    def refuse(lowered):
+        compiles.append(1)
+        raise RuntimeError("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: Ran out of memory in "
+                           "memory space vmem while allocating on stack for %splash_mha_fwd.3 = (). "
+                           "Scoped allocation with size 19.89M and limit 16.00M exceeded")
+
+    mesh = make_mesh(MeshConfig(), jax.devices()[:1])
+    with pytest.raises(DoesNotFit) as info:
+        fit_step(MODEL, replace(TRAIN, micro_batch_size="auto", remat="auto"), TX, mesh,
+                 jax.random.key(0), lambda st: abstract_batch(st, B, T), where="the step",
+                 limit=(2 ** 40, "given"), compile_fn=refuse)
+    assert len(compiles) == 1 and info.value.exit_code == 2
+    assert str(info.value) == ("does not fit: the step: its kernel splash_mha_fwd needs 19.9 MiB of "
+                               "on-chip vector memory (VMEM) per device, 16.0 MiB available; to "
+                               "lower it: train.splash_block (a smaller block)")

@@ -116,6 +116,9 @@ class TrainBench:
     device_peak_kind: str
     fit_trials: list
     final_loss: float
+    # instructions of the step the compiler recomputes to fit (None: not read; see
+    # olmax.device_memory.compiler_remat_ops)
+    compiler_remat_ops: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -287,7 +290,8 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
         peak_memory_kind=PEAK_KIND_CPU if device.platform == "cpu" else PEAK_KIND,
         memory_limit_bytes=fit.limit_bytes, memory_limit_source=fit.limit_source,
         device_peak_bytes=counter, device_peak_kind=counter_kind,
-        fit_trials=[tr.to_dict() for tr in fit.trials], final_loss=float(metrics["loss"]))
+        fit_trials=[tr.to_dict() for tr in fit.trials], final_loss=float(metrics["loss"]),
+        compiler_remat_ops=fit.compiler_remat_ops)
 
 
 def _write_text(path: str, text: str) -> None:
@@ -318,6 +322,9 @@ def format_train(r: TrainBench) -> str:
         f"peak memory       {gib(r.peak_memory_bytes)} of {gib(r.memory_limit_bytes)} "
         f"({r.memory_limit_source}): {r.peak_memory_kind}",
         f"device counter    {gib(r.device_peak_bytes)} ({r.device_peak_kind})",
+        *([f"recomputed        {r.compiler_remat_ops} instructions recomputed by the compiler to fit "
+           "(XLA's rematerialization: the step runs slower than its FLOPs say)"]
+          if r.compiler_remat_ops else []),
         f"loss (last step)  {r.final_loss:.4f}",
     ]
     return "\n".join(lines)

@@ -146,6 +146,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     where = (f"the step ({topology or dev.platform} x{n}, batch {b} x {t}, remat={train.remat}, "
              f"attn={st.runtime.attn_impl}, profile={st.runtime.profile_name})")
     memory = _memory(compiled, dev, where, memory_hints(train, fit.micro_batch_size, fit.remat))
+    memory["compiler_remat_ops"] = fit.compiler_remat_ops
     text = compiled.as_text()
     if hlo_out:
         write_bytes_atomic(hlo_out, text.encode())
@@ -413,6 +414,9 @@ def format_plan(p: Plan) -> str:
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     fit = ("n/a" if m["fits"] is None else
            ("fits" if m["fits"] else "DOES NOT FIT") + f", headroom {pct(m['headroom'])}")
+    if m.get("compiler_remat_ops"):
+        fit += (f", with {m['compiler_remat_ops']} instructions recomputed by the compiler "
+                "(XLA's rematerialization: slower than its FLOPs say)")
     rows = [
         ("target", f"{p.topology or 'local devices'}: {p.num_devices} x {p.device_kind} "
                    f"({d['chips']} chips), mesh {d['mesh']}"),
