@@ -161,9 +161,11 @@ def _tree(template, arrays: dict, prefix: str):
         treedef, [jnp.asarray(arrays[prefix + jax.tree_util.keystr(p)]) for p, _ in paths])
 
 
-def test_olmo_core_trajectory_on_the_tpu_profile(refs):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-bwd", "two-kernel-bwd"])
+def test_olmo_core_trajectory_on_the_tpu_profile(refs, fused):
     """24 steps from OLMo-core's initial weights on its batches (micro-batches of 2, a masked
-    instance, a loss spike the skip rule rejects), at the 7B TPU recipes' remat (save_proj)."""
+    instance, a loss spike the skip rule rejects), at the 7B TPU recipes' remat (save_proj), with
+    splash's backward in one kernel (the default) and in two."""
     from helpers.olmo_core import B, CFG, MICRO, OPT, PEAK_LR, SCHED, SPIKE_STEP, STEPS, T
     from olmax.config import TrainConfig
     from olmax.model.params import abstract_params
@@ -176,7 +178,7 @@ def test_olmo_core_trajectory_on_the_tpu_profile(refs):
         ref = {k: z[k] for k in z.files}
     params = _tree(abstract_params(CFG), ref, "params")
     train = TrainConfig(seq_len=T, global_batch_size=B, micro_batch_size=MICRO, max_steps=STEPS,
-                        profile="tpu", remat="save_proj", attn_impl="auto")
+                        profile="tpu", remat="save_proj", attn_impl="auto", splash_fused_bwd=fused)
     tx = skip_step_adamw(OPT)
     schedule = build_schedule(SCHED, PEAK_LR, STEPS)
     with jax.default_matmul_precision("highest"):

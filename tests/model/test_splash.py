@@ -118,6 +118,11 @@ def test_visited_blocks_and_flops():
     f = kernel_flops(8192, None, 32, 128, 1, "fwd")
     assert f == 2 * 2 * 512 * 512 * 128 * 136 * 32
     assert kernel_flops(8192, None, 32, 128, 1, "dkv") == 2 * f
+    # the backward in one kernel: dkv's 4 matmuls and dq's dS K, where the two kernels run 4 + 3
+    assert kernel_flops(8192, None, 32, 128, 1, "dkv", fused=True) == 5 * f // 2
+    assert kernel_flops(8192, None, 32, 128, 1, "dq", fused=True) == 3 * f // 2
+    assert parse_scope("jit(step)/olmax_splash_t8192_wfull_h32_d128_b1_bs512_fused/splash_mha_dkv") == {
+        "t": 8192, "window": None, "heads": 32, "head_dim": 128, "batch": 1, "block": 512, "fused": True}
     assert parse_scope("jit(step)/olmax_splash_t8192_w4096_h32_d128_b1_bs512/splash_mha_fwd") == {
         "t": 8192, "window": 4096, "heads": 32, "head_dim": 128, "batch": 1, "block": 512}
     assert parse_scope("olmax_splash_t37_wfull_h4_d16_b2_bs128")["window"] is None

@@ -91,10 +91,18 @@ def test_plan_flops_and_estimate(tiny_plan):
 
 def test_splash_kernels_in_the_compiled_step(tiny_plan):
     """4 layers x 2 micro-batches (8 sequences on 4 devices, 1 per micro-step): every layer runs the
-    forward, dq and dkv kernels once per micro-batch (counted through the loop's trip count)."""
+    forward kernel and the fused backward kernel (dk, dv and dq in one, ``train.splash_fused_bwd``)
+    once per micro-batch (counted through the loop's trip count); no dq kernel runs. Their FLOPs
+    are 2 matmuls a block pair forward and 5 backward: 7 / 2 of the forward's."""
+    from olmax.model.splash import visited_blocks
+
     assert tiny_plan["details"]["n_micro"] == 2
-    assert tiny_plan["details"]["kernel_calls"] == {"fwd": 8, "dq": 8, "dkv": 8}
-    assert tiny_plan["details"]["kernel_flops"] > 0
+    assert tiny_plan["details"]["kernel_calls"] == {"fwd": 8, "dkv": 8}
+    # olmo3_tiny at sequence 128: one 128-block, 4 query heads of 16, windows (64, 64, 64, full):
+    # every layer visits the one block pair; per device 1 sequence a micro-batch
+    assert visited_blocks(128, 64, 128) == visited_blocks(128, None, 128) == 1
+    fwd = 2 * 2 * 128 * 128 * 16 * 1 * 4 * 1
+    assert tiny_plan["details"]["kernel_flops"] == 8 * fwd * 7 // 2
 
 
 # Published measurements of a large bf16 GEMM per JAX device, where one exists: Ironwood, m = n = k

@@ -60,7 +60,7 @@ DEFAULT_BLOCK = 512
 RESIDUALS = "splash_residuals"   # checkpoint name of the kernel's output and softmax statistics
 # Matmuls per visited (query block, key block) pair: forward QK^T and PV; backward dq kernel
 # QK^T (recomputed), dO V^T, dS K; dkv kernel QK^T (recomputed), P^T dO, dO V^T, dS^T Q.
-MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
+MATMULS = {"fwd": 2, "dq": 3, "dkv": 4, "dkv_fused": 5}   # dkv_fused: dkv's 4 and dq = dS K
 
 
 def _round_up(x: int, m: int) -> int:
@@ -147,14 +147,19 @@ def split_visited_blocks(t: int, window: int | None, context: int, halo: bool,
 
 def kernel_flops(t: int, window: int | None, heads: int, head_dim: int, batch: int, phase: str,
                  block: int = DEFAULT_BLOCK, *, kv_len: int | None = None,
-                 kv_block: int | None = None, context: int = 1, halo: bool = False) -> int:
+                 kv_block: int | None = None, context: int = 1, halo: bool = False,
+                 fused: bool = False) -> int:
     """FLOPs one call of kernel ``phase`` ('fwd', 'dq', 'dkv') executes: the matmuls of every
     visited block pair, masked entries of partial blocks included (that is what the MXU does).
+    ``fused``: the backward in one kernel (``train.splash_fused_bwd``), whose dkv kernel also
+    computes dq (5 matmuls a block pair, where the two kernels run 3 + 4).
 
     A context-parallel call (``context`` > 1; :func:`parse_scope` of its scope gives every
     argument): ``t`` is the device's query length, ``kv_len`` its key length, ``block`` and
     ``kv_block`` their blocks; the count is the busiest device's (the zig-zag layout balances
     them)."""
+    if fused and phase == "dkv":
+        phase = "dkv_fused"
     if context == 1 or kv_len is None:
         bs, _ = block_and_padded_len(t, block)
         return 2 * MATMULS[phase] * bs * bs * head_dim * visited_blocks(t, window, block) * heads * batch
@@ -166,7 +171,7 @@ def kernel_flops(t: int, window: int | None, heads: int, head_dim: int, batch: i
 
 
 _SCOPE = "olmax_splash"
-SCOPE_RE = re.compile(_SCOPE + r"_t(\d+)_w(\d+|full)_h(\d+)_d(\d+)_b(\d+)_bs(\d+)"
+SCOPE_RE = re.compile(_SCOPE + r"_t(\d+)_w(\d+|full)_h(\d+)_d(\d+)_b(\d+)_bs(\d+)(_fused)?"
                       r"(?:_kv(\d+)_bk(\d+)_cp(\d+)(halo|gather))?")
 
 
@@ -175,9 +180,11 @@ def parse_scope(op_name: str) -> dict | None:
     m = SCOPE_RE.search(op_name)
     if not m:
         return None
-    t, w, h, d, b, bs, kv, bk, cp, how = m.groups()
+    t, w, h, d, b, bs, fused, kv, bk, cp, how = m.groups()
     out = {"t": int(t), "window": None if w == "full" else int(w), "heads": int(h),
            "head_dim": int(d), "batch": int(b), "block": int(bs)}
+    if fused:               # the backward in one kernel: its dkv kernel computes dq too
+        out["fused"] = True
     if cp is not None:      # a context-parallel call: t is the device's query length
         out.update(kv_len=int(kv), kv_block=int(bk), context=int(cp), halo=how == "halo")
     return out
@@ -198,7 +205,8 @@ def _local_splash(q, k, v, segment_ids=None, *, window: int | None, scale: float
     kt = jnp.pad(k, pad).transpose(0, 2, 1, 3)
     vt = jnp.pad(v, pad).transpose(0, 2, 1, 3)
     kernel = _kernel(tp, t, window, hq, bs, interpret, fused_bwd)
-    scope = f"{_SCOPE}_t{t}_w{'full' if window is None or window >= t else window}_h{hq}_d{d}_b{b}_bs{bs}"
+    scope = (f"{_SCOPE}_t{t}_w{'full' if window is None or window >= t else window}_h{hq}_d{d}_b{b}_bs{bs}"
+             + ("_fused" if fused_bwd else ""))
     with jax.named_scope(scope):
         if segment_ids is None:
             out = jax.vmap(kernel)(qt, kt, vt)

@@ -151,7 +151,9 @@ def part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_dev
 # dq kernel QK^T, dO V^T, dS K; dkv kernel QK^T, P^T dO, dO V^T, dS^T Q (olmax.model.splash.MATMULS).
 SPLASH_MATMULS = {"fwd": (("D", "K"), ("K", "D")),
                   "dq": (("D", "K"), ("D", "K"), ("K", "D")),
-                  "dkv": (("D", "K"), ("K", "D"), ("D", "K"), ("K", "D"))}
+                  "dkv": (("D", "K"), ("K", "D"), ("D", "K"), ("K", "D")),
+                  # the backward in one kernel: dkv's four and dS K for dq
+                  "dkv_fused": (("D", "K"), ("K", "D"), ("D", "K"), ("K", "D"), ("K", "D"))}
 
 
 def mxu_occupancy(contraction: int, width: int, mxu: int | None) -> float:
@@ -177,11 +179,12 @@ def kernel_flops(prog, mxu: int | None = None) -> tuple[float, dict, float]:
         if shape is None or phase is None:
             continue
         p = phase.group(1)
-        split = {k: v for k, v in shape.items() if k in ("kv_len", "kv_block", "context", "halo")}
+        split = {k: v for k, v in shape.items() if k in ("kv_len", "kv_block", "context", "halo", "fused")}
         f = splash_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
                          shape["batch"], p, shape["block"], **split) * mult
         widths = {"D": shape["head_dim"], "K": min(shape["block"], shape.get("kv_block") or shape["block"])}
-        occ = [mxu_occupancy(widths[c], widths[w], mxu) for c, w in SPLASH_MATMULS[p]]
+        matmuls = SPLASH_MATMULS["dkv_fused" if p == "dkv" and shape.get("fused") else p]
+        occ = [mxu_occupancy(widths[c], widths[w], mxu) for c, w in matmuls]
         total += f
         effective += f * sum(1 / o for o in occ) / len(occ)   # the matmuls are of equal FLOPs
         calls[p] = calls.get(p, 0) + int(mult)
