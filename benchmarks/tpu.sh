@@ -17,13 +17,7 @@
 # installed there (on a host without a package index: scripts/bootstrap --offline WHEELS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  if [[ -n "${OLMAX_VENV:-}" && -x "$OLMAX_VENV/bin/python" ]]; then PY="$OLMAX_VENV/bin/python"
-  elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
-fi
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-export TF_CPP_MIN_LOG_LEVEL=3 PYTHONUNBUFFERED=1
+source benchmarks/tpu_env.sh
 # One process holds the chip at a time: the plans run after the measurements, in processes of
 # their own, each compiling for a v5e topology (no chip needed).
 ARGS=()

@@ -1019,6 +1019,8 @@ def cases() -> list[Case]:
           r"^train.watchdog_s must be positive or null \(got 0"),
         C("train", "splash block that is not a multiple of 128", [*TRAIN, "train.splash_block=192"],
           r"^train.splash_block must be a positive multiple of 128 \(got 192\)$"),
+        C("train", "layer unrolling that is not a boolean", [*TRAIN, "train.unroll_layers=maybe"],
+          r"^train.unroll_layers: expected bool, got str 'maybe'$"),
         C("train", "loss chunk of no rows", [*TRAIN, "train.loss_chunk_rows=0"],
           r"^train.loss_chunk_rows must be positive or null \(got 0"),
         C("train", "start-up timeout that is negative", [*TRAIN, "distributed.init_timeout_s=-5"],

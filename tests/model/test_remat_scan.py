@@ -170,3 +170,29 @@ def test_layer_weight_gradients_are_written_side_by_side(profile):
             made.setdefault(e.primitive.name, set()).add(shape)
     assert "pad" not in made and "add_any" not in made, made
     assert made.get("concatenate") == stacks, made
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unroll", [True, False])
+def test_unrolled_layers_give_the_scans_values_and_gradients(unroll):
+    """``train.unroll_layers`` overrides the profile's choice (the tpu profile rolls the scan, the
+    cpu profile unrolls it) and changes neither the hidden states nor the gradients, at the TPU
+    recipes' remat (save_proj), with splash on the tpu profile: the per-layer loop is the reference."""
+    params, tokens = _params_and_tokens()
+    profile = "tpu" if unroll else "cpu"       # each forced the other way
+    rt = Runtime(attn_impl="auto", remat="save_proj", profile=PROFILES[profile], unroll=unroll)
+    assert rt.unroll_layers is unroll and PROFILES[profile].unroll_layers is not unroll
+    hidden = jax.jit(lambda p, t: olmo3.hidden_states(p, t, CFG, rt))(params, tokens)
+    _assert_close_scaled(hidden, _unrolled(params, tokens, CFG.layer_windows()))
+    plain = Runtime(attn_impl="auto", remat="save_proj", profile=PROFILES[profile])
+
+    def grads(runtime):
+        return jax.jit(jax.grad(lambda p: jnp.mean(jnp.square(olmo3.hidden_states(p, tokens, CFG, runtime))
+                                                   * jnp.arange(CFG.d_model))))(params)
+    for a, b in zip(jax.tree.leaves(grads(rt)), jax.tree.leaves(grads(plain))):
+        _assert_close_scaled(a, b)
+    # the program itself differs: a rolled scan is a loop, an unrolled one is none (XLA's
+    # attention here: splash in interpret mode has loops of its own)
+    xla = Runtime(attn_impl="xla", remat="save_proj", profile=PROFILES[profile], unroll=unroll)
+    text = jax.jit(lambda p, t: olmo3.hidden_states(p, t, CFG, xla)).lower(params, tokens).as_text()
+    assert ("stablehlo.while" in text) is not unroll

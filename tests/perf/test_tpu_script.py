@@ -37,3 +37,21 @@ def test_tpu_script_runs_tiny_on_cpu(tmp_path):
         assert "train.micro_batch_size=4" in case["peer"]["args"] and "train.remat=none" in case["peer"]["args"]
         assert case["measured"]["step_s"] > 0
     assert "matmul ceiling" in (tmp_path / "log.txt").read_text()
+
+
+@pytest.mark.slow
+def test_tpu_ab_script_runs_tiny_on_cpu(tmp_path):
+    """``benchmarks/tpu_ab.sh``, the A/B runs still to be measured on a chip, runs the same
+    commands on tiny shapes without a TPU: both rows, every leg compiled and timed."""
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh")], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for row, remat in (("600m", "full"), ("370m", "save_proj")):
+        result = json.loads((tmp_path / f"ab_{row}.json").read_text())
+        assert list(result["legs"]) == ["base", "unroll"]
+        assert result["legs"]["unroll"]["overrides"] == ["train.unroll_layers=true"]
+        for leg in result["legs"].values():
+            assert leg["remat"] == remat and leg["step_s"] > 0
+        assert result["legs"]["base"]["ratio_to_first"] == 1.0
+    assert "== A/B olmo3-370m" in (tmp_path / "log.txt").read_text()

@@ -99,6 +99,8 @@ class Runtime:
     splash_block: int = DEFAULT_SPLASH_BLOCK
     # Splash's backward in one kernel (``train.splash_fused_bwd``).
     splash_fused_bwd: bool = False
+    # The layer scan unrolled (``train.unroll_layers``); None: the profile's choice.
+    unroll: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_dtype", dtype_of(self.compute_dtype))
@@ -123,14 +125,15 @@ class Runtime:
         return cls.resolve(**{"compute_dtype": train.compute_dtype, "attn_impl": train.attn_impl,
                               "remat": train.remat, "profile": train.profile,
                               "float8": train.float8, "splash_block": train.splash_block,
-                              "splash_fused_bwd": train.splash_fused_bwd, **changes},
+                              "splash_fused_bwd": train.splash_fused_bwd,
+                              "unroll": train.unroll_layers, **changes},
                            devices=devices)
 
     @classmethod
     def resolve(cls, compute_dtype: Any = "float32", attn_impl: str = "auto", remat: str = "none",
                 profile: str = "auto", devices: Iterable | None = None,
                 float8: bool = False, splash_block: int = DEFAULT_SPLASH_BLOCK,
-                splash_fused_bwd: bool = False) -> "Runtime":
+                splash_fused_bwd: bool = False, unroll: bool | None = None) -> "Runtime":
         """A runtime with the platform profile ``profile`` (``auto``: the devices' platform) for
         a program compiled for ``devices``. ``float8`` only where those devices have float8
         matmuls (:func:`olmax.platforms.float8_matmuls`; elsewhere a ConfigError)."""
@@ -142,7 +145,7 @@ class Runtime:
                               "matmuls (GPUs of compute capability 8.9+, TPU7x); "
                               "set train.float8: false")
         return cls(compute_dtype, attn_impl, remat, profile_for(profile, auto_profile(devices)), backend,
-                   float8, splash_block=splash_block, splash_fused_bwd=splash_fused_bwd)
+                   float8, splash_block=splash_block, splash_fused_bwd=splash_fused_bwd, unroll=unroll)
 
     @property
     def kernels(self) -> Kernels:
@@ -151,6 +154,8 @@ class Runtime:
 
     @property
     def unroll_layers(self) -> bool:
+        if self.unroll is not None:
+            return self.unroll
         return bool(self.profile and self.profile.unroll_layers)
 
     @property
