@@ -9,6 +9,9 @@
 #              the rolled scan stacks them with dynamic-update-slice and reads them back with
 #              dynamic-slice (12 % of the 370m's step on the chip's profile)
 #     b1024    train.splash_block=1024: half the kernel steps, more masked work at the diagonal
+#   and for the 370m (16 micro-batches of one sequence) also
+#     chunk    train.loss_chunk_rows=4096: one LM head and loss chunk a micro-batch instead of
+#              4, so the head's fp32 weight gradient is read and written 16 times a step, not 64
 # With $OUT set, ab_600m.json and ab_370m.json and log.txt are written there. Without a TPU the
 # same commands run on tiny shapes (a test of the script itself).
 #
@@ -39,17 +42,19 @@ else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script'
   m370=(train.global_batch_size=2 train.micro_batch_size=1 train.remat=save_proj)
 fi
 legs=(--leg base --leg unroll train.unroll_layers=true --leg b1024 train.splash_block=1024)
-[[ "$tpu" == 1 ]] || legs=(--leg base --leg unroll train.unroll_layers=true)
+more370=(--leg chunk train.loss_chunk_rows=4096)
+[[ "$tpu" == 1 ]] || { legs=(--leg base --leg unroll train.unroll_layers=true); more370=(); }
 rc=0
 for row in 600m 370m; do
   left=$((budget - (SECONDS - t0)))
   [[ "$row" == 600m ]] && limit=$((left * 55 / 100)) || limit=$((left - 5))
   echo "== A/B olmo3-$row [$((SECONDS - t0)) s], $limit s for it"
   args=("${common[@]}")
-  if [[ "$row" == 600m ]]; then args+=("${m600[@]}"); else args+=("${m370[@]}"); fi
+  row_legs=("${legs[@]}")
+  if [[ "$row" == 600m ]]; then args+=("${m600[@]}"); else args+=("${m370[@]}"); row_legs+=("${more370[@]}"); fi
   json=()
   [[ -n "$out" ]] && json=(--json "$out/ab_$row.json" --force)
-  timeout "$limit" "$PY" -m olmax.cli bench ab "${args[@]}" "${legs[@]}" --rounds 3 "${json[@]}" || rc=$?
+  timeout "$limit" "$PY" -m olmax.cli bench ab "${args[@]}" "${row_legs[@]}" --rounds 3 "${json[@]}" || rc=$?
 done
 echo "== done [$((SECONDS - t0)) s]"
 exit "$rc"
