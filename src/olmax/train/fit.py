@@ -250,7 +250,9 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
             if oom is None:
                 raise
             if oom.space == "vmem":
-                raise as_does_not_fit(e, where) from None
+                refused = as_does_not_fit(e, where)
+                assert refused is not None
+                raise refused from None
             trial = Trial(micro, remat, oom.needed or None, False)
         else:
             peak = compiled_peak(compiled, platform)
