@@ -35,7 +35,7 @@ def test_the_device_suite_passes_against_references_made_here(tmp_path):
 
     ran = device_suite(OLMAX_DEVICE_ALLOW_CPU="1")
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-    assert "8 passed, 1 skipped" in ran.stdout, ran.stdout[-2000:]
+    assert "9 passed, 1 skipped" in ran.stdout, ran.stdout[-2000:]   # the trajectory with both backwards
     refused = device_suite()
     assert refused.returncode != 0
     assert "the device tests need a TPU; JAX's default backend here is cpu" in refused.stdout
