@@ -9,6 +9,12 @@
 #              the rolled scan stacks them with dynamic-update-slice and reads them back with
 #              dynamic-slice (12 % of the 370m's step on the chip's profile)
 #     b1024    train.splash_block=1024: half the kernel steps, more masked work at the diagonal
+#   and for the 600m also
+#     kernels  train.remat=save_kernels train.unroll_layers=true train.loss_chunk_rows=4096: full
+#              remat but for splash's output and statistics, so the backward pass never runs the
+#              forward kernel again (216 ms of the step runs it twice under full); compiled for
+#              v5e it fits only so, unrolled and with loss chunks of 512 positions (14.13 GiB; the
+#              rolled scan needs 16.60, the unrolled one with chunks of 1,024 positions 15.78)
 #   and for the 370m (16 micro-batches of one sequence) also
 #     chunk    train.loss_chunk_rows=4096: one LM head and loss chunk a micro-batch instead of
 #              4, so the head's fp32 weight gradient is read and written 16 times a step, not 64
@@ -43,7 +49,8 @@ else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script'
 fi
 legs=(--leg base --leg unroll train.unroll_layers=true --leg b1024 train.splash_block=1024)
 more370=(--leg chunk train.loss_chunk_rows=4096)
-[[ "$tpu" == 1 ]] || { legs=(--leg base --leg unroll train.unroll_layers=true); more370=(); }
+more600=(--leg kernels train.remat=save_kernels train.unroll_layers=true train.loss_chunk_rows=4096)
+[[ "$tpu" == 1 ]] || { legs=(--leg base --leg unroll train.unroll_layers=true); more370=(); more600=(); }
 rc=0
 for row in 600m 370m; do
   left=$((budget - (SECONDS - t0)))
@@ -51,7 +58,8 @@ for row in 600m 370m; do
   echo "== A/B olmo3-$row [$((SECONDS - t0)) s], $limit s for it"
   args=("${common[@]}")
   row_legs=("${legs[@]}")
-  if [[ "$row" == 600m ]]; then args+=("${m600[@]}"); else args+=("${m370[@]}"); row_legs+=("${more370[@]}"); fi
+  if [[ "$row" == 600m ]]; then args+=("${m600[@]}"); row_legs+=("${more600[@]}")
+  else args+=("${m370[@]}"); row_legs+=("${more370[@]}"); fi
   json=()
   [[ -n "$out" ]] && json=(--json "$out/ab_$row.json" --force)
   timeout "$limit" "$PY" -m olmax.cli bench ab "${args[@]}" "${row_legs[@]}" --rounds 3 "${json[@]}" || rc=$?
