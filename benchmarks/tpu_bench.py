@@ -62,11 +62,12 @@ def case(name: str, row: dict, args: list[str], versions: dict, date: str) -> di
     fixed = [a for a in args if not a.startswith(("train.micro_batch_size=", "train.remat="))]
     fixed += [f"train.micro_batch_size={row['micro_batch_size']}", f"train.remat={row['remat']}"]
     # the kernels' settings pinned as measured: a later default must not change the case's program
-    from olmax.config import TrainConfig
+    from olmax.train.recipes import load_recipe
 
+    train = load_recipe("olmo3_tiny", args, find_mix=False).train
     for key in ("splash_block", "splash_fused_bwd"):
         if not any(a.startswith(f"train.{key}=") for a in fixed):
-            value = getattr(TrainConfig(), key)
+            value = getattr(train, key)
             fixed.append(f"train.{key}={str(value).lower() if isinstance(value, bool) else value}")
     return {"name": f"olmax_{name.replace('-', '_')}_v5e_1x1", "accelerator": "v5e", "topology": "v5e:1x1",
             "devices": 1,

@@ -46,7 +46,6 @@ def _bytes(number: str, unit: str) -> int:
 # (pattern, what the first and second number are): "need"/"have" of a whole program at compile
 # time, or "alloc"/"free" of one allocation at run time
 _PATTERNS = (
-    (re.compile(r"Scoped allocation with size " + _SIZE + r" and limit " + _SIZE, re.I), "compile"),
     (re.compile(r"\(" + _SIZE + r"\)\s*exceeds available (HBM|VMEM) \(" + _SIZE + r"\)", re.I),
      "compile"),
     (re.compile(r"Used " + _SIZE + r" of " + _SIZE + r" (hbm|vmem|smem)", re.I), "compile"),
@@ -55,6 +54,12 @@ _PATTERNS = (
     (re.compile(r"Failed to allocate request for " + _SIZE, re.I), "run"),
     (re.compile(r"Out of memory (?:while trying to allocate|allocating) (\d+)() bytes", re.I), "run"),
 )
+
+
+# libtpu's refusal of a kernel over the core's scoped VMEM: the allocation and the limit, and the
+# kernel (the custom call's name less its ".N")
+_SCOPED_VMEM = re.compile(r"Scoped allocation with size " + _SIZE + r" and limit " + _SIZE, re.I)
+_SCOPED_KERNEL = re.compile(r"allocating on stack for %([A-Za-z_]\w*?)(?:\.\d+)?\s*=")
 
 
 @dataclass(frozen=True)
@@ -74,20 +79,21 @@ class OutOfMemory:
 def parse_oom(message: str) -> OutOfMemory | None:
     """The out-of-memory error ``message`` reports (see the module docstring), else None."""
     text = str(message)
-    if re.search(r"ScopedVmemOom|Scoped allocation with size", text, re.I):   # a kernel's blocks overflow the core's scoped VMEM: no figure is a figure of 0
-        kernel = re.search(r"allocating on stack for %([A-Za-z_][\w]*?)(?:\.\d+)?\s*=", text)
-        m = _PATTERNS[0][0].search(text)
+    if re.search(r"ScopedVmemOom|Scoped allocation with size", text, re.I):
+        # a kernel's blocks overflow the core's scoped VMEM (0: the message gives no figure)
+        kernel = _SCOPED_KERNEL.search(text)
+        m = _SCOPED_VMEM.search(text)
         return OutOfMemory("compile", _bytes(*m.groups()[:2]) if m else 0,
-                           _bytes(*m.groups()[2:4]) if m else None, "vmem",
+                           _bytes(*m.groups()[2:]) if m else None, "vmem",
                            kernel.group(1) if kernel else None)
-    for pattern, when in _PATTERNS[1:]:
+    for pattern, when in _PATTERNS:
         m = pattern.search(text)
         if not m:
             continue
         g = m.groups()
-        if pattern is _PATTERNS[1][0]:
+        if pattern is _PATTERNS[0][0]:
             return OutOfMemory(when, _bytes(g[0], g[1]), _bytes(g[3], g[4]), g[2].lower())
-        if pattern is _PATTERNS[2][0]:
+        if pattern is _PATTERNS[1][0]:
             return OutOfMemory(when, _bytes(g[0], g[1]), _bytes(g[2], g[3]), g[4].lower())
         if len(g) >= 4:
             return OutOfMemory(when, _bytes(g[0], g[1]), _bytes(g[2], g[3]))
