@@ -37,7 +37,9 @@ def test_auto_follows_the_devices_and_a_name_forces_a_profile():
 def test_runtime_of_a_config_resolves_the_profile_for_its_devices():
     rt = Runtime.of(TrainConfig(attn_impl="auto", profile="tpu"))
     assert (rt.profile_name, rt.backend, rt.attn_impl, rt.kernels.name) == ("tpu", "cpu", "splash", "reference")
-    assert not rt.unroll_layers and not rt.rope_tables_at_trace
+    assert rt.unroll_layers and not rt.rope_tables_at_trace
+    assert not Runtime.of(TrainConfig(profile="gpu")).unroll_layers
+    assert not Runtime.of(TrainConfig(profile="tpu", unroll_layers=False)).unroll_layers
     rt = Runtime.of(TrainConfig(attn_impl="auto"), _devices("tpu"))
     assert (rt.profile_name, rt.backend, rt.attn_impl) == ("tpu", "tpu", "splash")
     rt = Runtime.of(TrainConfig(attn_impl="auto"))

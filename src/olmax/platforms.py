@@ -9,10 +9,11 @@ choice                 ``cpu``                     ``tpu`` / ``gpu``
 =====================  ==========================  =======================================
 kernels                written-out backward passes autodiff of the reference functions
                        (``olmax.model.kernels.cpu``)  (``olmax.model.kernels.reference``)
-layer scan             unrolled                    one compiled body (rolled)
+layer scan             unrolled                    ``tpu``: unrolled; ``gpu``: one compiled body
 RoPE tables            constants at trace time     computed in the program
 ``attn_impl=auto``     ``chunked``                 ``splash`` / ``cudnn``
-loss chunk             256 rows of logits per host 1024 positions per sequence
+loss chunk             256 rows of logits per host ``tpu``: 4096 rows per device;
+                                                   ``gpu``: 1024 positions per sequence
 layer weights' cast    all parameters, up front    ``tpu``: in each layer, fp32 gradients
 =====================  ==========================  =======================================
 
@@ -21,6 +22,14 @@ dense layer's weight gradient written by autodiff contracts over the operands' m
 which that backend runs as a slow dot; autodiff of RMSNorm keeps several fp32 copies of the input
 for the backward pass; a scanned loop's stacked residuals are copied in and out of their buffers;
 sin/cos of the RoPE tables would be evaluated inside every fused consumer.
+
+Why the TPU unrolls the layers and chunks the loss by rows (benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md;
+one v5e chip, steps interleaved): the rolled scan stacks every layer's residuals with
+dynamic-update-slice and reads them back, 12 % of olmo3-370m's step; unrolled, that step took
+0.956x the time, olmo3-600m's (full remat, little to stack) 1.001x, and the compiled peak fell in
+every case (14.54 -> 9.77 GiB for olmo3-190m without remat). A chunk of 4096 rows per device makes
+the LM head's memory the same at every micro-batch, and one chunk per 4096-position sequence
+instead of four took 0.972x the time (olmo3-370m, micro-batch 1).
 
 Why the TPU casts each layer's weights inside the layer (benchmarks/notes/2026-12-01-the-original-run-s-scale-with-collectives-timed.md): the cast then runs on each device's FSDP shard before the weights are gathered
 (the gathers still move bf16), and the weight gradients leave the layer in fp32, the master
@@ -71,13 +80,18 @@ class Profile:
     rope_tables_at_trace: bool        # RoPE tables of plain positions as trace-time constants
     attn_auto: str                    # what train.attn_impl=auto means
     loss_chunk_rows: int | None       # rows of logits per host in one loss chunk, or
-    loss_chunk_positions: int | None  # positions of every sequence in one loss chunk
+    loss_chunk_positions: int | None  # positions of every sequence in one loss chunk, or
     cast_in_layer: bool = False       # layer weights cast to the compute dtype inside each layer
+    loss_chunk_device_rows: int | None = None  # rows of logits per device in one loss chunk
 
     def loss_chunk(self, rows_per_device: int, local_devices: int) -> int:
         """Positions per loss chunk for ``rows_per_device`` sequences on each of a host's
-        ``local_devices`` devices. By rows (CPU): the host's devices share its memory and caches,
-        so they share its rows. By positions (accelerators): the same for any batch."""
+        ``local_devices`` devices. By rows per host (CPU): the host's devices share its memory and
+        caches, so they share its rows. By rows per device (TPU): each device's own memory holds
+        its chunk of logits, the same bytes at any micro-batch. By positions (GPU): the same for
+        any batch."""
+        if self.loss_chunk_device_rows is not None:
+            return max(1, self.loss_chunk_device_rows // max(1, rows_per_device))
         if self.loss_chunk_rows is None:
             return int(self.loss_chunk_positions)
         rows = max(1, self.loss_chunk_rows // max(1, local_devices))
@@ -87,9 +101,9 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "cpu": Profile("cpu", kernels="cpu", unroll_layers=True, rope_tables_at_trace=True,
                    attn_auto="chunked", loss_chunk_rows=256, loss_chunk_positions=None),
-    "tpu": Profile("tpu", kernels="reference", unroll_layers=False, rope_tables_at_trace=False,
-                   attn_auto="splash", loss_chunk_rows=None, loss_chunk_positions=1024,
-                   cast_in_layer=True),
+    "tpu": Profile("tpu", kernels="reference", unroll_layers=True, rope_tables_at_trace=False,
+                   attn_auto="splash", loss_chunk_rows=None, loss_chunk_positions=None,
+                   cast_in_layer=True, loss_chunk_device_rows=4096),
     "gpu": Profile("gpu", kernels="reference", unroll_layers=False, rope_tables_at_trace=False,
                    attn_auto="cudnn", loss_chunk_rows=None, loss_chunk_positions=1024),
     # AMD GPUs: the NVIDIA profile but for attention, which has no cuDNN: XLA's chunked attention.

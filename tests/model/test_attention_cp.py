@@ -55,11 +55,11 @@ def test_split_kernel_flops_and_scope():
     assert f == 2 * 2 * 128 * 128 * 8 * 1 * 4 * 4          # one (128 x 128) block pair per head
     # 64k tokens on 8 devices: each device's causal work is 1/8 of the whole sequence's, up to the
     # diagonal blocks (17 of 2 x 8 x 128 block pairs, vs 128 x 129 / 2 for the whole)
-    whole = kernel_flops(65536, None, 32, 128, 1, "fwd")
-    split = kernel_flops(8192, None, 32, 128, 1, "fwd", kv_len=65536, context=8)
-    assert split == 2 * 2 * 512 * 512 * 128 * 32 * split_visited_blocks(65536, None, 8, False)
+    whole = kernel_flops(65536, None, 32, 128, 1, "fwd", 512)
+    split = kernel_flops(8192, None, 32, 128, 1, "fwd", 512, kv_len=65536, context=8)
+    assert split == 2 * 2 * 512 * 512 * 128 * 32 * split_visited_blocks(65536, None, 8, False, 512)
     assert whole / 8 <= split <= whole / 8 * 1.07
-    assert visited_blocks(65536, None) == 128 * 129 // 2
+    assert visited_blocks(65536, None, 512) == 128 * 129 // 2
     # the non-split scope keeps its keys
     assert set(parse_scope("olmax_splash_t37_wfull_h4_d16_b2_bs128")) == {
         "t", "window", "heads", "head_dim", "batch", "block"}

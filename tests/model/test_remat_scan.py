@@ -119,12 +119,13 @@ def test_tpu_casts_layer_weights_in_the_layer_with_fp32_gradients(remat):
     """The tpu profile casts each layer's weights inside the layer loop (``Profile.cast_in_layer``):
     the same forward pass as the gpu profile's up-front cast, and weight gradients that leave the
     dense layers in fp32 -- the gpu profile's are each one bf16 GEMM output (every element a bf16
-    number), the tpu profile's the same sums unrounded (within one bf16 rounding of them)."""
+    number), the tpu profile's the same sums unrounded (within one bf16 rounding of them). Both
+    unroll the layers as the tpu profile does, so that the cast is the one difference."""
     params, tokens = _params_and_tokens()
 
     def loss(profile):
         rt = Runtime(compute_dtype=jnp.bfloat16, attn_impl="xla", remat=remat,
-                     profile=PROFILES[profile])
+                     profile=PROFILES[profile], unroll=PROFILES["tpu"].unroll_layers)
         return jax.jit(jax.value_and_grad(
             lambda p: jnp.mean(olmo3.hidden_states(p, tokens, CFG, rt).astype(jnp.float32) ** 2)))
     assert PROFILES["tpu"].cast_in_layer and not PROFILES["gpu"].cast_in_layer

@@ -107,20 +107,25 @@ def test_window_keeps_exactly_w_keys():
 def test_visited_blocks_and_flops():
     # 8192 tokens in 512-blocks: causal keeps the 136 lower-triangular block pairs; a 4096 window
     # keeps for each of the 16 query blocks the blocks overlapping (q - 4096, q]: 9 blocks each
-    # (fewer at the start).
-    assert block_and_padded_len(8192) == (512, 8192)
+    # (fewer at the start). In 1,024-blocks (the default): 36 pairs, and 5 blocks each.
+    assert block_and_padded_len(8192, 512) == (512, 8192)
+    assert block_and_padded_len(8192) == (1024, 8192)
     assert block_and_padded_len(37) == (128, 128)
-    assert block_and_padded_len(600) == (512, 1024)
-    assert visited_blocks(8192, None) == 16 * 17 // 2
-    n_sliding = sum(min(i, 8) + 1 for i in range(16))
-    assert visited_blocks(8192, 4096) == n_sliding
+    assert block_and_padded_len(600, 512) == (512, 1024)
+    assert block_and_padded_len(600) == (640, 640)
+    assert block_and_padded_len(1100) == (1024, 2048)
+    assert visited_blocks(8192, None, 512) == 16 * 17 // 2
+    assert visited_blocks(8192, None) == 8 * 9 // 2
+    assert visited_blocks(8192, 4096, 512) == sum(min(i, 8) + 1 for i in range(16))
+    assert visited_blocks(8192, 4096) == sum(min(i, 4) + 1 for i in range(8)) == 30
     assert visited_blocks(8192, 8192) == visited_blocks(8192, None)
-    f = kernel_flops(8192, None, 32, 128, 1, "fwd")
+    f = kernel_flops(8192, None, 32, 128, 1, "fwd", 512)
     assert f == 2 * 2 * 512 * 512 * 128 * 136 * 32
-    assert kernel_flops(8192, None, 32, 128, 1, "dkv") == 2 * f
+    assert kernel_flops(8192, None, 32, 128, 1, "fwd") == 2 * 2 * 1024 * 1024 * 128 * 36 * 32
+    assert kernel_flops(8192, None, 32, 128, 1, "dkv", 512) == 2 * f
     # the backward in one kernel: dkv's 4 matmuls and dq's dS K, where the two kernels run 4 + 3
-    assert kernel_flops(8192, None, 32, 128, 1, "dkv", fused=True) == 5 * f // 2
-    assert kernel_flops(8192, None, 32, 128, 1, "dq", fused=True) == 3 * f // 2
+    assert kernel_flops(8192, None, 32, 128, 1, "dkv", 512, fused=True) == 5 * f // 2
+    assert kernel_flops(8192, None, 32, 128, 1, "dq", 512, fused=True) == 3 * f // 2
     assert parse_scope("jit(step)/olmax_splash_t8192_wfull_h32_d128_b1_bs512_fused/splash_mha_dkv") == {
         "t": 8192, "window": None, "heads": 32, "head_dim": 128, "batch": 1, "block": 512, "fused": True}
     assert parse_scope("jit(step)/olmax_splash_t8192_w4096_h32_d128_b1_bs512/splash_mha_fwd") == {
@@ -221,14 +226,16 @@ def test_the_configured_block_reaches_the_kernel():
     base = load_recipe("olmo3_tiny", ["train.attn_impl=splash"], find_mix=False)
     cfg = base.model
     params = init_params(cfg, jax.random.key(0))
-    tokens = jax.random.randint(jax.random.key(1), (1, 512), 0, cfg.vocab_size)
-    assert base.train.splash_block == DEFAULT_BLOCK == 512
+    # 640 positions: one block of 640 under the default of 1,024 (a default of 512 would run
+    # blocks of 512 over 1,024 padded positions)
+    tokens = jax.random.randint(jax.random.key(1), (1, 640), 0, cfg.vocab_size)
+    assert base.train.splash_block == DEFAULT_BLOCK == 1024
     small = load_recipe("olmo3_tiny", ["train.attn_impl=splash", "train.splash_block=128"], find_mix=False)
     with jax.default_matmul_precision("highest"):
         found, out = blocks(small.train, tokens, params)
         found_default, _ = blocks(base.train, tokens, params)
         ref = jax.jit(lambda p, t: olmo3.hidden_states(p, t, cfg, Runtime(attn_impl="xla")))(params, tokens)
-    assert found == {128} and found_default == {512}
+    assert found == {128} and found_default == {640}
     assert _rel(out, ref) <= 1e-5
     with pytest.raises(ConfigError, match="train.splash_block must be a positive multiple of 128 \\(got 192\\)"):
         load_recipe("olmo3_tiny", ["train.splash_block=192"], find_mix=False)

@@ -110,12 +110,17 @@ def test_loss_chunk_length_holds_the_rows_per_device():
     # one device: 256 rows over the sequences of a micro-batch; at least one position
     assert cpu.loss_chunk(8, 1) == 32 and cpu.loss_chunk(1, 1) == 256 and cpu.loss_chunk(1024, 1) == 1
     assert cpu.loss_chunk(3, 8) == 10            # 8 devices of one host: 32 rows each, 3 sequences
-    assert tpu.loss_chunk(8, 1) == gpu.loss_chunk(1, 4) == 1024   # positions, whatever the rows
+    assert gpu.loss_chunk(1, 4) == gpu.loss_chunk(8, 1) == 1024   # positions, whatever the rows
+    # 4096 rows on each device, whatever the host's devices
+    assert tpu.loss_chunk(8, 1) == tpu.loss_chunk(8, 4) == 512 and tpu.loss_chunk(1, 4) == 4096
+    assert tpu.loss_chunk(3, 8) == 1365 and tpu.loss_chunk(8192, 1) == 1
     # no mesh, one device: 8 rows per micro-batch of 8 -> 32 positions; 2 micro-batches of 4 -> 64
     train = TrainConfig(seq_len=512, global_batch_size=8)
     assert loss_chunk(train, 1, None, Runtime(profile=cpu)) == 32
     assert loss_chunk(train, 2, None, Runtime(profile=cpu)) == 64
-    assert loss_chunk(train, 2, None, Runtime(profile=tpu)) == 1024
+    assert loss_chunk(train, 2, None, Runtime(profile=tpu)) == 1024     # 4 rows a micro-batch
+    assert loss_chunk(train, 1, None, Runtime(profile=tpu)) == 512      # 8
+    assert loss_chunk(train, 2, None, Runtime(profile=PROFILES["gpu"])) == 1024
 
 
 def test_loss_chunk_rows_overrides_the_profile_and_keeps_the_loss():
@@ -126,7 +131,7 @@ def test_loss_chunk_rows_overrides_the_profile_and_keeps_the_loss():
     train = TrainConfig(seq_len=8192, global_batch_size=16, loss_chunk_rows=8192)
     assert loss_chunk(train, 4, None, Runtime(profile=tpu)) == 2048
     assert loss_chunk(train, 16, None, Runtime(profile=tpu)) == 8192
-    assert loss_chunk(TrainConfig(seq_len=8192, global_batch_size=16), 16, None, Runtime(profile=tpu)) == 1024
+    assert loss_chunk(TrainConfig(seq_len=8192, global_batch_size=16), 16, None, Runtime(profile=tpu)) == 4096
     from olmax.model.olmo3 import seq_chunks
 
     h = jax.random.normal(jax.random.key(0), (4, 64, 16), jnp.float32)

@@ -11,8 +11,8 @@ block by block (online softmax in fp32 scratch, bf16 or fp32 matmul operands) an
 - GQA natively: ``make_splash_mha`` takes keys/values ``[Hkv, T, D]`` and maps query head h to key
   head ``h // (Hq / Hkv)``;
 - the softmax scale folded into q (the kernel applies none);
-- blocks of ``min(512, T')`` in every kernel (MaxText's defaults), where T' is T rounded up to a
-  multiple of 128 lanes and then of the block. Padding rows lie after every real query, so causality
+- blocks of ``min(B, T')`` in every kernel (``train.splash_block``, B = 1,024 by default), where
+  T' is T rounded up to a multiple of 128 lanes and then of the block. Padding rows lie after every real query, so causality
   hides them from real queries; padded query rows are dropped;
 - documents (intra-document masking): the segment ids [B, T] as the kernel's ``SegmentIds``
   (its mask is the static mask and-ed with ``segment[q] == segment[k]``); padded positions get
@@ -56,7 +56,7 @@ from olmax.model.attention_ref import per_device_attention
 log = logging.getLogger(__name__)
 
 LANES = 128
-DEFAULT_BLOCK = 512
+DEFAULT_BLOCK = 1024   # train.splash_block's default (measured on a v5e chip: its comment)
 RESIDUALS = "splash_residuals"   # checkpoint name of the kernel's output and softmax statistics
 # Matmuls per visited (query block, key block) pair: forward QK^T and PV; backward dq kernel
 # QK^T (recomputed), dO V^T, dS K; dkv kernel QK^T (recomputed), P^T dO, dO V^T, dS^T Q.
