@@ -17,7 +17,7 @@ from helpers.tiny import narrow_cfg
 from olmax.config import MeshConfig, OptimConfig, TrainConfig
 from olmax.device_memory import DoesNotFit, compiled_peak
 from olmax.parallel.mesh import make_mesh
-from olmax.train.fit import REMAT_LADDER, choose, fit_step
+from olmax.train.fit import REMAT_LADDER, choose, fit_step, remat_candidates
 from olmax.train.optim import build_optimizer
 from olmax.train.step import ABSTRACT_LR, abstract_batch, build_sharded_training
 
@@ -44,15 +44,25 @@ def test_the_search_finds_the_largest_that_fits_in_few_compiles():
 def test_the_lightest_policy_comes_first():
     """Memory per row by policy (a model of it): the lightest policy under which anything fits
     wins, with the largest micro-batch that fits under it, not the largest micro-batch anywhere."""
-    per_row = {"none": 10, "save_proj": 7, "save_attn": 5, "full": 3}
+    per_row = {"none": 10, "save_proj": 7, "save_attn": 5, "save_kernels": 4, "full": 3}
 
     def run(limit):
         return choose([8, 4, 2, 1], REMAT_LADDER, lambda m, r: m * per_row[r] <= limit)
 
     assert run(20) == (2, "none")            # full would take 4 (12 <= 20): recomputation loses
     assert run(9) == (1, "save_proj")
-    assert run(4) == (1, "full")
+    assert run(4) == (1, "save_kernels")
+    assert run(3) == (1, "full")
     assert run(2) is None
+
+
+def test_the_ladder_tries_save_kernels_only_over_an_attention_kernel():
+    """``save_kernels`` keeps splash's residuals; where attention is no Pallas kernel it is the
+    program ``full`` is, and ``auto`` does not compile it twice."""
+    auto = replace(TRAIN, remat="auto")
+    assert remat_candidates(auto) == ["none", "save_proj", "save_attn", "save_kernels", "full"]
+    assert remat_candidates(auto, False) == ["none", "save_proj", "save_attn", "full"]
+    assert remat_candidates(replace(TRAIN, remat="save_kernels"), False) == ["save_kernels"]
 
 
 @functools.cache
@@ -97,9 +107,13 @@ def test_auto_remat_takes_the_least_recomputation_that_fits():
     lighter = min(peaks[r] for r in REMAT_LADDER[1:])
     assert lighter < peaks["none"]              # some policy of the ladder stores less
     limit = (lighter + peaks["none"]) // 2
-    expected = next(r for r in REMAT_LADDER if peaks[r] <= limit)     # brute force, ladder order
+    # brute force, ladder order; attention here is XLA's, so save_kernels is full's program and
+    # is not tried
+    ladder = [r for r in REMAT_LADDER if r != "save_kernels"]
+    expected = next(r for r in ladder if peaks[r] <= limit)
     fit = _fit(replace(TRAIN, micro_batch_size=micro, remat="auto"), limit)
     assert (fit.micro_batch_size, fit.remat, fit.peak_bytes) == (micro, expected, peaks[expected])
+    assert "save_kernels" not in {t.remat for t in fit.trials}
 
 
 def test_nothing_that_fits_is_one_line_naming_the_least_tried():

@@ -54,6 +54,7 @@ from olmax.config.schema import Remat
 from olmax.device_memory import (DoesNotFit, GiB, as_does_not_fit, compiled_peak, compiler_remat_ops,
                                  device_limit, gib, hbm_bytes, oom_of, resident_bytes)
 from olmax.errors import ConfigError
+from olmax.model.runtime import Runtime
 from olmax.platforms import backend_of
 from olmax.parallel.mesh import data_parallel_size
 from olmax.train.step import ABSTRACT_LR, ShardedTraining, build_sharded_training, micro_batch_size
@@ -62,11 +63,13 @@ log = logging.getLogger(__name__)
 
 # From the least recomputation to the most: none (keep every activation), save_proj (keep every
 # projection's output: only element-wise work is recomputed), save_attn (keep q/k/v and the
-# attention kernel's output: the MLP and the output projection are recomputed), full (keep each
-# layer's input only). ``dots`` keeps what save_proj keeps in fp32 (twice the bytes, the same
+# attention kernel's output: the MLP and the output projection are recomputed), save_kernels (keep
+# each layer's input and the attention kernel's output and statistics: every matmul is recomputed,
+# never the attention kernel; where attention is no Pallas kernel, it compiles as ``full`` and
+# fits where ``full`` does), full (keep each layer's input only). ``dots`` keeps what save_proj keeps in fp32 (twice the bytes, the same
 # recomputation) and ``save_outputs`` recomputes nearly what ``full`` does: neither is a step of
 # the ladder.
-REMAT_LADDER = ("none", "save_proj", "save_attn", "full")
+REMAT_LADDER = ("none", "save_proj", "save_attn", "save_kernels", "full")
 FSDP_HINT = "mesh.fsdp (more devices to shard the parameters and optimizer state over)"
 
 
@@ -156,9 +159,13 @@ def micro_candidates(train: TrainConfig, dp: int) -> list[int]:
     return [d for d in range(cap, 0, -1) if per_device % d == 0]
 
 
-def remat_candidates(train: TrainConfig) -> list[str]:
-    """The policies ``auto`` may choose, least recomputation first; a given policy alone."""
-    return list(REMAT_LADDER) if train.remat == "auto" else [train.remat]
+def remat_candidates(train: TrainConfig, attention_kernel: bool = True) -> list[str]:
+    """The policies ``auto`` may choose, least recomputation first; a given policy alone.
+    ``attention_kernel``: attention is a Pallas kernel (splash) with residuals to keep; where it
+    is not, ``save_kernels`` is the program ``full`` is and is not tried twice."""
+    if train.remat != "auto":
+        return [train.remat]
+    return [r for r in REMAT_LADDER if attention_kernel or r != "save_kernels"]
 
 
 def choose(micros: Sequence[int], remats: Sequence[str],
@@ -215,7 +222,8 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
     limit_bytes, source = limit if limit is not None else memory_limit(train, devices)
     auto = tuple(k for k in ("micro_batch_size", "remat") if getattr(train, k) == "auto")
     dp = data_parallel_size(mesh)
-    all_micros, all_remats = micro_candidates(train, dp), remat_candidates(train)
+    splash = Runtime.of(train, devices, remat="none").attn_impl == "splash"   # remat: any one
+    all_micros, all_remats = micro_candidates(train, dp), remat_candidates(train, splash)
     micros, remats = all_micros, all_remats
     if limit_bytes is None:           # nothing to fit against: the largest, the lightest
         micros, remats = micros[:1], remats[:1]
