@@ -1,27 +1,25 @@
 #!/usr/bin/env bash
-# The step changes not yet measured on a TPU, as A/B runs on one chip (no network; < 9 minutes on
-# one v5e chip): each `olmax bench ab` compiles its legs, then steps one shared state with each
-# leg in turn (steps interleaved, 3 rounds, the median per-round ratio to the first leg).
-#   olmo3-600m, 8 x 4096, micro-batch 8, full remat (the row `auto` fits to a v5e chip), and
-#   olmo3-370m, 16 x 4096, micro-batch 1, save_proj (likewise), each with the legs
-#     base     the defaults (splash's fused backward, blocks of 512, the layer scan rolled)
-#     unroll   train.unroll_layers=true: every layer's residuals in buffers of their own, where
-#              the rolled scan stacks them with dynamic-update-slice and reads them back with
-#              dynamic-slice (12 % of the 370m's step on the chip's profile)
-#     b1024    train.splash_block=1024: half the kernel steps, more masked work at the diagonal
-#   and for the 600m also
-#     kernels  train.remat=save_kernels train.unroll_layers=true train.loss_chunk_rows=4096: full
-#              remat but for splash's output and statistics, so the backward pass never runs the
-#              forward kernel again (216 ms of the step runs it twice under full); compiled for
-#              v5e it fits only so, unrolled and with loss chunks of 512 positions (14.13 GiB; the
-#              rolled scan needs 16.60, the unrolled one with chunks of 1,024 positions 15.78)
-#   and for the 370m (16 micro-batches of one sequence) also
-#     chunk    train.loss_chunk_rows=4096: one LM head and loss chunk a micro-batch instead of
-#              4, so the head's fp32 weight gradient is read and written 16 times a step, not 64
-# With $OUT set, ab_600m.json and ab_370m.json and log.txt are written there. Without a TPU the
-# same commands run on tiny shapes (a test of the script itself).
+# The TPU step's defaults against the ones before them, as A/B runs on one chip (no network; < 9
+# minutes on one v5e chip): each `olmax bench ab` compiles its legs, then steps one shared state
+# with each leg in turn (steps interleaved, 3 rounds, the median per-round ratio to the first leg).
+# Rows, each at the micro-batch and remat `auto` fits to a v5e chip:
+#   olmo3-190m  16 x 4096, micro-batch 2, no remat
+#   olmo3-370m  16 x 4096, micro-batch 1, save_proj
+#   olmo3-600m   8 x 4096, micro-batch 8, save_kernels (and full, its policy before)
+#   7b-slice     4 x 4096, micro-batch 4, no remat (a sliding and a full layer of the 7B's shapes,
+#                vocabulary 32,768: benchmarks/tpu_bench.py)
+# Legs:
+#   base     the defaults: splash blocks of 1,024 with the fused backward, the layers unrolled,
+#            loss chunks of 4,096 rows per device
+#   before   the defaults before them: blocks of 512, the layer scan rolled, loss chunks of 1,024
+#            positions per sequence (train.loss_chunk_rows = 1,024 x the micro-batch)
+#   full     (olmo3-600m) remat full instead of save_kernels, which runs splash's forward kernel
+#            again in the backward pass
+# Measured on a v5e chip, leg by leg: benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md. With
+# $OUT set, ab_<row>.json and log.txt are written there. Without a TPU the same commands run on
+# tiny shapes (a test of the script itself).
 #
-#   bash benchmarks/tpu_ab.sh
+#   bash benchmarks/tpu_ab.sh [ROW ...]
 # Python: $PYTHON, else $OLMAX_VENV/bin/python, else ./.venv/bin/python, else python3; olmax
 # installed there (on a host without a package index: scripts/bootstrap --offline WHEELS).
 set -uo pipefail
@@ -34,35 +32,47 @@ if [[ -n "$out" ]]; then
 fi
 t0=$SECONDS
 budget="${TPU_AB_BUDGET_S:-520}"
+rows=("$@")
+[[ ${#rows[@]} -gt 0 ]] || rows=(190m 370m 600m slice)
 tpu="$("$PY" -c 'import jax; print(int(jax.default_backend() == "tpu"))' 2>/dev/null)"
 if [[ "$tpu" == 1 ]]; then
   common=(olmo3_tiny model.max_seq_len=4096 train.seq_len=4096 train.compute_dtype=bfloat16
           train.attn_impl=auto data.embedded=true)
-  m600=(model.preset=olmo3-600m train.global_batch_size=8 train.micro_batch_size=8 train.remat=full)
-  m370=(model.preset=olmo3-370m train.global_batch_size=16 train.micro_batch_size=1
-        train.remat=save_proj)
+  declare -A row_args=(
+    [190m]="model.preset=olmo3-190m train.global_batch_size=16 train.micro_batch_size=2 train.remat=none"
+    [370m]="model.preset=olmo3-370m train.global_batch_size=16 train.micro_batch_size=1 train.remat=save_proj"
+    [600m]="model.preset=olmo3-600m train.global_batch_size=8 train.micro_batch_size=8 train.remat=save_kernels"
+    [slice]="model.preset=olmo3-7b model.n_layers=2 model.window_pattern=[4096,null] model.vocab_size=32000 model.padded_vocab_size=32768 train.global_batch_size=4 train.micro_batch_size=4 train.remat=none")
+  declare -A micro=([190m]=2 [370m]=1 [600m]=8 [slice]=4)
+  old_block=512
 else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script's own test
-  common=(olmo3_tiny train.seq_len=64 train.compute_dtype=float32 train.attn_impl=auto
-          train.profile=tpu data.embedded=true train.splash_block=128)
-  m600=(train.global_batch_size=2 train.micro_batch_size=2 train.remat=full)
-  m370=(train.global_batch_size=2 train.micro_batch_size=1 train.remat=save_proj)
+  common=(olmo3_tiny train.seq_len=256 train.compute_dtype=float32 train.attn_impl=auto
+          train.profile=tpu data.embedded=true)
+  declare -A row_args=(
+    [190m]="train.global_batch_size=2 train.micro_batch_size=1 train.remat=none"
+    [370m]="train.global_batch_size=2 train.micro_batch_size=1 train.remat=save_proj"
+    [600m]="train.global_batch_size=2 train.micro_batch_size=2 train.remat=save_kernels"
+    [slice]="train.global_batch_size=2 train.micro_batch_size=2 train.remat=none")
+  declare -A micro=([190m]=1 [370m]=1 [600m]=2 [slice]=2)
+  old_block=128
 fi
-legs=(--leg base --leg unroll train.unroll_layers=true --leg b1024 train.splash_block=1024)
-more370=(--leg chunk train.loss_chunk_rows=4096)
-more600=(--leg kernels train.remat=save_kernels train.unroll_layers=true train.loss_chunk_rows=4096)
-[[ "$tpu" == 1 ]] || { legs=(--leg base --leg unroll train.unroll_layers=true); more370=(); more600=(); }
 rc=0
-for row in 600m 370m; do
+n=${#rows[@]}
+for i in "${!rows[@]}"; do
+  row=${rows[$i]}
+  [[ -n "${row_args[$row]:-}" ]] || { echo "tpu_ab.sh: unknown row '$row' (rows: 190m 370m 600m slice)"; exit 2; }
   left=$((budget - (SECONDS - t0)))
-  [[ "$row" == 600m ]] && limit=$((left * 55 / 100)) || limit=$((left - 5))
-  echo "== A/B olmo3-$row [$((SECONDS - t0)) s], $limit s for it"
-  args=("${common[@]}")
-  row_legs=("${legs[@]}")
-  if [[ "$row" == 600m ]]; then args+=("${m600[@]}"); row_legs+=("${more600[@]}")
-  else args+=("${m370[@]}"); row_legs+=("${more370[@]}"); fi
+  limit=$((left / (n - i)))
+  echo "== A/B $row [$((SECONDS - t0)) s], $limit s for it"
+  # the loss chunk before: 1,024 positions of each sequence of a micro-batch (the tiny shapes: 64)
+  positions=1024; [[ "$tpu" == 1 ]] || positions=64
+  legs=(--leg base --leg before train.splash_block=$old_block train.unroll_layers=false
+        train.loss_chunk_rows=$((positions * ${micro[$row]})))
+  [[ "$row" == 600m ]] && legs+=(--leg full train.remat=full)
   json=()
   [[ -n "$out" ]] && json=(--json "$out/ab_$row.json" --force)
-  timeout "$limit" "$PY" -m olmax.cli bench ab "${args[@]}" "${row_legs[@]}" --rounds 3 "${json[@]}" || rc=$?
+  # shellcheck disable=SC2086  # the row's overrides are words
+  timeout "$limit" "$PY" -m olmax.cli bench ab "${common[@]}" ${row_args[$row]} "${legs[@]}" --rounds 3 "${json[@]}" || rc=$?
 done
 echo "== done [$((SECONDS - t0)) s]"
 exit "$rc"

@@ -61,13 +61,19 @@ def case(name: str, row: dict, args: list[str], versions: dict, date: str) -> di
     """The row as a calibration case of ``olmax plan`` (benchmarks/calibration/ format)."""
     fixed = [a for a in args if not a.startswith(("train.micro_batch_size=", "train.remat="))]
     fixed += [f"train.micro_batch_size={row['micro_batch_size']}", f"train.remat={row['remat']}"]
-    # the kernels' settings pinned as measured: a later default must not change the case's program
+    # the kernels', the layer loop's and the loss chunk's settings pinned as measured (the TPU
+    # profile's where the run left them to it): a later default must not change the case's program
+    from olmax.platforms import PROFILES
     from olmax.train.recipes import load_recipe
 
     train = load_recipe("olmo3_tiny", args, find_mix=False).train
-    for key in ("splash_block", "splash_fused_bwd"):
+    tpu = PROFILES["tpu"]
+    micro = int(row["micro_batch_size"])
+    resolved = {"splash_block": train.splash_block, "splash_fused_bwd": train.splash_fused_bwd,
+                "unroll_layers": tpu.unroll_layers if train.unroll_layers is None else train.unroll_layers,
+                "loss_chunk_rows": train.loss_chunk_rows or tpu.loss_chunk(micro, 1) * micro}
+    for key, value in resolved.items():
         if not any(a.startswith(f"train.{key}=") for a in fixed):
-            value = getattr(train, key)
             fixed.append(f"train.{key}={str(value).lower() if isinstance(value, bool) else value}")
     return {"name": f"olmax_{name.replace('-', '_')}_v5e_1x1", "accelerator": "v5e", "topology": "v5e:1x1",
             "devices": 1,

@@ -43,17 +43,24 @@ def test_tpu_script_runs_tiny_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_tpu_ab_script_runs_tiny_on_cpu(tmp_path):
-    """``benchmarks/tpu_ab.sh``, the A/B runs still to be measured on a chip, runs the same
-    commands on tiny shapes without a TPU: both rows, every leg compiled and timed."""
+    """``benchmarks/tpu_ab.sh``, the TPU defaults against the ones before them, runs the same
+    commands on tiny shapes without a TPU: every row, every leg compiled and timed; the legs
+    before pin what the defaults were (blocks of 128 here, where the chip's are 512)."""
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh")], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    for row, remat in (("600m", "full"), ("370m", "save_proj")):
+    for row, remat, micro in (("190m", "none", 1), ("370m", "save_proj", 1), ("600m", "save_kernels", 2),
+                              ("slice", "none", 2)):
         result = json.loads((tmp_path / f"ab_{row}.json").read_text())
-        assert list(result["legs"]) == ["base", "unroll"]
-        assert result["legs"]["unroll"]["overrides"] == ["train.unroll_layers=true"]
-        for leg in result["legs"].values():
-            assert leg["remat"] == remat and leg["step_s"] > 0
+        assert list(result["legs"]) == ["base", "before"] + (["full"] if row == "600m" else [])
+        assert result["legs"]["before"]["overrides"] == [
+            "train.splash_block=128", "train.unroll_layers=false", f"train.loss_chunk_rows={64 * micro}"]
+        for name, leg in result["legs"].items():
+            assert leg["remat"] == ("full" if name == "full" else remat) and leg["step_s"] > 0
         assert result["legs"]["base"]["ratio_to_first"] == 1.0
-    assert "== A/B olmo3-370m" in (tmp_path / "log.txt").read_text()
+    log = (tmp_path / "log.txt").read_text()
+    assert "== A/B slice" in log and "== done" in log
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh"), "1b"], env=dict(env, OUT=""),
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown row '1b'" in bad.stdout
