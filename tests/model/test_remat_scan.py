@@ -176,11 +176,11 @@ def test_layer_weight_gradients_are_written_side_by_side(profile):
 @pytest.mark.slow
 @pytest.mark.parametrize("unroll", [True, False])
 def test_unrolled_layers_give_the_scans_values_and_gradients(unroll):
-    """``train.unroll_layers`` overrides the profile's choice (the tpu profile rolls the scan, the
-    cpu profile unrolls it) and changes neither the hidden states nor the gradients, at the TPU
+    """``train.unroll_layers`` overrides the profile's choice (the gpu profile rolls the scan, the
+    tpu profile unrolls it) and changes neither the hidden states nor the gradients, at the TPU
     recipes' remat (save_proj), with splash on the tpu profile: the per-layer loop is the reference."""
     params, tokens = _params_and_tokens()
-    profile = "tpu" if unroll else "cpu"       # each forced the other way
+    profile = "gpu" if unroll else "tpu"       # each forced the other way
     rt = Runtime(attn_impl="auto", remat="save_proj", profile=PROFILES[profile], unroll=unroll)
     assert rt.unroll_layers is unroll and PROFILES[profile].unroll_layers is not unroll
     hidden = jax.jit(lambda p, t: olmo3.hidden_states(p, t, CFG, rt))(params, tokens)

@@ -180,7 +180,8 @@ def test_a_kernel_over_the_cores_vmem_is_one_line(capsys):
     assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", "--no-parts", "model.d_model=256",
                  "model.n_heads=4", "model.n_kv_heads=4", "model.head_dim=64", "model.max_seq_len=4096",
                  "model.window_pattern=[null]", "train.seq_len=4096", "train.global_batch_size=1",
-                 "train.compute_dtype=bfloat16", "train.attn_impl=auto", "train.splash_block=2048"]) == 1
+                 "train.compute_dtype=bfloat16", "train.attn_impl=auto", "train.splash_block=2048",
+                 "train.unroll_layers=false"]) == 1      # the layer loop the chip ran
     line = capsys.readouterr().out.strip()
     assert line == ("olmax plan: does not fit: the step (v5e:1x1 x1, batch 1 x 4096, micro-batch "
                     "whole, remat=none): its kernel splash_mha_fwd_residuals needs 19.9 MiB of on-chip "
@@ -305,10 +306,12 @@ def test_a_part_of_the_estimate_never_decides_the_fit(tmp_path, capsys):
 def test_auto_micro_batch_is_the_largest_the_tpu_compiler_accepts(tmp_path, capsys):
     """``train.micro_batch_size=auto`` for a v5e device: the compiler itself refuses the
     candidates that do not fit (its out-of-memory error, read for its figures); the choice fits
-    and the next larger divisor was refused."""
+    and the next larger divisor was refused. The LM head's chunk holds a whole micro-batch (its
+    fp32 logits over 300,032 entries grow with it), so that not every micro-batch fits."""
     out = tmp_path / "plan.json"
     assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", *WIDE, "train.seq_len=2048",
                  "train.global_batch_size=8", "train.micro_batch_size=auto", "--no-parts",
+                 "train.loss_chunk_rows=16384",
                  "--json", str(out)]) == 0, capsys.readouterr()
     p = json.loads(out.read_text())
     fit, hbm = p["details"]["fit"], p["memory"]["hbm_bytes"]
@@ -318,5 +321,11 @@ def test_auto_micro_batch_is_the_largest_the_tpu_compiler_accepts(tmp_path, caps
     assert trials[chosen]["fits"] and trials[chosen]["peak_bytes"] == p["memory"]["peak_bytes"] <= hbm
     larger = [d for d in (8, 4, 2, 1) if d > chosen]
     assert larger, "every micro-batch fits: the case no longer tests the search"
-    assert not trials[min(larger)]["fits"] and trials[min(larger)]["peak_bytes"] > hbm
+    # each larger divisor tried was refused by the compiler, or fits only by the compiler's
+    # recomputation (what auto takes last), and the largest was refused
+    for d in larger:
+        if d in trials:
+            t = trials[d]
+            assert (not t["fits"] and t["peak_bytes"] > hbm) or t["compiler_remat_ops"] > 0, t
+    assert not trials[8]["fits"] and trials[8]["peak_bytes"] > hbm
     assert p["details"]["n_micro"] == 8 // chosen

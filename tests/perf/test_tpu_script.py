@@ -35,8 +35,10 @@ def test_tpu_script_runs_tiny_on_cpu(tmp_path):
         case = validate(yaml.safe_load(path.read_text()), path.stem)
         assert case["peer"]["program"] == "olmax" and case["topology"] == "v5e:1x1"
         assert "train.micro_batch_size=4" in case["peer"]["args"] and "train.remat=none" in case["peer"]["args"]
-        # the kernels as measured, whatever the defaults become
-        assert {"train.splash_block=512", "train.splash_fused_bwd=true"} <= set(case["peer"]["args"])
+        # the kernels, the layer loop and the loss chunk as measured (the tpu profile's 4096 rows
+        # per device at micro-batch 4), whatever the defaults become
+        assert {"train.splash_block=1024", "train.splash_fused_bwd=true", "train.unroll_layers=true",
+                "train.loss_chunk_rows=4096"} <= set(case["peer"]["args"])
         assert case["measured"]["step_s"] > 0
     assert "matmul ceiling" in (tmp_path / "log.txt").read_text()
 
