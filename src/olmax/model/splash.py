@@ -12,8 +12,8 @@ block by block (online softmax in fp32 scratch, bf16 or fp32 matmul operands) an
   head ``h // (Hq / Hkv)``;
 - the softmax scale folded into q (the kernel applies none);
 - blocks of ``min(B, T')`` in every kernel (``train.splash_block``, B = 1,024 by default), where
-  T' is T rounded up to a multiple of 128 lanes and then of the block. Padding rows lie after every real query, so causality
-  hides them from real queries; padded query rows are dropped;
+  T' is T rounded up to a multiple of 128 lanes and then of the block. Padding rows lie after
+  every real query, so causality hides them from real queries; padded query rows are dropped;
 - documents (intra-document masking): the segment ids [B, T] as the kernel's ``SegmentIds``
   (its mask is the static mask and-ed with ``segment[q] == segment[k]``); padded positions get
   a segment of their own (-1), so that no padded row is fully masked;
