@@ -21,7 +21,7 @@ With ``--table OUT`` it measures the rates table that ``olmax plan`` prices a GP
 (:mod:`olmax.perf.gpu_rates`: GEMMs on a grid of shapes, cuDNN attention by sequence, head
 dimension and window, HBM bandwidth, the per-kernel floor) and writes it to OUT; copied to
 ``src/olmax/perf/gpu_tables/NAME.json`` and named by the GPU's row in :mod:`olmax.hardware`
-(``gpu_rates``), it prices that GPU and those of the same tensor cores.
+(``rates``), it prices that GPU and those of the same tensor cores, or that TPU.
 """
 
 from __future__ import annotations
@@ -166,8 +166,12 @@ def run_matmul(args: argparse.Namespace) -> int:
         from olmax.perf.gpu_rates import measure
 
         refuse_existing(args.table_out, args.force, flag="--table")
-        table = measure()
-        write_json_atomic(args.table_out, table, overwrite=args.force)
+        written: list[bool] = []
+
+        def save(table: dict) -> None:    # after each part: a measurement cut short keeps its parts
+            write_json_atomic(args.table_out, table, overwrite=args.force or bool(written))
+            written.append(True)
+        table = measure(progress=save)
         print(f"rates table of {table['device_kind']} written to {args.table_out}")
         return 0
     r = matmul_ceiling(size=args.size, dtype=args.dtype, iters=args.iters)

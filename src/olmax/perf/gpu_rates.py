@@ -1,4 +1,4 @@
-"""Measured rates of one GPU, the table that the GPU step-time estimate reads
+"""Measured rates of one GPU or TPU, the table that the kernel-by-kernel step-time estimate reads
 (:mod:`olmax.perf.gpu_estimate`): ``olmax bench matmul --table OUT`` writes it.
 
 - ``gemm``: bf16 matrix products (fp32 accumulation) on a grid of shapes ``m x k @ k x n``, each
@@ -11,6 +11,11 @@
   length, head dimension and window; FLOPs are the window-aware count (the (query, key) pairs the
   mask keeps, :func:`olmax.model.flops.causal_attention_pairs`): 4 x pairs x head_dim per head for
   the forward, 10 x for forward + backward (recomputed scores, the four products of the backward).
+- on a TPU, ``attention`` is olmax's splash kernels instead (:mod:`olmax.model.splash`, at the
+  default block, with the fused backward), and its FLOPs are those the kernels *execute*: every
+  visited block pair, masked entries included (:func:`olmax.model.splash.kernel_flops`), which is
+  what the estimate counts in a compiled step; the GEMM grid is the one of :data:`TPU_GEMM_M` and
+  :data:`TPU_GEMM_SIZES` (the widths of OLMo 3's smaller sizes and the vocabulary slice too).
 - ``hbm``: the bytes per second of a large elementwise kernel (read + write) and of a reduction
   (read): what XLA's memory-bound fusions reach, not the datasheet's figure.
 - ``kernel``: the time per kernel of a chain of tiny dependent kernels in one program: the floor
@@ -34,6 +39,13 @@ ATTENTION_CASES = tuple((seq, hd, win) for seq in (4096, 8192, 16384) for hd in 
 # FLOPs per kept (query, key) pair and head dimension: QK^T and PV forward; the backward's
 # recomputed scores and its four products (dV, dP, dQ, dK) make 10 for forward + backward.
 ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS = 4.0, 6.0
+# TPU: tokens per device per micro-batch of one to eight 4096-token rows; the widths of OLMo 3's
+# d_model (768 to 4096), MLPs (3072 to 11008) and the vocabulary (a 32,768 slice; 100,352 clamps)
+TPU_GEMM_M = (4096, 32768)
+TPU_GEMM_SIZES = (768, 2048, 4096, 11008, 32768)
+# (sequence, head dim, window): the head dims of olmo3-190m/370m (64), -600m (80) and the 7B (128)
+SPLASH_CASES = ((4096, 64, None), (4096, 80, None), (4096, 128, None), (8192, 128, None),
+                (8192, 128, 4096), (8192, 64, None))
 DISPATCH_BOUND_S = 100e-6   # on the H200 here one call took 35-65 us to dispatch
 
 
@@ -120,6 +132,44 @@ def attention_rates(cases=ATTENTION_CASES, d_model: int = 4096, repeats: int = 3
     return rows
 
 
+def splash_rates(cases=SPLASH_CASES, heads: int = 16, batch: int = 2, repeats: int = 3,
+                 native: bool = True) -> list[dict]:
+    """olmax's splash kernels (TPU), forward alone and forward + fused backward, per case; FLOPs
+    executed (every visited block pair), so that a compiled step's kernel calls are priced by the
+    same count. ``native=False``: Pallas interpret mode (a test of this function off TPU)."""
+    import jax
+    import jax.numpy as jnp
+
+    from olmax.model.splash import DEFAULT_BLOCK, kernel_flops, splash_attention
+
+    rows = []
+    for seq, hd, win in cases:
+        shape = (batch, seq, heads, hd)
+        dt = jnp.bfloat16 if native else jnp.float32
+        q, k, v, do = (jax.random.normal(jax.random.key(i), shape, dt) for i in range(4))
+
+        def attn(q, k, v, win=win, hd=hd):
+            return splash_attention(q, k, v, win, hd ** -0.5, native=native, fused_bwd=True)
+
+        fwd = jax.jit(attn)
+        fwd_bwd = jax.jit(lambda q, k, v, do: jax.vjp(attn, q, k, v)[1](do))
+        f_fwd = kernel_flops(seq, win, heads, hd, batch, "fwd")
+        f_bwd = kernel_flops(seq, win, heads, hd, batch, "dkv", fused=True)
+        row: dict[str, Any] = {"seq": seq, "head_dim": hd, "heads": heads, "batch": batch, "window": win,
+                               "block": DEFAULT_BLOCK, "kernel": "splash", "fwd": f_fwd,
+                               "fwd_bwd": f_fwd + f_bwd}
+        try:
+            row["fwd_s"] = _timed(fwd, (q, k, v), _calls_for(f_fwd / 1e14), repeats)
+            row["fwd_bwd_s"] = _timed(fwd_bwd, (q, k, v, do), _calls_for((f_fwd + f_bwd) / 1e14), repeats)
+            row["bwd_s"] = row["fwd_bwd_s"] - row["fwd_s"]
+            row["fwd_flops_per_s"] = f_fwd / row["fwd_s"]
+            row["bwd_flops_per_s"] = f_bwd / row["bwd_s"]
+        except Exception as e:  # an unsupported case is reported, not fatal
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        rows.append(row)
+    return rows
+
+
 def hbm_rates(nbytes: int = 4 << 30, repeats: int = 3) -> dict:
     import jax
     import jax.numpy as jnp
@@ -153,36 +203,54 @@ def kernel_floor(length: int = 2000, repeats: int = 3) -> dict:
             "kernels_in_chain": kernels, "per_kernel_s": (s_many - s_one) / length}
 
 
-def measure(*, gemm: bool = True, attention: bool = True, log=print) -> dict:
-    """Every rate above on the first device, with what it was measured on."""
+def _log_attention(r: dict, log) -> None:
+    log(f"attention seq {r['seq']} hd {r['head_dim']} window {r['window']}: "
+        + (r["error"] if "error" in r else
+           f"fwd {r['fwd_s'] * 1e3:.2f} ms ({r['fwd_flops_per_s'] / 1e12:.0f} TFLOP/s), "
+           f"bwd {r['bwd_s'] * 1e3:.2f} ms ({r['bwd_flops_per_s'] / 1e12:.0f} TFLOP/s)"
+           f"{'' if r.get('cudnn', True) else ' [not cuDNN]'}"))
+
+
+def measure(*, gemm: bool = True, attention: bool = True, log=print, progress=None) -> dict:
+    """Every rate above on the first device, with what it was measured on. ``progress``: called
+    with the table as it stands after each part (a measurement cut short keeps what it measured;
+    ``complete`` is False until the end)."""
     import jax
 
     dev = jax.devices()[0]
     out: dict[str, Any] = {"device_kind": dev.device_kind, "platform": dev.platform,
                            "jax": jax.__version__,
                            "date": datetime.date.today().isoformat(),
-                           "method": __doc__.split("\n\n")[0].replace("\n", " ")}
+                           "method": __doc__.split("\n\n")[0].replace("\n", " "), "complete": False}
+    done = progress or (lambda table: None)
     t0 = time.perf_counter()
     out["hbm"] = hbm_rates(1 << 26 if dev.platform == "cpu" else 4 << 30)
     log(f"hbm: elementwise {out['hbm']['elementwise_bytes_per_s'] / 1e12:.3f} TB/s, "
         f"reduce {out['hbm']['reduce_bytes_per_s'] / 1e12:.3f} TB/s ({time.perf_counter() - t0:.0f} s)")
-    out["kernel"] = kernel_floor(50 if dev.platform == "cpu" else 2000)
+    out["kernel"] = kernel_floor({"cpu": 50, "tpu": 500}.get(dev.platform, 2000))
     log(f"kernel floor: {out['kernel']['per_kernel_s'] * 1e6:.2f} us per kernel "
         f"({out['kernel']['kernels_in_chain']} kernels)")
-    if gemm:
-        out["gemm"] = (gemm_rates((64, 128), (64, 256), "float32") if dev.platform == "cpu"
-                       else gemm_rates())
-        best = max(r["flops_per_s"] for r in out["gemm"])
-        log(f"gemm: {len(out['gemm'])} shapes, best {best / 1e12:.1f} TFLOP/s "
-            f"({time.perf_counter() - t0:.0f} s)")
-    if attention:
-        out["attention"] = attention_rates(((256, 16, None), (256, 16, 64)), d_model=64) \
-            if dev.platform == "cpu" else attention_rates()
-        for r in out["attention"]:
-            log(f"attention seq {r['seq']} hd {r['head_dim']} window {r['window']}: "
-                + (r["error"] if "error" in r else
-                   f"fwd {r['fwd_s'] * 1e3:.2f} ms ({r['fwd_flops_per_s'] / 1e12:.0f} TFLOP/s), "
-                   f"bwd {r['bwd_s'] * 1e3:.2f} ms ({r['bwd_flops_per_s'] / 1e12:.0f} TFLOP/s)"
-                   f"{'' if r['cudnn'] else ' [not cuDNN]'}"))
+    done(out)
+    # the attention kernels first on a TPU: the GEMM grid's many compiles take longest there
+    parts = ["attention", "gemm"] if dev.platform == "tpu" else ["gemm", "attention"]
+    for part in parts:
+        if part == "gemm" and gemm:
+            out["gemm"] = (gemm_rates((64, 128), (64, 256), "float32") if dev.platform == "cpu"
+                           else gemm_rates(TPU_GEMM_M, TPU_GEMM_SIZES, guess_flops=1.5e14)
+                           if dev.platform == "tpu" else gemm_rates())
+            best = max(r["flops_per_s"] for r in out["gemm"])
+            log(f"gemm: {len(out['gemm'])} shapes, best {best / 1e12:.1f} TFLOP/s "
+                f"({time.perf_counter() - t0:.0f} s)")
+        elif part == "attention" and attention:
+            if dev.platform == "tpu":
+                out["attention"] = splash_rates()
+            else:
+                out["attention"] = attention_rates(((256, 16, None), (256, 16, 64)), d_model=64) \
+                    if dev.platform == "cpu" else attention_rates()
+            for r in out["attention"]:
+                _log_attention(r, log)
+        done(out)
     out["measure_s"] = time.perf_counter() - t0
+    out["complete"] = True
+    done(out)
     return out
