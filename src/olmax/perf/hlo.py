@@ -454,17 +454,27 @@ def _fusion_io(ins: Instruction, fused: list[Instruction], shapes: dict[str, str
     params, users = _params_and_users(fused)
     root = next((f for f in fused if f.text.lstrip().startswith("ROOT")), fused[-1] if fused else None)
     written = array_bytes(ins.shape)
-    aliased = None
-    if root is not None and root.opcode == "dynamic-update-slice":
-        ops = _split_top(_args_text(root))
-        buf = ops[0].split()[-1].lstrip("%") if ops else ""
-        if buf in params.values():
-            aliased = buf
-            written = _operand_bytes(ops[1], shapes) if len(ops) > 1 else written
+    aliased: set[str] = set()
+    inner = {f.name: f for f in fused}
+    inner_shapes = {f.name: f.shape for f in fused}
+    # the results: the root's, or each member of a root tuple (a multi-output fusion)
+    results = [root] if root is not None and root.opcode != "tuple" else [
+        inner.get(a.split()[-1].lstrip("%")) for a in _split_top(_args_text(root))] if root else []
+    parts = _tuple_parts(ins.shape) if root is not None and root.opcode == "tuple" else [ins.shape]
+    if results and len(parts) == len(results):
+        written = 0.0
+        for res, part in zip(results, parts):
+            ops = _split_top(_args_text(res)) if res is not None and res.opcode == "dynamic-update-slice" else []
+            buf = ops[0].split()[-1].lstrip("%") if ops else ""
+            if buf in params.values():    # updated in place: writes its update, reads not the buffer
+                aliased.add(buf)
+                written += _operand_bytes(ops[1], {**shapes, **inner_shapes}) if len(ops) > 1 else 0.0
+            else:
+                written += array_bytes(part)
     read = 0.0
     for idx, operand in enumerate(operands):
         pname = params.get(idx)
-        if pname is not None and pname == aliased:
+        if pname is not None and pname in aliased:
             continue
         sliced = _sliced_read(pname, users, comps or {}) if pname else None
         read += _operand_bytes(operand, shapes) if sliced is None else sliced
@@ -627,10 +637,42 @@ _WINDOW_SIZE_RE = re.compile(r"window=\{size=([0-9x]+)")
 _FEATURE_GROUPS_RE = re.compile(r"feature_group_count=(\d+)")
 
 
-def _conv_contracted(ins, dims: dict[str, list[int]]) -> int:
+def _window_taps(ins, dims: dict[str, list[int]], lhs_label: str, out_label: str) -> float:
+    """The window taps an output element of a ``convolution`` multiplies on average: per spatial
+    dimension, those that land on the input rather than its padding (a TPU writes a matmul over
+    16 heads as a window of 16 padded by 15 on each side of a one-element input: one tap, not 16),
+    times the other dimensions'. The window's size where the text holds what this does not read
+    (dilation)."""
+    w = _WINDOW_SIZE_RE.search(ins.text)
+    if not w:
+        return 1.0
+    sizes = [int(x) for x in w.group(1).split("x")]
+    window = re.search(r"window=\{([^}]*)\}", ins.text)
+    spec = window.group(1) if window else ""
+    lhs, out = dims.get(_first_operand(ins)), dims.get(ins.name)
+    if "dilate" in spec or lhs is None or out is None:
+        return float(math.prod(sizes))
+    pad = re.search(r"pad=([0-9_x\-]+)", spec)
+    pads = [tuple(int(v) for v in p.split("_")) for p in pad.group(1).split("x")] if pad else []
+    stride = re.search(r"stride=([0-9x]+)", spec)
+    strides = [int(v) for v in stride.group(1).split("x")] if stride else []
+    taps = 1.0
+    for i, size in enumerate(sizes):
+        if str(i) not in lhs_label or str(i) not in out_label:
+            return float(math.prod(sizes))
+        n_in, n_out = lhs[lhs_label.index(str(i))], out[out_label.index(str(i))]
+        lo = pads[i][0] if i < len(pads) else 0
+        s = strides[i] if i < len(strides) else 1
+        valid = sum(max(0, min(size, n_in + lo - o * s) - max(0, lo - o * s)) for o in range(n_out))
+        taps *= valid / max(1, n_out)
+    return taps
+
+
+def _conv_contracted(ins, dims: dict[str, list[int]]) -> float:
     """The products each output element of a ``convolution`` sums: the input features (the
-    lhs's ``f`` dimension, per feature group) times the window's size. A matmul written as a
-    convolution (``dim_labels=bf_io->bf``, no window) contracts its lhs's ``f``."""
+    lhs's ``f`` dimension, per feature group) times the window taps that land on the input
+    (:func:`_window_taps`). A matmul written as a convolution (``dim_labels=bf_io->bf``, no
+    window) contracts its lhs's ``f``."""
     m = _DIM_LABELS_RE.search(ins.text)
     lhs = dims.get(_first_operand(ins))
     if m is None or lhs is None or "f" not in m.group(1):
@@ -639,10 +681,7 @@ def _conv_contracted(ins, dims: dict[str, list[int]]) -> int:
     g = _FEATURE_GROUPS_RE.search(ins.text)
     if g:
         k //= max(1, int(g.group(1)))
-    w = _WINDOW_SIZE_RE.search(ins.text)
-    if w:
-        k *= math.prod(int(x) for x in w.group(1).split("x"))
-    return k
+    return k * _window_taps(ins, dims, m.group(1), m.group(3))
 
 
 def dot_flops(text: str) -> dict[str, float]:
