@@ -138,7 +138,7 @@ def main() -> int:
                     table = Path(__file__).resolve().parents[1] / "src/olmax/perf/gpu_tables" / f"{acc.name}.json"
                     write_json_atomic(table, rates)
                     print(f"rates table written to {table} (olmax plan reads it for {acc.name}"
-                          f"{'' if acc.gpu_rates == acc.name else '; name it in the row: gpu_rates'})")
+                          f"{'' if acc.rates == acc.name else '; name it in the row: rates'})")
         except Exception as e:  # report, keep the rows
             print(f"rates: failed: {type(e).__name__}: {e}", flush=True)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")

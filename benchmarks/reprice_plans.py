@@ -38,8 +38,9 @@ def reprice(plan: dict) -> str | None:
     acc = accelerator_of(plan.get("device_kind", ""))
     effective = d.get("kernel_flops_at_mxu_occupancy")
     if (acc is None or acc.platform != "tpu" or not effective or e.get("compute_s") is None
-            or e.get("kernel_s") is None or e.get("step_s") is None):
-        return None
+            or e.get("kernel_s") is None or e.get("step_s") is None
+            or not (e.get("method") or "").startswith("estimate: XLA TPU cost model")):
+        return None      # (a step priced from a measured rates table has no matrix rate to change)
     rate = acc.matmul_rate
     before = {k: e[k] for k in ("kernel_s", "compute_s", "step_s", "step_s_no_overlap",
                                 "tokens_per_s_per_chip", "mfu_olmo_core", "mfu_causal")}

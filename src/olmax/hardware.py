@@ -96,8 +96,9 @@ class Accelerator:
     float8: bool = False            # float8 (e4m3fn/e5m2) operands multiplied in hardware
     compiler_options: tuple[tuple[str, str], ...] = ()
     gpu_target: str | None = field(default=None, repr=False)   # GpuTargetConfig text
-    gpu_rates: str | None = None    # the measured rates table (olmax/perf/gpu_tables/NAME.json) that
-                                    # prices its kernels: its own, or one of the same tensor cores
+    rates: str | None = None        # the measured rates table (olmax/perf/gpu_tables/NAME.json) that
+                                    # prices its kernels: its own, or (a GPU) one of the same tensor
+                                    # cores; a TPU without one is priced by XLA's cost model
 
     @property
     def platform(self) -> str:
@@ -164,11 +165,11 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("h100-nvl", "nvidia", ("h100 nvl",), 835e12, float8=True),
     Accelerator("gh200", "nvidia", ("gh200",), 989e12, float8=True),
     Accelerator("h200", "nvidia", ("h200",), 989e12, _H200_MEMORY, 4.8e12, link_bw=_NVLINK4,
-                dcn_bw=_NIC_400G, float8=True, gpu_rates="h200",
+                dcn_bw=_NIC_400G, float8=True, rates="h200",
                 gpu_target=_HOPPER.format(bandwidth=4800000000000, memory=_H200_MEMORY,
                                                        name="NVIDIA H200")),
     Accelerator("h100", "nvidia", ("h100",), 989e12, _H100_MEMORY, 3.35232e12, link_bw=_NVLINK4,  # SXM
-                dcn_bw=_NIC_400G, float8=True, gpu_rates="h200",   # the H200's SMs and clocks
+                dcn_bw=_NIC_400G, float8=True, rates="h200",   # the H200's SMs and clocks
                 gpu_target=_HOPPER.format(bandwidth=3352320000000, memory=_H100_MEMORY,
                                                        name="NVIDIA H100 80GB HBM3")),
     Accelerator("b200", "nvidia", ("b200",), 2250e12, float8=True),
@@ -188,8 +189,10 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     # as 2 devices of 15.25 GiB each)
     Accelerator("v4", "google", ("tpu v4",), 275e12, 32 * GiB, mxu=128),
     # TPU memory: libtpu's compile-time limit per device (module docstring)
+    # v5e's step is priced from the rates measured on a chip (olmax bench matmul --table,
+    # benchmarks/notes/2026-12-06-one-v5e-chip-round-four.md)
     Accelerator("v5e", "google", ("tpu v5 lite", "tpu v5e"), 197e12, 16_908_218_368,
-                link_bw=400e9 / 2 / 4, dcn_bw=2 * 100e9 / 8 / 8, mxu=128, mxu_bf16=197e12),
+                link_bw=400e9 / 2 / 4, dcn_bw=2 * 100e9 / 8 / 8, mxu=128, mxu_bf16=197e12, rates="v5e"),
     Accelerator("v5p", "google", ("tpu v5p", "tpu v5"), 459e12, 102_784_475_136,   # v5p reports "TPU v5"
                 link_bw=1200e9 / 2 / 6, dcn_bw=50e9 / 8, mxu=128, mxu_bf16=394e12),
     Accelerator("v6e", "google", ("tpu v6 lite", "tpu v6e"), 918e12, 33_544_916_992,

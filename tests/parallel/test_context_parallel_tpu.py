@@ -1,5 +1,5 @@
 """Context-parallel splash attention compiled by Mosaic for a TPU topology (libtpu on this CPU-only
-machine): ``olmax plan`` of the tiny recipe's step on ``v5e:2x2`` with context 2 (each 256-token
+machine): ``olmax plan`` of the tiny recipe's step on ``v5p:2x2x1`` (priced by its unscanned parts) with context 2 (each 256-token
 row in 4 chunks of 64: the sliding windows of 64 take the halo exchange)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ OVERRIDES = ["train.attn_impl=auto", "train.seq_len=256", "train.micro_batch_siz
 
 def _plan(tmp_path, name, *overrides):
     out = tmp_path / f"{name}.json"
-    assert main(["plan", "olmo3_tiny", "--topology", "v5e:2x2", *OVERRIDES, *overrides,
+    assert main(["plan", "olmo3_tiny", "--topology", "v5p:2x2x1", *OVERRIDES, *overrides,
                  "--json", str(out)]) == 0
     return json.loads(out.read_text())
 

@@ -129,7 +129,7 @@ def test_plan_prices_a_gpu_program(h200):
 
     flops = {"olmo_core": 6.824e13, "causal": 6.535e13}
     details = {"chips": 1}
-    e = plan._estimate_gpu(_hlo("32x128"), Dev(), 8192, 1, flops, None, details)
+    e = plan._estimate_kernels(_hlo("32x128"), Dev(), 8192, 1, flops, None, details)
     compute = gpu_estimate.estimate(_hlo("32x128"), h200)["compute_s"]
     assert e["step_s"] == e["compute_s"] == pytest.approx(compute)
     assert e["tokens_per_s_per_chip"] == pytest.approx(8192 / compute)

@@ -53,11 +53,11 @@ def for_accelerator(acc: Accelerator | None, data: dict | None = None) -> dict |
 
 def _family(name: str | None) -> str | None:
     """A GPU is checked by the cases of every GPU its kernels are priced like (the same measured
-    rates table, :attr:`olmax.hardware.Accelerator.gpu_rates`); a TPU by its own generation's."""
+    rates table, :attr:`olmax.hardware.Accelerator.rates`); a TPU by its own generation's."""
     from olmax.hardware import BY_NAME
 
     acc = BY_NAME.get(name or "")
-    return None if acc is None else (acc.gpu_rates or acc.name)
+    return None if acc is None else (acc.rates or acc.name)
 
 
 def for_device(device: Any) -> dict | str:

@@ -1,6 +1,6 @@
-"""The step time of a program compiled for a GPU, estimated kernel by kernel from its HLO and a
-table of measured rates (:mod:`olmax.perf.gpu_rates`). XLA's GPU latency estimator is not used:
-it prices cuDNN's attention custom calls at almost nothing.
+"""The step time of a program compiled for a GPU, or for a TPU whose rates were measured, estimated
+kernel by kernel from its HLO and a table of measured rates (:mod:`olmax.perf.gpu_rates`). XLA's
+GPU latency estimator is not used: it prices cuDNN's attention custom calls at almost nothing.
 
 Every device op of the compiled step (each loop body's ops times the loop's trip count) is one
 kernel, priced by what bounds it:
@@ -21,7 +21,14 @@ The GPU runs the kernels of one program one after another on one stream (XLA rep
 CUDA graphs), so the compute time is their sum; collectives are timed by
 :mod:`olmax.perf.network` and combined with it as on TPU (:func:`olmax.perf.network.overlap`).
 
-Rates come from the table that the GPU's row of :mod:`olmax.hardware` names (``gpu_rates``:
+On a TPU (:func:`tpu_kernels`) the same holds with its own program's forms: the matmuls are
+``convolution`` ops (alone or in fusions), the attention kernels olmax's splash (priced at the
+FLOPs they execute over the table's measured splash rate for their pass and head dimension), and
+an asynchronous copy (``copy-start``, ``slice-start``: DMAs the schedule runs beside the compute)
+is listed but not added. The TPU runs one op at a time too, so the compute is their sum. Checked
+against every step measured on a v5e chip (``benchmarks/calibration/olmax_*_v5e_1x1*.yaml``).
+
+Rates come from the table that the accelerator's row of :mod:`olmax.hardware` names (``rates``:
 ``src/olmax/perf/gpu_tables/NAME.json``, written by ``olmax bench matmul --table`` on that GPU).
 A GPU without a table of its own is priced from the table of a GPU with the same tensor cores, with its memory-bound rates scaled by the HBM bandwidth
 of the hardware table (:mod:`olmax.hardware`: an H100 from the H200's table: the same SMs and
@@ -45,6 +52,12 @@ _FMHA_FWD = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmh
 _GEMM_CALLS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 
 
+TPU_METHOD = ("estimate: every op of the compiled step priced from a table of rates measured on the "
+              "chip (olmax bench matmul --table): matmuls (convolutions) at their FLOPs over the "
+              "measured GEMM rate at their shape, splash attention at its executed FLOPs over the "
+              "measured rate of its pass and head dimension, other ops at their bytes over the "
+              "measured HBM rate, each at least the per-op floor; asynchronous copies run beside "
+              "them; compute = their sum")
 METHOD = ("estimate: every kernel of the compiled step priced from a table of rates measured on the "
           "GPU (olmax bench matmul --table): matrix products at their FLOPs over the GEMM rate at "
           "their shape, cuDNN attention at its window-aware FLOPs over the measured rate of its pass, "
@@ -64,8 +77,33 @@ class Rates:
         self.kernel_s = table["kernel"]["per_kernel_s"]
         self._gemm: dict[tuple[int, int, int], float] = {
             (r["m"], r["n"], r["k"]): r["flops_per_s"] for r in table.get("gemm", [])}
+        if table.get("platform") == "tpu" and self._gemm:
+            self._undispatch(table)
         self._axes = [sorted({key[i] for key in self._gemm}) for i in range(3)]
         self._attn = [r for r in table.get("attention", []) if "error" not in r]
+
+    def _undispatch(self, table: dict) -> None:
+        """A TPU runs a step as one program, with no dispatch between its ops: a grid product that
+        took less than 1.5 calls of a tiny program (``kernel.one_call_s``) timed the host's
+        dispatch, not the chip. It takes the rate of the same widths at the next larger row count
+        that was not so bound (v5e: 4096 x 768 x 768 ran in 118 us, 41 TFLOP/s; with 32,768 rows
+        185)."""
+        floor = 1.5 * table.get("kernel", {}).get("one_call_s", 0.0)
+        bound = {(r["m"], r["n"], r["k"]) for r in table["gemm"]
+                 if r.get("dispatch_bound") or r["seconds"] < floor}
+        for m, n, k in bound:
+            larger = sorted(x for x, nn, kk in self._gemm if (nn, kk) == (n, k) and x > m
+                            and (x, nn, kk) not in bound)
+            if larger:
+                self._gemm[(m, n, k)] = self._gemm[(larger[0], n, k)]
+
+    def gemm_in_step(self, m: float, n: float, k: float, form: str | None) -> float:
+        """FLOP/s of a product inside a step: the grid's rate at its shape, or where the table
+        holds the rate measured for the product's form inside a profiled step (``gemm_in_step``:
+        a weight gradient, the product with a transposed weight, a forward product), the lower."""
+        rate = self.gemm(m, n, k)
+        measured = (self.table.get("gemm_in_step") or {}).get("flops_per_s", {})
+        return min(rate, measured[form]) if form in measured else rate
 
     def gemm(self, m: float, n: float, k: float) -> float:
         """FLOP/s of an ``m x k @ k x n`` product: trilinear in log2 sizes over the grid."""
@@ -120,15 +158,18 @@ def shipped_tables() -> dict[str, dict]:
 
 
 def rates_for(acc) -> Rates | None:
-    """The rates to price a GPU with (an :class:`olmax.hardware.Accelerator`), or None."""
-    if acc is None or acc.platform != "gpu" or acc.gpu_rates is None:
+    """The rates to price a GPU or TPU with (an :class:`olmax.hardware.Accelerator`), or None. A
+    TPU is priced only by a table measured on its own generation."""
+    if acc is None or acc.rates is None:
         return None
-    name = acc.gpu_rates
+    name = acc.rates
     table = shipped_tables().get(name)
     if table is None:
         return None
     if name == acc.name:
         return Rates(table)
+    if acc.platform != "gpu":
+        return None
     from olmax.hardware import BY_NAME
 
     measured = BY_NAME[name]
@@ -222,20 +263,24 @@ def _attention(ins) -> tuple[str, float, int, int, bool] | None:
     return ("bwd" if bwd else "fwd"), flops, t, head_dim, w is not None and w < t
 
 
+def _kernel_ops(text: str) -> tuple[hlo.Program, list[tuple[dict, hlo.Instruction]]]:
+    """The program and its device ops (:func:`olmax.perf.hlo.device_ops`' rows) with their
+    instructions; an asynchronous pair is one kernel, priced at its start."""
+    prog = hlo.analyse(text)
+    by_name = {ins.name: ins for instrs in prog.computations.values() for ins in instrs}
+    return prog, [(row, by_name[row["name"]]) for row in hlo.device_ops(text, prog)
+                  if not by_name[row["name"]].opcode.endswith("-done")]
+
+
 def kernels(text: str, rates: Rates) -> list[dict]:
     """Every kernel of the program with its executions, class (gemm, attention, memory), FLOPs,
     bytes and estimated seconds (all executions)."""
-    prog = hlo.analyse(text)
+    prog, ops = _kernel_ops(text)
     comps = prog.computations
-    by_name = {ins.name: ins for instrs in comps.values() for ins in instrs}
-    shapes = {ins.name: ins.shape for ins in by_name.values()}
+    shapes = {ins.name: ins.shape for instrs in comps.values() for ins in instrs}
     out = []
-    for row in hlo.device_ops(text, prog):
-        ins = by_name[row["name"]]
-        if ins.opcode.endswith("-done"):     # an async pair is one kernel: priced at its start
-            continue
-        mult = row["mult"]
-        nbytes = row["bytes"] / mult
+    for row, ins in ops:
+        nbytes = row["bytes"] / row["mult"]
         kind, flops, seconds = "memory", 0.0, 0.0
         attn = _attention(ins) if ins.opcode == "custom-call" else None
         if attn:
@@ -256,19 +301,121 @@ def kernels(text: str, rates: Rates) -> list[dict]:
                     flops += f
                     seconds += f / rates.gemm(b * m, n, k)
                 seconds = max(seconds, nbytes / rates.bw_elementwise)
-            else:
-                bw = rates.bw_reduce if "kInput" in row["kind"] else rates.bw_elementwise
-                seconds = nbytes / bw
-        seconds = max(seconds, rates.kernel_s)
-        out.append({"name": row["name"], "kind": kind, "op": row["kind"], "mult": mult,
-                    "flops": flops * mult, "bytes": row["bytes"], "seconds": seconds * mult,
-                    "line": row["line"], "pass": row["pass"]})
+        out.append(_priced(row, kind, flops, seconds, rates))
     return out
 
 
-def estimate(text: str, rates: Rates) -> dict:
+def _priced(row: dict, kind: str, flops: float, seconds: float, rates: Rates) -> dict:
+    """One kernel's row of :func:`kernels` / :func:`tpu_kernels` (``flops`` and ``seconds`` per
+    execution): a ``memory`` kernel at its bytes over the HBM rate (a reduction's for input
+    fusions), every kernel at least the per-kernel floor, the totals over its executions."""
+    mult = row["mult"]
+    if kind == "memory":
+        seconds = row["bytes"] / mult / (rates.bw_reduce if "kInput" in row["kind"] else rates.bw_elementwise)
+    seconds = max(seconds, rates.kernel_s)
+    return {"name": row["name"], "kind": kind, "op": row["kind"], "mult": mult, "flops": flops * mult,
+            "bytes": row["bytes"], "seconds": seconds * mult, "line": row["line"], "pass": row["pass"]}
+
+
+def _splash(ins) -> tuple[str, float, int, int, bool] | None:
+    """(pass, FLOPs executed, sequence, head dim, windowed) of one call of olmax's splash kernels
+    (a TPU ``tpu_custom_call`` in an ``olmax_splash`` scope): the FLOPs of every block pair it
+    visits (:func:`olmax.model.splash.kernel_flops`); the backward's kernels (dq, dkv, or the
+    fused dkv) are pass ``bwd``."""
+    from olmax.model.splash import kernel_flops, parse_scope
+
+    if 'custom_call_target="tpu_custom_call"' not in ins.text:
+        return None
+    names = hlo.op_names(ins)
+    shape = next((s for s in map(parse_scope, names) if s), None)
+    phase = re.search(r"splash_m[hq]a_(fwd|dq|dkv)", ins.name + " " + " ".join(names))
+    if shape is None or phase is None:
+        return None
+    split = {k: v for k, v in shape.items() if k in ("kv_len", "kv_block", "context", "halo", "fused")}
+    p = phase.group(1)
+    flops = kernel_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
+                         shape["batch"], p, shape["block"], **split)
+    windowed = shape["window"] is not None and shape["window"] < shape["t"] * shape.get("context", 1)
+    return ("fwd" if p == "fwd" else "bwd"), float(flops), shape["t"] * shape.get("context", 1), \
+        shape["head_dim"], windowed
+
+
+_EQUATION = re.compile(r"([\w.]+),([\w.]+)->([\w.]*)/dot_general")
+
+
+def gemm_form(op_name: str) -> str | None:
+    """The form of a matrix product from the einsum equation JAX names it by (``...i,io->...o``):
+    ``weight_grad`` where it contracts the rows (a letter or ``...`` of both operands that the
+    output lacks, the first operand's leading one: ``...i,...o->io``, ``ni,no->io``),
+    ``input_grad`` where it contracts the second operand's last letter (the transposed weight:
+    ``...o,io->...i``, ``nv,dv->nd``), ``forward`` otherwise (``...i,io->...o``); None where the
+    name holds no equation."""
+    m = _EQUATION.search(op_name or "")
+    if not m:
+        return None
+    split = lambda spec: ["..."] + list(spec[3:]) if spec.startswith("...") else list(spec)  # noqa: E731
+    lhs, rhs, out = (split(x) for x in m.groups())
+    contracted = (set(lhs) & set(rhs)) - set(out)
+    if lhs and lhs[0] in contracted:
+        return "weight_grad"
+    if rhs and rhs[-1] in contracted:
+        return "input_grad"
+    return "forward"
+
+
+def _conv_gemm(ins, flops: float) -> tuple[float, float, float]:
+    """(m, n, k) of a TPU matmul written as a ``convolution``: k its contracted products, n its
+    output's minor dimension, m the rest (the table's grid is read at that shape)."""
+    dims = _dims(ins.shape)
+    n = float(dims[-1]) if dims else 1.0
+    out = float(math.prod(dims)) if dims else 1.0
+    k = flops / (2.0 * out) if out else 1.0
+    return out / n, n, max(k, 1.0)
+
+
+# A TPU program's asynchronous copies (started, then waited for by a ``-done``)
+_TPU_ASYNC = ("copy-start", "slice-start", "dynamic-slice-start", "dynamic-update-slice-start")
+
+
+def tpu_kernels(text: str, rates: Rates) -> list[dict]:
+    """:func:`kernels` of a program compiled for a TPU: its matmuls are ``convolution`` ops (alone
+    or inside fusions), each priced at its FLOPs over the table's rate at its shape and never
+    faster than its bytes; olmax's splash kernels at their executed FLOPs over the table's rate
+    for their pass and head dimension; every other op at its bytes over the measured bandwidth
+    (a reduction's for input fusions); each at least the per-op floor."""
+    prog, ops = _kernel_ops(text)
+    dots = hlo.dot_flops(text)
+    comps = prog.computations
+    out = []
+    for row, ins in ops:
+        mult = row["mult"]
+        nbytes = row["bytes"] / mult
+        kind, flops, seconds = "memory", 0.0, 0.0
+        attn = _splash(ins) if ins.opcode == "custom-call" else None
+        if attn:
+            pas, flops, seq, hd, windowed = attn
+            kind, seconds = "attention", flops / rates.attention(pas, seq, hd, windowed)
+        elif ins.opcode in _TPU_ASYNC:
+            # a DMA the schedule starts ahead and waits for later (prefetches into VMEM, layout
+            # copies): it runs beside the compute, so it is listed, not added to the step
+            kind, seconds = "async", row["written"] / mult / rates.bw_elementwise
+        elif dots.get(ins.name):
+            kind, flops = "gemm", dots[ins.name]
+            conv = ins if ins.opcode == "convolution" else next(
+                (c for name in hlo.called_computations(ins).get("calls", [])
+                 for c in comps.get(name, []) if c.opcode == "convolution"), ins)
+            m, n, k = _conv_gemm(conv, dots.get(conv.name) or dots[ins.name])
+            names = hlo.op_names(conv)
+            rate = rates.gemm_in_step(m, n, k, gemm_form(names[0] if names else ""))
+            seconds = max(flops / rate, nbytes / rates.bw_elementwise)
+        out.append(_priced(row, kind, flops, seconds, rates))
+    return out
+
+
+def estimate(text: str, rates: Rates, platform: str = "gpu") -> dict:
     """The compute time of the program (the sum of its kernels) and its split by class."""
-    rows = kernels(text, rates)
+    rows = (tpu_kernels if platform == "tpu" else kernels)(text, rates)
+    serial = [r for r in rows if r["kind"] != "async"]
     by: dict[str, dict[str, float]] = defaultdict(lambda: {"seconds": 0.0, "flops": 0.0,
                                                            "bytes": 0.0, "kernels": 0.0})
     for r in rows:
@@ -277,7 +424,7 @@ def estimate(text: str, rates: Rates) -> dict:
         acc["flops"] += r["flops"]
         acc["bytes"] += r["bytes"]
         acc["kernels"] += r["mult"]
-    result: dict[str, Any] = {"compute_s": sum(r["seconds"] for r in rows),
+    result: dict[str, Any] = {"compute_s": sum(r["seconds"] for r in serial),
                               "by_kind": {k: dict(v) for k, v in sorted(by.items())},
                               "kernels": int(sum(r["mult"] for r in rows)),
                               "rates_source": rates.source}

@@ -47,6 +47,13 @@ The step-time *estimate* (labelled as such, its method in ``estimate.method``):
   collective_s``. Tokens/s and MFU are of ``step_s``. Where the network is unknown (CPU, v4),
   collectives are not timed and ``step_s`` is the compute.
 
+On a TPU whose generation has a rates table measured on its chip (``olmax bench matmul --table``;
+v5e), the compute time is priced op by op from the whole compiled step instead, as on a GPU below
+(:func:`olmax.perf.gpu_estimate.tpu_kernels`): XLA's cost model errs both ways on such a chip
+(it takes a matmul fusion at the datasheet's peak and prices element-wise work slow), and the
+parts miss what the scanned step does (a rolled scan's stacking of residuals). Its ``kernel_s``
+is the splash kernels' part, and no parts are compiled (``flops_per_step.xla`` is not given).
+
 On a GPU (a lent one, or a compile target such as ``--topology h100:8``) the compute time is
 instead priced kernel by kernel from the whole compiled step (:mod:`olmax.perf.gpu_estimate`: XLA's
 GPU backend has no usable cost-model time, and prices cuDNN attention at almost nothing): matrix
@@ -168,8 +175,8 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     flops = _flops(model, b, t, n)
     estimate: dict = dict(_NO_ESTIMATE)
     coll = _time_collectives(prog, mesh, topology, details)
-    if dev.platform == "gpu":
-        estimate = _estimate_gpu(text, dev, b * t, n, flops, coll, details)
+    if dev.platform == "gpu" or (dev.platform == "tpu" and _measured_rates(dev)):
+        estimate = _estimate_kernels(text, dev, b * t, n, flops, coll, details)
     elif parts:
         estimate = _estimate(cfg, st, mesh, dev, n, flops, kernel, kernel_effective, coll, details)
     else:
@@ -379,10 +386,18 @@ def _step(method: str, compute_s: float, kernel_s: float, coll: dict | None, tok
             "mfu_causal": f_c / step_s / peak_dev if peak_dev else None}
 
 
-def _estimate_gpu(text: str, dev, tokens: int, n: int, flops: dict, coll: dict | None,
-                  details: dict) -> dict:
-    """The GPU step time: every kernel of the compiled step at the measured rates of the GPU's
-    table (:mod:`olmax.perf.gpu_estimate`), collectives as on TPU."""
+def _measured_rates(dev) -> bool:
+    """Whether a table of rates measured on the device's own kind prices its step."""
+    from olmax.perf import gpu_estimate
+
+    return gpu_estimate.rates_for(accelerator_of(dev)) is not None
+
+
+def _estimate_kernels(text: str, dev, tokens: int, n: int, flops: dict, coll: dict | None,
+                      details: dict) -> dict:
+    """The step time of a GPU, or of a TPU with a measured rates table: every kernel (op) of the
+    compiled step at the measured rates of the table (:mod:`olmax.perf.gpu_estimate`),
+    collectives timed as on any TPU."""
     from olmax.model.flops import peak_flops
     from olmax.perf import gpu_estimate
 
@@ -391,11 +406,12 @@ def _estimate_gpu(text: str, dev, tokens: int, n: int, flops: dict, coll: dict |
     if rates is None:
         return dict(_NO_ESTIMATE, collective_s=None if coll is None else coll["collective_s"],
                     method=f"unavailable: no measured rates table prices {dev.device_kind} "
-                           "(olmax bench matmul --table on one, then a row's gpu_rates in olmax.hardware)")
-    est = gpu_estimate.estimate(text, rates)
-    details["gpu_kernels"] = {"by_kind": est["by_kind"], "kernels": est["kernels"],
-                              "rates_source": est["rates_source"]}
-    method = gpu_estimate.METHOD + f"; rates: {est['rates_source']}"
+                           "(olmax bench matmul --table on one, then a row's rates in olmax.hardware)")
+    est = gpu_estimate.estimate(text, rates, dev.platform)
+    details[f"{dev.platform}_kernels"] = {"by_kind": est["by_kind"], "kernels": est["kernels"],
+                                          "rates_source": est["rates_source"]}
+    method = (gpu_estimate.TPU_METHOD if dev.platform == "tpu" else gpu_estimate.METHOD) + \
+        f"; rates: {est['rates_source']}"
     attn = est["by_kind"].get("attention", {})
     return _step(method, est["compute_s"], attn.get("seconds", 0.0), coll, tokens, n, details["chips"],
                  flops, peak_flops(dev))
