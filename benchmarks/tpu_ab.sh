@@ -2,9 +2,10 @@
 # The TPU step's defaults against the ones before them, as A/B runs on one chip (no network; < 9
 # minutes on one v5e chip): each `olmax bench ab` compiles its legs, then steps one shared state
 # with each leg in turn (steps interleaved, 3 rounds, the median per-round ratio to the first leg).
-# Rows, each at the micro-batch and remat `auto` fits to a v5e chip:
+# Rows, each at the micro-batch and remat `auto` fits to a v5e chip (the 190m's at micro-batch 2,
+# where `auto` now takes 4: 1,012 ms on the chip in benchmarks/tpu.sh, 2's 980.5 in this script):
 #   olmo3-190m  16 x 4096, micro-batch 2, no remat
-#   olmo3-370m  16 x 4096, micro-batch 1, save_proj
+#   olmo3-370m  16 x 4096, micro-batch 1, no remat
 #   olmo3-600m   8 x 4096, micro-batch 8, save_kernels (and full, its policy before)
 #   7b-slice     4 x 4096, micro-batch 4, no remat (a sliding and a full layer of the 7B's shapes,
 #                vocabulary 32,768: benchmarks/tpu_bench.py)
@@ -40,7 +41,7 @@ if [[ "$tpu" == 1 ]]; then
           train.attn_impl=auto data.embedded=true)
   declare -A row_args=(
     [190m]="model.preset=olmo3-190m train.global_batch_size=16 train.micro_batch_size=2 train.remat=none"
-    [370m]="model.preset=olmo3-370m train.global_batch_size=16 train.micro_batch_size=1 train.remat=save_proj"
+    [370m]="model.preset=olmo3-370m train.global_batch_size=16 train.micro_batch_size=1 train.remat=none"
     [600m]="model.preset=olmo3-600m train.global_batch_size=8 train.micro_batch_size=8 train.remat=save_kernels"
     [slice]="model.preset=olmo3-7b model.n_layers=2 model.window_pattern=[4096,null] model.vocab_size=32000 model.padded_vocab_size=32768 train.global_batch_size=4 train.micro_batch_size=4 train.remat=none")
   declare -A micro=([190m]=2 [370m]=1 [600m]=8 [slice]=4)
@@ -50,7 +51,7 @@ else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script'
           train.profile=tpu data.embedded=true)
   declare -A row_args=(
     [190m]="train.global_batch_size=2 train.micro_batch_size=1 train.remat=none"
-    [370m]="train.global_batch_size=2 train.micro_batch_size=1 train.remat=save_proj"
+    [370m]="train.global_batch_size=2 train.micro_batch_size=1 train.remat=none"
     [600m]="train.global_batch_size=2 train.micro_batch_size=2 train.remat=save_kernels"
     [slice]="train.global_batch_size=2 train.micro_batch_size=2 train.remat=none")
   declare -A micro=([190m]=1 [370m]=1 [600m]=2 [slice]=2)
