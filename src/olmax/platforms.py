@@ -28,8 +28,8 @@ one v5e chip, steps interleaved): the rolled scan stacks every layer's residuals
 dynamic-update-slice and reads them back, 12 % of olmo3-370m's step; unrolled, that step took
 0.956x the time, olmo3-600m's (full remat, little to stack) 1.001x, and the compiled peak fell in
 every case on the chip (14.54 -> 9.77 GiB for olmo3-190m without remat). Not so for the 7B
-sharded over 512 Ironwood devices (compiled: 32.90 -> 49.66 GiB, the note's section 6): its
-layer loop is still to be decided, and ``train.unroll_layers=false`` keeps the scan. A chunk of 4096 rows per device makes
+sharded over 512 Ironwood devices (compiled: 32.90 -> 49.66 GiB, the note's section 6): the 7B
+and 32B recipes set ``train.unroll_layers: false``, which keeps the scan. A chunk of 4096 rows per device makes
 the LM head's memory the same at every micro-batch, and one chunk per 4096-position sequence
 instead of four took 0.972x the time (olmo3-370m, micro-batch 1).
 
