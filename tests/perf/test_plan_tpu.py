@@ -330,11 +330,14 @@ WIDE = ["model.preset=olmo3-tiny", "model.n_layers=1", "model.window_pattern=[nu
 
 @pytest.mark.slow
 def test_a_part_of_the_estimate_never_decides_the_fit(tmp_path, capsys):
-    """The step fits a v5e device; the optimizer part compiled for the estimate does not (the
-    chip ran a step olmax plan had called "does not fit: a part of the step needs 17.64 GiB"). The
-    verdict is the step's; the part is compiled for half the state and scaled, and says so."""
+    """The step fits a v6e device; the optimizer part compiled for the estimate does not (a v5e
+    chip ran a step olmax plan had called "does not fit: a part of the step needs 17.64 GiB", when
+    v5e was priced by its parts too). The verdict is the step's; the part is compiled for half the
+    state and scaled, and says so. (v6e has no rates table measured on its chip: its step is
+    priced by XLA's cost model over the parts; WIDE's vocabulary doubled for its 31.24 GiB.)"""
     out = tmp_path / "plan.json"
-    assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", *WIDE, "train.seq_len=128",
+    assert main(["plan", "olmo3_tiny", "--topology", "v6e:1x1", *WIDE, "model.vocab_size=600000",
+                 "model.padded_vocab_size=600064", "train.seq_len=128",
                  "train.global_batch_size=1", "--json", str(out)]) == 0, capsys.readouterr()
     p = json.loads(out.read_text())
     assert p["memory"]["fits"] is True and p["memory"]["peak_bytes"] < p["memory"]["hbm_bytes"]
