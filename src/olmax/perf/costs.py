@@ -165,23 +165,36 @@ def mxu_occupancy(contraction: int, width: int, mxu: int | None) -> float:
     return min(1.0, contraction / mxu) * min(1.0, width / mxu)
 
 
+def splash_call(ins) -> tuple[str, dict, float] | None:
+    """(phase -- ``fwd``, ``dq`` or ``dkv`` --, its scope's shape, the FLOPs one execution runs:
+    every visited block pair) of a call of olmax's splash kernels (a ``tpu_custom_call`` in an
+    ``olmax_splash`` scope, :func:`olmax.model.splash.parse_scope`), else None."""
+    from olmax.model.splash import kernel_flops as splash_flops, parse_scope
+
+    if ins.opcode != "custom-call" or 'custom_call_target="tpu_custom_call"' not in ins.text:
+        return None
+    names = hlo.op_names(ins)
+    shape = next((s for s in map(parse_scope, names) if s), None)
+    phase = re.search(r"splash_m[hq]a_(fwd|dq|dkv)", ins.name + " " + " ".join(names))
+    if shape is None or phase is None:
+        return None
+    p = phase.group(1)
+    split = {k: v for k, v in shape.items() if k in ("kv_len", "kv_block", "context", "halo", "fused")}
+    return p, shape, float(splash_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
+                                        shape["batch"], p, shape["block"], **split))
+
+
 def kernel_flops(prog, mxu: int | None = None) -> tuple[float, dict, float]:
     """FLOPs the splash kernels execute per step (per device), from the compiled HLO: (FLOPs,
     calls per phase, FLOPs divided by the MXU occupancy of each phase's matmuls on a ``mxu``-wide
     array -- the peak-rate FLOPs the same time would have done)."""
-    from olmax.model.splash import kernel_flops as splash_flops, parse_scope
-
     total, effective, calls = 0.0, 0.0, {}
     for ins, mult in hlo.custom_calls(prog, "tpu_custom_call"):
-        names = hlo.op_names(ins)
-        shape = next((s for s in map(parse_scope, names) if s), None)
-        phase = re.search(r"splash_m[hq]a_(fwd|dq|dkv)", ins.name + " " + " ".join(names))
-        if shape is None or phase is None:
+        call = splash_call(ins)
+        if call is None:
             continue
-        p = phase.group(1)
-        split = {k: v for k, v in shape.items() if k in ("kv_len", "kv_block", "context", "halo", "fused")}
-        f = splash_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
-                         shape["batch"], p, shape["block"], **split) * mult
+        p, shape, once = call
+        f = once * mult
         widths = {"D": shape["head_dim"], "K": min(shape["block"], shape.get("kv_block") or shape["block"])}
         matmuls = SPLASH_MATMULS["dkv_fused" if p == "dkv" and shape.get("fused") else p]
         occ = [mxu_occupancy(widths[c], widths[w], mxu) for c, w in matmuls]

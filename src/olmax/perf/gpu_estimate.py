@@ -81,6 +81,7 @@ class Rates:
             self._undispatch(table)
         self._axes = [sorted({key[i] for key in self._gemm}) for i in range(3)]
         self._attn = [r for r in table.get("attention", []) if "error" not in r]
+        self._in_step: dict[str, float] = (table.get("gemm_in_step") or {}).get("flops_per_s", {})
 
     def _undispatch(self, table: dict) -> None:
         """A TPU runs a step as one program, with no dispatch between its ops: a grid product that
@@ -102,8 +103,7 @@ class Rates:
         holds the rate measured for the product's form inside a profiled step (``gemm_in_step``:
         a weight gradient, the product with a transposed weight, a forward product), the lower."""
         rate = self.gemm(m, n, k)
-        measured = (self.table.get("gemm_in_step") or {}).get("flops_per_s", {})
-        return min(rate, measured[form]) if form in measured else rate
+        return min(rate, self._in_step[form]) if form in self._in_step else rate
 
     def gemm(self, m: float, n: float, k: float) -> float:
         """FLOP/s of an ``m x k @ k x n`` product: trilinear in log2 sizes over the grid."""
@@ -319,25 +319,17 @@ def _priced(row: dict, kind: str, flops: float, seconds: float, rates: Rates) ->
 
 def _splash(ins) -> tuple[str, float, int, int, bool] | None:
     """(pass, FLOPs executed, sequence, head dim, windowed) of one call of olmax's splash kernels
-    (a TPU ``tpu_custom_call`` in an ``olmax_splash`` scope): the FLOPs of every block pair it
-    visits (:func:`olmax.model.splash.kernel_flops`); the backward's kernels (dq, dkv, or the
-    fused dkv) are pass ``bwd``."""
-    from olmax.model.splash import kernel_flops, parse_scope
+    (:func:`olmax.perf.costs.splash_call`); the backward's kernels (dq, dkv, or the fused dkv) are
+    pass ``bwd``."""
+    from olmax.perf.costs import splash_call
 
-    if 'custom_call_target="tpu_custom_call"' not in ins.text:
+    call = splash_call(ins)
+    if call is None:
         return None
-    names = hlo.op_names(ins)
-    shape = next((s for s in map(parse_scope, names) if s), None)
-    phase = re.search(r"splash_m[hq]a_(fwd|dq|dkv)", ins.name + " " + " ".join(names))
-    if shape is None or phase is None:
-        return None
-    split = {k: v for k, v in shape.items() if k in ("kv_len", "kv_block", "context", "halo", "fused")}
-    p = phase.group(1)
-    flops = kernel_flops(shape["t"], shape["window"], shape["heads"], shape["head_dim"],
-                         shape["batch"], p, shape["block"], **split)
-    windowed = shape["window"] is not None and shape["window"] < shape["t"] * shape.get("context", 1)
-    return ("fwd" if p == "fwd" else "bwd"), float(flops), shape["t"] * shape.get("context", 1), \
-        shape["head_dim"], windowed
+    p, shape, flops = call
+    seq = shape["t"] * shape.get("context", 1)
+    windowed = shape["window"] is not None and shape["window"] < seq
+    return ("fwd" if p == "fwd" else "bwd"), flops, seq, shape["head_dim"], windowed
 
 
 _EQUATION = re.compile(r"([\w.]+),([\w.]+)->([\w.]*)/dot_general")
@@ -391,7 +383,7 @@ def tpu_kernels(text: str, rates: Rates) -> list[dict]:
         mult = row["mult"]
         nbytes = row["bytes"] / mult
         kind, flops, seconds = "memory", 0.0, 0.0
-        attn = _splash(ins) if ins.opcode == "custom-call" else None
+        attn = _splash(ins)
         if attn:
             pas, flops, seq, hd, windowed = attn
             kind, seconds = "attention", flops / rates.attention(pas, seq, hd, windowed)

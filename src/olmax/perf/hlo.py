@@ -457,11 +457,12 @@ def _fusion_io(ins: Instruction, fused: list[Instruction], shapes: dict[str, str
     aliased: set[str] = set()
     inner = {f.name: f for f in fused}
     inner_shapes = {f.name: f.shape for f in fused}
-    # the results: the root's, or each member of a root tuple (a multi-output fusion)
-    results = [root] if root is not None and root.opcode != "tuple" else [
-        inner.get(a.split()[-1].lstrip("%")) for a in _split_top(_args_text(root))] if root else []
-    parts = _tuple_parts(ins.shape) if root is not None and root.opcode == "tuple" else [ins.shape]
-    if results and len(parts) == len(results):
+    # the results: the root, or each member of a root tuple (a multi-output fusion)
+    results, parts = [root], [ins.shape]
+    if root is not None and root.opcode == "tuple":
+        results = [inner.get(a.split()[-1].lstrip("%")) for a in _split_top(_args_text(root))]
+        parts = _tuple_parts(ins.shape)
+    if len(parts) == len(results):
         written = 0.0
         for res, part in zip(results, parts):
             ops = _split_top(_args_text(res)) if res is not None and res.opcode == "dynamic-update-slice" else []
