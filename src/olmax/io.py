@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import logging
@@ -279,6 +280,21 @@ def check_output_dir(path: str | os.PathLike) -> Path:
     return out
 
 
+def _remove_settled(tmp: Path, settle_s: float = 0.2, patience_s: float = 30.0) -> None:
+    """Remove ``tmp`` and a writer's own temporaries beside it (``<tmp>.*``: orbax's), again until
+    none has come back for ``settle_s``. A writer that failed in one thread may still be finishing
+    files in others (orbax abandons its other writes when one raises): a single ``rmtree`` racing
+    them can leave a directory behind that they filled while it was being emptied."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        for leftover in [tmp, *tmp.parent.glob(f"{glob.escape(tmp.name)}.*")]:
+            shutil.rmtree(leftover, ignore_errors=True)
+        time.sleep(settle_s)
+        if not (tmp.exists() or any(tmp.parent.glob(f"{glob.escape(tmp.name)}.*"))) \
+                or time.monotonic() > deadline:
+            return
+
+
 @contextlib.contextmanager
 def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temp directory beside ``path``; on success rename it to ``path``.
@@ -304,9 +320,7 @@ def atomic_output_dir(path: str | os.PathLike) -> Iterator[Path]:
         os.chmod(tmp, dir_mode())   # mkdtemp's 0700 is for the temporary only
         os.rename(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for aside in tmp.parent.glob(f"{tmp.name}.*"):   # a writer's own temporaries (orbax)
-            shutil.rmtree(aside, ignore_errors=True)
+        _remove_settled(tmp)
         for d in created:  # innermost first
             with contextlib.suppress(OSError):
                 d.rmdir()
