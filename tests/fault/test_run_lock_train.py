@@ -79,9 +79,9 @@ def test_second_trainer_stops_at_once_and_the_first_is_untouched(tmp_path):
 
 
 def test_a_later_attempt_takes_over_and_the_earlier_one_stops_without_writing(reference_run, tmp_path):
-    """Attempt 9.1 of a job starts while attempt 9.0 still lives (paused): it takes the run over at
-    once and trains; 9.0, resumed while 9.1 trains, stops at its next step (exit 75) without a
-    line or a checkpoint; the run reads like an uninterrupted one, bit for bit."""
+    """Attempt 9.1 of a job starts while attempt 9.0 still lives (paused): it takes the run over
+    at once and trains; 9.0, resumed while 9.1 holds the run, stops at its next step (exit 75)
+    without a line or a checkpoint; the run reads like an uninterrupted one, bit for bit."""
     from helpers.trainrun import STEPS
 
     d = tmp_path / "run"
@@ -105,8 +105,12 @@ def test_a_later_attempt_takes_over_and_the_earlier_one_stops_without_writing(re
         while not (metrics(d) and metrics(d)[-1]["step"] >= paused_at + 2) and time.time() - t0 < 600:
             assert second.poll() is None, (tmp_path / "second.log").read_text()[-3000:]
             time.sleep(0.05)
-        first.send_signal(signal.SIGCONT)           # 9.0 goes on while 9.1 holds the run
+        # 9.1 holds the run, paused, while 9.0 goes on: had 9.1 finished and released its lock
+        # first, 9.0 would find no record to name (it then says "another process")
+        second.send_signal(signal.SIGSTOP)
+        first.send_signal(signal.SIGCONT)
         assert first.wait(timeout=300) == 75
+        second.send_signal(signal.SIGCONT)
         assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
     finally:
         for p in (first, second):
