@@ -32,6 +32,22 @@ def test_bench_train_figures(tmp_path):
     assert 4.0 < r.final_loss < 6.0                               # ~ln(120) at initialisation
 
 
+def test_a_row_that_did_not_raise_the_runtime_counter_has_no_peak_of_its_own():
+    """The allocator's peak counts since the process started: a second, smaller row of one
+    process would read the first row's peak; it reads nothing, saying why."""
+    from olmax.perf.bench import row_peak
+
+    kind = "device allocator's peak_bytes_in_use (runtime counter)"
+    assert row_peak(0, 7 << 30, kind) == (7 << 30, kind)             # the process's first row
+    assert row_peak(None, 5 << 30, kind) == (5 << 30, kind)          # no counter before it
+    assert row_peak(7 << 30, 9 << 30, kind) == (9 << 30, kind)       # raised it: its own peak
+    peak, why = row_peak(7 << 30, 7 << 30, kind)                     # did not: an earlier one's
+    assert peak is None and why == ("not observable: device allocator's peak_bytes_in_use "
+                                    "(runtime counter) kept an earlier, larger peak of this "
+                                    "process (7.00 GiB)")
+    assert row_peak(1 << 30, None, kind) == (None, kind)
+
+
 def test_bench_matmul_cli_json(tmp_path, capsys):
     out = tmp_path / "mm.json"
     assert main(["bench", "matmul", "--size", "128", "--iters", "2", "--json", str(out)]) == 0

@@ -15,7 +15,8 @@ loss, SkipStep AdamW, donated state) on synthetic tokens, on one device. It repo
   outputs + temporaries), against ``memory_limit_bytes`` (what the step was fitted to); beside it
   ``device_peak_bytes``, the runtime's own counter where it keeps one (the device allocator's
   ``peak_bytes_in_use``; the process's peak resident set on the CPU), labelled in
-  ``device_peak_kind``;
+  ``device_peak_kind``; None where an earlier step of the same process had peaked higher (the
+  counter never goes down);
 - ``micro_batch_size``, ``remat``: the step's, ``auto`` ones as chosen (``fit_trials``: each
   candidate compiled, its peak and whether it fit).
 """
@@ -145,6 +146,18 @@ def _device_peak(device: jax.Device) -> tuple[int | None, str]:
     return int(rss if sys.platform == "darwin" else rss * 1024), "process max RSS (host)"
 
 
+def row_peak(before: int | None, after: int | None, kind: str) -> tuple[int | None, str]:
+    """The runtime's peak counter as one row's figure: it counts since the process started, so
+    a row that did not raise it (an earlier row of the same process peaked higher) has no
+    figure of its own, and says so."""
+    if after is None:
+        return None, kind
+    if before and after <= before:
+        return None, (f"not observable: {kind} kept an earlier, larger peak of this process "
+                      f"({gib(before)})")
+    return after, kind
+
+
 class TrainStepRunner:
     """The trainer's compiled step on synthetic tokens, one device; ``run()`` does one step and
     waits for it. The step is the trainer's own (:func:`olmax.train.step.build_sharded_training`
@@ -252,6 +265,7 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
     model_cfg, train_cfg = cfg.model, cfg.train
     device = jax.devices()[0]
     b, t = train_cfg.global_batch_size, train_cfg.seq_len
+    counted_before, _ = _device_peak(device)
     runner = TrainStepRunner(cfg, seed)
     compile_s = runner.compile_s
     for _ in range(warmup):
@@ -270,7 +284,7 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
     f_oc = flops_per_token(model_cfg, t, "olmo_core")
     f_c = flops_per_token(model_cfg, t, "causal")
     peak = peak_flops(device)
-    counter, counter_kind = _device_peak(device)
+    counter, counter_kind = row_peak(counted_before, *_device_peak(device))
     fit = runner.fit
     ratio = (lambda f: tps * f / ceiling_flops) if ceiling_flops else (lambda f: None)
     return TrainBench(
