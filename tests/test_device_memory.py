@@ -93,7 +93,8 @@ def test_a_kernels_scoped_vmem_names_the_kernel_and_never_claims_zero_bytes():
                                ["train.micro_batch_size (now 4)"]))
     assert line == ("does not fit: the step (1 x TPU v5 lite): its kernel splash_mha_dkv_no_residuals "
                     "needs 19.9 MiB of on-chip vector memory (VMEM) per device, 16.0 MiB available; "
-                    "to lower it: train.splash_block (a smaller block)")
+                    "to lower it: train.splash_block (a smaller block); or raise it to at least 20 MiB: "
+                    "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=20480]")
     bare = "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: out of scoped vmem"
     assert (parse_oom(bare).space, parse_oom(bare).needed) == ("vmem", 0)
     line = str(as_does_not_fit(RuntimeError(bare), "the step"))

@@ -120,6 +120,10 @@ def gib(n: int | float | None) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2 ** 20:.1f} MiB"
 
 
+# The TPU compiler's limit on a kernel's on-chip vector memory (a compile option, per program).
+VMEM_OPTION = "xla_tpu_scoped_vmem_limit_kib"
+
+
 class DoesNotFit(OlmaxError):
     """A program needs more device memory than there is: a configuration error (exit status 2).
     ``needed``/``available``: bytes per device (``available`` None where unknown); ``where``: what
@@ -151,6 +155,13 @@ class DoesNotFit(OlmaxError):
             text = f"does not fit: {what} {need}"
         if self.hints:
             text += "; to lower it: " + ", ".join(self.hints)
+        if self.space == "vmem" and self.when == "compile":   # the limit is the compiler's option
+            if self.needed:    # whole MiB; the step's other kernels may need more still
+                kib = -(-self.needed // 2 ** 20) * 1024
+                text += (f"; or raise it to at least {kib // 1024} MiB: "
+                         f"train.compiler_options=[{VMEM_OPTION}={kib}]")
+            else:
+                text += f"; or raise it: train.compiler_options=[{VMEM_OPTION}=KIB]"
         return text
 
 

@@ -59,9 +59,10 @@ A new platform is one row in :data:`PROFILES`; its devices' facts and vendor are
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from functools import cache
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -181,17 +182,37 @@ def _cpu_compiler_options() -> dict[str, str]:
     return dict(CPU_COMPILER_OPTIONS)
 
 
-def compiler_options(backend: str, devices: Iterable | None = None) -> dict[str, str] | None:
+def compiler_options(backend: str, devices: Iterable | None = None,
+                     run: Mapping[str, str] | None = None) -> dict[str, str | bool] | None:
     """Compiler options for a program compiled by ``backend`` for ``devices``: on CPU
     :data:`CPU_COMPILER_OPTIONS` where this jaxlib knows them (else XLA's defaults); on TPU those
     of the devices' generation (the hardware table's ``compiler_options``, :mod:`olmax.hardware`),
-    less any the user sets in ``LIBTPU_INIT_ARGS`` (theirs win); elsewhere none."""
+    less any the user sets in ``LIBTPU_INIT_ARGS`` (theirs win); elsewhere none. ``run``: the
+    run's own (``train.compiler_options``), over all of those; ``true``/``false`` as booleans
+    (XLA reads a boolean option's text only as ``True``/``False``)."""
+    options: dict[str, str | bool] = {}
     if backend == "cpu":
-        return _cpu_compiler_options()
-    if backend != "tpu" or devices is None:
-        return None
-    acc = accelerator_of(next(iter(devices)))
-    table = dict(acc.compiler_options) if acc else {}
-    user = os.environ.get("LIBTPU_INIT_ARGS", "")
-    options = {k: v for k, v in table.items() if f"--{k}=" not in user}
+        options = dict(_cpu_compiler_options())
+    elif backend == "tpu" and devices is not None:
+        acc = accelerator_of(next(iter(devices)))
+        table = dict(acc.compiler_options) if acc else {}
+        user = os.environ.get("LIBTPU_INIT_ARGS", "")
+        options = {k: v for k, v in table.items() if f"--{k}=" not in user}
+    for name, value in (run or {}).items():
+        options[name] = {"true": True, "false": False}.get(value.lower(), value)
     return options or None
+
+
+def compile_option_error(exc: BaseException, run: Mapping[str, str]) -> ConfigError | None:
+    """The compiler's refusal of an option of ``train.compiler_options`` (one it does not know,
+    or a value it cannot read) as one line; None for any other error."""
+    text = str(exc)
+    m = (re.search(r"No such compile option: '([^']+)'", text)
+         or re.search(r"While setting option (\S+?),? (.*?)(?:\n|$)", text))
+    if not m or m.group(1) not in run:
+        return None
+    name = m.group(1)
+    why = "this XLA has no such option" if text[m.start():].startswith("No such") \
+        else m.group(2).strip().rstrip(".")
+    return ConfigError(f"train.compiler_options: {name}={run[name]} is refused by the compiler "
+                       f"({why})")

@@ -227,4 +227,5 @@ def test_a_kernels_on_chip_memory_is_refused_at_once():
     assert len(compiles) == 1 and info.value.exit_code == 2
     assert str(info.value) == ("does not fit: the step: its kernel splash_mha_fwd needs 19.9 MiB of "
                                "on-chip vector memory (VMEM) per device, 16.0 MiB available; to "
-                               "lower it: train.splash_block (a smaller block)")
+                               "lower it: train.splash_block (a smaller block); or raise it to at least 20 MiB: "
+                    "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=20480]")

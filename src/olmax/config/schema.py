@@ -10,6 +10,7 @@ by :mod:`olmax.train.recipes`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
@@ -376,6 +377,11 @@ class TrainConfig:
     # (olmax.platforms.Profile.loss_chunk). The chunk's positions are the largest divisor of the
     # sequence at most rows / sequences.
     loss_chunk_rows: int | None = None
+    # XLA compile options of the training step, "NAME=VALUE" (e.g.
+    # "xla_tpu_scoped_vmem_limit_kib=98304"), over the platform's own
+    # (olmax.platforms.compiler_options). They are per program, so `olmax bench ab` compares
+    # compiler settings in one process, which LIBTPU_INIT_ARGS (read once, at start) cannot.
+    compiler_options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_choices(self, "train")
@@ -401,6 +407,21 @@ class TrainConfig:
         check_positive(self, "train", "log_interval")
         if self.splash_block < 128 or self.splash_block % 128:
             raise ConfigError(f"train.splash_block must be a positive multiple of 128 (got {self.splash_block})")
+        self.compiler_options_dict()     # refused here, before anything compiles
+
+    def compiler_options_dict(self) -> dict[str, str]:
+        """``compiler_options`` as a dict; one that is not NAME=VALUE, or names an option twice,
+        is a ConfigError."""
+        out: dict[str, str] = {}
+        for item in self.compiler_options:
+            name, eq, value = str(item).partition("=")
+            if not (eq and value and re.fullmatch(r"[a-z][a-z0-9_]*", name)):
+                raise ConfigError(f"train.compiler_options: '{item}' is not NAME=VALUE (an XLA "
+                                  "option, e.g. xla_tpu_scoped_vmem_limit_kib=98304)")
+            if name in out:
+                raise ConfigError(f"train.compiler_options: '{name}' is given twice")
+            out[name] = value
+        return out
 
     @property
     def length(self) -> str:

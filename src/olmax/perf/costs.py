@@ -99,7 +99,8 @@ def part_costs(cfg: RunConfig, device, per_device_batch: int, tensor: int, n_dev
     spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=one)  # noqa: E731
     tok = spec((b, t), jnp.int32)
 
-    options = compiler_options(backend_of([device]), [device])   # the step's own (jit_train_step)
+    # the step's own (jit_train_step)
+    options = compiler_options(backend_of([device]), [device], train.compiler_options_dict())
 
     def part(name, fn, *args):
         compiled = compile_or_explain(jax.jit(traced_under_mesh(fn, mesh), compiler_options=options)

@@ -169,7 +169,8 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
                      "kernel_flops": kernel, "kernel_calls": kernel_calls,
                      "kernel_flops_at_mxu_occupancy": kernel_effective,
                      "loops_with_unknown_trip_count": prog.unknown_loops,
-                     "compiler_options": compiler_options(backend_of(devices), devices) or {}}
+                     "compiler_options": compiler_options(backend_of(devices), devices,
+                                                          train.compiler_options_dict()) or {}}
     if fit.auto:
         details["fit"] = fit.record()
     flops = _flops(model, b, t, n)

@@ -55,7 +55,7 @@ from olmax.device_memory import (DoesNotFit, GiB, as_does_not_fit, compiled_peak
                                  device_limit, gib, hbm_bytes, oom_of, resident_bytes)
 from olmax.errors import ConfigError
 from olmax.model.runtime import Runtime
-from olmax.platforms import backend_of
+from olmax.platforms import backend_of, compile_option_error
 from olmax.parallel.mesh import data_parallel_size
 from olmax.train.step import ABSTRACT_LR, ShardedTraining, build_sharded_training, micro_batch_size
 
@@ -254,6 +254,9 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
                 raise
             trial = Trial(micro, remat, e.needed or None, False)
         except Exception as e:   # the compiler's own out-of-memory refusal: a candidate that does not fit
+            refused_option = compile_option_error(e, train.compiler_options_dict())
+            if refused_option is not None:
+                raise refused_option from None
             oom = oom_of(e)
             if oom is None:
                 raise

@@ -269,11 +269,12 @@ def traced_under_mesh(fn: Callable, mesh: Mesh) -> Callable:
 
 
 def jit_train_step(step: Callable, state_shardings: Any = None, batch_shardings: Any = None,
-                   mesh: Mesh | None = None) -> Callable:
+                   mesh: Mesh | None = None, run_options: dict[str, str] | None = None) -> Callable:
     """jit with the state donated and, on a mesh, explicit in/out shardings for state and batch;
-    with the compiler options of the backend that compiles it (:func:`olmax.platforms.compiler_options`)."""
+    with the compiler options of the backend that compiles it and the run's own
+    (``run_options``: ``train.compiler_options``; :func:`olmax.platforms.compiler_options`)."""
     devices = step_devices(mesh)
-    options = compiler_options(backend_of(devices), devices)
+    options = compiler_options(backend_of(devices), devices, run_options)
     if state_shardings is None:
         return jax.jit(step, donate_argnums=(0,), compiler_options=options)
     rep = replicated(mesh)
@@ -323,7 +324,8 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
         return make_state(init_p(key) if params is None else params)
 
     step = make_train_step(model_cfg, train_cfg, tx, n_micro=n_micro, mesh=mesh, runtime=runtime)
-    return ShardedTraining(jit_train_step(step, state_sh, b_sh, mesh), fresh_state, state_sh,
+    return ShardedTraining(jit_train_step(step, state_sh, b_sh, mesh, train_cfg.compiler_options_dict()),
+                           fresh_state, state_sh,
                            abstract_state, b_sh, n_micro, runtime)
 
 
