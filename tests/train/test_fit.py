@@ -208,6 +208,25 @@ def test_auto_takes_what_fits_as_written_before_what_the_compiler_squeezes_in():
     assert len(squeezed.trials) == 2     # 8 and 1, each compiled once over both searches
 
 
+def test_a_step_the_compiler_refuses_under_a_larger_limit_names_the_compiler_s():
+    """A limit given above the device's memory (train.memory_limit_gib=32 on a 15.75 GiB chip):
+    the compiler refuses the step against the device's own, and the line says that limit, never
+    "needs 16.67 GiB ..., 32.00 GiB available"."""
+    def refuse(lowered):
+        raise RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory "
+                           "in memory space hbm. Used 16.67G of 15.75G hbm. Exceeded hbm capacity "
+                           "by 941.23M.")
+
+    mesh = make_mesh(MeshConfig(), jax.devices()[:1])
+    with pytest.raises(DoesNotFit) as info:
+        fit_step(MODEL, replace(TRAIN, micro_batch_size=1), TX, mesh, jax.random.key(0),
+                 lambda st: abstract_batch(st, B, T), where="the step",
+                 limit=(32 * 2 ** 30, "train.memory_limit_gib"), compile_fn=refuse)
+    assert str(info.value).startswith(
+        "does not fit: the step needs 16.67 GiB of device memory per device, 15.75 GiB available "
+        "(the compiler's own limit for the device); to lower it: ")
+
+
 def test_a_kernels_on_chip_memory_is_refused_at_once():
     """A kernel's blocks that overflow the core's scoped VMEM do not fit at any micro-batch or
     policy: the first candidate's refusal is the answer, in one line naming the block."""

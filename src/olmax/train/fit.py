@@ -239,6 +239,7 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
     trials: list[Trial] = []
     built: dict[tuple[int, str], tuple[ShardedTraining, Any]] = {}
     tried: dict[tuple[int, str], Trial] = {}
+    refused_at: dict[tuple[int, str], int] = {}   # the compiler's own limit, where it refused one
     # the compiler's own recomputation is read where a step is held to a device's limit
     count_remat = limit_bytes is not None
 
@@ -253,6 +254,8 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
             if e.space == "vmem":   # a kernel's blocks: no micro-batch or policy changes them
                 raise
             trial = Trial(micro, remat, e.needed or None, False)
+            if e.available:
+                refused_at[(micro, remat)] = e.available
         except Exception as e:   # the compiler's own out-of-memory refusal: a candidate that does not fit
             refused_option = compile_option_error(e, train.compiler_options_dict())
             if refused_option is not None:
@@ -265,6 +268,8 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
                 assert refused is not None
                 raise refused from None
             trial = Trial(micro, remat, oom.needed or None, False)
+            if oom.available:
+                refused_at[(micro, remat)] = oom.available
         else:
             peak = compiled_peak(compiled, platform)
             ok = limit_bytes is None or peak <= limit_bytes
@@ -294,8 +299,12 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
             hints = [h for h in hints if not any(h.startswith(f"train.{a} ") for a in auto)]
             where = (f"{where}, at micro-batch {least.micro_batch_size} and remat {least.remat} "
                      f"(the least memory {' and '.join(f'train.{a}=auto' for a in auto)} can choose),")
-        raise DoesNotFit(least.peak_bytes or 0, host[0] if host else limit_bytes, where, hints,
-                         source=source)
+        available = host[0] if host else limit_bytes
+        compiler_limit = refused_at.get((least.micro_batch_size, least.remat))
+        if compiler_limit is not None and (available is None or compiler_limit < available):
+            # the compiler refused it against the device's memory, below the limit given
+            available, source = compiler_limit, "the compiler's own limit for the device"
+        raise DoesNotFit(least.peak_bytes or 0, available, where, hints, source=source)
     st, compiled = built.pop(choice)
     built.clear()     # the other candidates' executables
     peak = next(t.peak_bytes for t in reversed(trials) if (t.micro_batch_size, t.remat) == choice)
