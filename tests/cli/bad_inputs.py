@@ -1232,7 +1232,7 @@ def cases() -> list[Case]:
           r"^--json and --hlo both name same.txt: give each output a file of its own$"),
         C("train", "compiler option that is not NAME=VALUE", [*TRAIN, "train.compiler_options=[fast]"],
           r"^train.compiler_options: 'fast' is not NAME=VALUE \(an XLA option, e.g. "
-          r"xla_tpu_scoped_vmem_limit_kib=98304\)$"),
+          r"xla_tpu_scoped_vmem_limit_kib=98304; a value with commas is quoted: \['NAME=A,B'\]\)$"),
         C("train", "compiler option this XLA does not have",
           [*TRAIN, "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=32768]"],
           r"^train.compiler_options: xla_tpu_scoped_vmem_limit_kib=32768 is refused by the compiler "

@@ -417,7 +417,8 @@ class TrainConfig:
             name, eq, value = str(item).partition("=")
             if not (eq and value and re.fullmatch(r"[a-z][a-z0-9_]*", name)):
                 raise ConfigError(f"train.compiler_options: '{item}' is not NAME=VALUE (an XLA "
-                                  "option, e.g. xla_tpu_scoped_vmem_limit_kib=98304)")
+                                  "option, e.g. xla_tpu_scoped_vmem_limit_kib=98304; a value with "
+                                  "commas is quoted: ['NAME=A,B'])")
             if name in out:
                 raise ConfigError(f"train.compiler_options: '{name}' is given twice")
             out[name] = value
