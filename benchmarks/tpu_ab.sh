@@ -16,6 +16,14 @@
 #            positions per sequence (train.loss_chunk_rows = 1,024 x the micro-batch)
 #   full     (olmo3-600m) remat full instead of save_kernels, which runs splash's forward kernel
 #            again in the backward pass
+# With TPU_AB_LEGS=compiler, compiler settings instead of before and full (train.compiler_options):
+#   vmem96   xla_tpu_scoped_vmem_limit_kib=98304: libtpu's scoped VMEM, what a kernel or fusion
+#            may hold in a core's vector memory (v5e's default 16 MiB of 128)
+#   b2048    that and splash blocks of 2,048 (which overflow 16 MiB at heads of 64)
+#   nolicm   xla_disable_hlo_passes=while-loop-invariant-code-motion: the micro-batch loop no
+#            longer carries a bf16 copy of each layer's weights hoisted out of it, beside the
+#            stacked copies it carries either way (compiled for v5e, olmo3-600m, 8 x 4096,
+#            micro-batch 1, save_proj: 16.67 -> 15.89 GiB at the peak)
 # Measured on a v5e chip, leg by leg: benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md. With
 # $OUT set, ab_<row>.json and log.txt are written there. Without a TPU the same commands run on
 # tiny shapes (a test of the script itself).
@@ -46,6 +54,7 @@ if [[ "$tpu" == 1 ]]; then
     [slice]="model.preset=olmo3-7b model.n_layers=2 model.window_pattern=[4096,null] model.vocab_size=32000 model.padded_vocab_size=32768 train.global_batch_size=4 train.micro_batch_size=4 train.remat=none")
   declare -A micro=([190m]=2 [370m]=1 [600m]=8 [slice]=4)
   old_block=512
+  vmem="xla_tpu_scoped_vmem_limit_kib=98304" big_block=2048
 else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script's own test
   common=(olmo3_tiny train.seq_len=256 train.compute_dtype=float32 train.attn_impl=auto
           train.profile=tpu data.embedded=true)
@@ -56,6 +65,7 @@ else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script'
     [slice]="train.global_batch_size=2 train.micro_batch_size=2 train.remat=none")
   declare -A micro=([190m]=1 [370m]=1 [600m]=2 [slice]=2)
   old_block=128
+  vmem="xla_cpu_enable_fast_math=false" big_block=256   # an option this XLA has, in its place
 fi
 rc=0
 n=${#rows[@]}
@@ -67,9 +77,15 @@ for i in "${!rows[@]}"; do
   echo "== A/B $row [$((SECONDS - t0)) s], $limit s for it"
   # the loss chunk before: 1,024 positions of each sequence of a micro-batch (the tiny shapes: 64)
   positions=1024; [[ "$tpu" == 1 ]] || positions=64
-  legs=(--leg base --leg before train.splash_block=$old_block train.unroll_layers=false
-        train.loss_chunk_rows=$((positions * ${micro[$row]})))
-  [[ "$row" == 600m ]] && legs+=(--leg full train.remat=full)
+  if [[ "${TPU_AB_LEGS:-}" == compiler ]]; then
+    legs=(--leg base --leg vmem96 "train.compiler_options=[$vmem]"
+          --leg b2048 "train.compiler_options=[$vmem]" train.splash_block=$big_block
+          --leg nolicm "train.compiler_options=[xla_disable_hlo_passes=while-loop-invariant-code-motion]")
+  else
+    legs=(--leg base --leg before train.splash_block=$old_block train.unroll_layers=false
+          train.loss_chunk_rows=$((positions * ${micro[$row]})))
+    [[ "$row" == 600m ]] && legs+=(--leg full train.remat=full)
+  fi
   json=()
   [[ -n "$out" ]] && json=(--json "$out/ab_$row.json" --force)
   # shellcheck disable=SC2086  # the row's overrides are words

@@ -66,3 +66,14 @@ def test_tpu_ab_script_runs_tiny_on_cpu(tmp_path):
     bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh"), "1b"], env=dict(env, OUT=""),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown row '1b'" in bad.stdout
+    # the compiler's legs, each compiled with its options (the CPU's in place of the TPU's VMEM)
+    legs = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh"), "190m"],
+                          env=dict(env, OUT=str(tmp_path / "compiler"), TPU_AB_LEGS="compiler"),
+                          capture_output=True, text=True, timeout=600)
+    assert legs.returncode == 0, legs.stdout[-2000:] + legs.stderr[-2000:]
+    legs = json.loads((tmp_path / "compiler" / "ab_190m.json").read_text())["legs"]
+    assert {n: leg["overrides"] for n, leg in legs.items()} == {
+        "base": [], "vmem96": ["train.compiler_options=[xla_cpu_enable_fast_math=false]"],
+        "b2048": ["train.compiler_options=[xla_cpu_enable_fast_math=false]", "train.splash_block=256"],
+        "nolicm": ["train.compiler_options=[xla_disable_hlo_passes=while-loop-invariant-code-motion]"]}
+    assert all(leg["step_s"] > 0 for leg in legs.values())
