@@ -24,6 +24,9 @@
 #            longer carries a bf16 copy of each layer's weights hoisted out of it, beside the
 #            stacked copies it carries either way (compiled for v5e, olmo3-600m, 8 x 4096,
 #            micro-batch 1, save_proj: 16.67 -> 15.89 GiB at the peak)
+# With TPU_AB_LEGS=micro, the row's micro-batch against twice it (leg double): whether the
+# larger is slower side by side (the 190m's 2 and 4: 980.5 and 1,012 ms in two commands; compiled,
+# a micro-step's smaller buffers stay in the core's VMEM where the larger ones go to HBM)
 # Measured on a v5e chip, leg by leg: benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md. With
 # $OUT set, ab_<row>.json and log.txt are written there. Without a TPU the same commands run on
 # tiny shapes (a test of the script itself).
@@ -81,6 +84,8 @@ for i in "${!rows[@]}"; do
     legs=(--leg base --leg vmem96 "train.compiler_options=[$vmem]"
           --leg b2048 "train.compiler_options=[$vmem]" train.splash_block=$big_block
           --leg nolicm "train.compiler_options=[xla_disable_hlo_passes=while-loop-invariant-code-motion]")
+  elif [[ "${TPU_AB_LEGS:-}" == micro ]]; then
+    legs=(--leg base --leg double train.micro_batch_size=$((2 * ${micro[$row]})))
   else
     legs=(--leg base --leg before train.splash_block=$old_block train.unroll_layers=false
           train.loss_chunk_rows=$((positions * ${micro[$row]})))

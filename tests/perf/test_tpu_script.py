@@ -77,3 +77,10 @@ def test_tpu_ab_script_runs_tiny_on_cpu(tmp_path):
         "b2048": ["train.compiler_options=[xla_cpu_enable_fast_math=false]", "train.splash_block=256"],
         "nolicm": ["train.compiler_options=[xla_disable_hlo_passes=while-loop-invariant-code-motion]"]}
     assert all(leg["step_s"] > 0 for leg in legs.values())
+    # a micro-batch against twice it
+    micro = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh"), "190m"],
+                           env=dict(env, OUT=str(tmp_path / "micro"), TPU_AB_LEGS="micro"),
+                           capture_output=True, text=True, timeout=600)
+    assert micro.returncode == 0, micro.stdout[-2000:] + micro.stderr[-2000:]
+    legs = json.loads((tmp_path / "micro" / "ab_190m.json").read_text())["legs"]
+    assert [(n, leg["micro_batch_size"]) for n, leg in legs.items()] == [("base", 1), ("double", 2)]
