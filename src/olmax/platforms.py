@@ -200,6 +200,8 @@ def compiler_options(backend: str, devices: Iterable | None = None,
         options = {k: v for k, v in table.items() if f"--{k}=" not in user}
     for name, value in (run or {}).items():
         options[name] = {"true": True, "false": False}.get(value.lower(), value)
+    if backend == "cpu":
+        return options    # the CPU's are always set, {} where this XLA lacks them
     return options or None
 
 
