@@ -11,7 +11,6 @@ failure by the same function.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import time
 import pytest
 
 from helpers.cli import refused_in_one_line
-from helpers.remote_servers import file_server
+from helpers.remote_servers import file_server, refused_port
 from olmax import store, transport
 from olmax.cli import main
 from olmax.data import remote
@@ -32,12 +31,6 @@ def fast_retries(monkeypatch):
     monkeypatch.setattr(transport, "BACKOFF_S", 0.01)
     monkeypatch.setattr(remote, "_INFO", {})
     monkeypatch.setattr(remote, "_DEFAULT", {})
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("text,scheme", [
@@ -132,19 +125,20 @@ def test_what_a_failure_means_is_decided_in_one_place():
 def test_an_unreachable_store_is_exit_75_for_every_command_that_reads_remotely(tmp_path, capsys):
     """convert and merge of an http:// checkpoint on a closed port: the connection error and the
     URL, exit 75 (a restart may cure it), not "not an OLMo-core checkpoint" (exit 2)."""
-    url = f"http://127.0.0.1:{_closed_port()}/ck"
-    for argv in (["convert", "olmo-core-to-olmax", url, str(tmp_path / "o")],
-                 ["merge", url, url, "--out", str(tmp_path / "m"), "--weights-only"],
-                 ["data", "inspect", "--paths", f"{url}/t.npy", "--seq-len", "8",
-                  "--global-batch-size", "1", "--seed", "0", "--batches", "0:1"]):
-        capsys.readouterr()
-        assert main(argv) == 75, argv
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and url in err, err
-        assert "failed after 5 attempts: connection refused (127.0.0.1:" in err, err
-    assert not list(tmp_path.iterdir())
-    with pytest.raises(RestartableError):
-        Files(url).exists(".metadata")        # unreachable is not "missing"
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}/ck"
+        for argv in (["convert", "olmo-core-to-olmax", url, str(tmp_path / "o")],
+                     ["merge", url, url, "--out", str(tmp_path / "m"), "--weights-only"],
+                     ["data", "inspect", "--paths", f"{url}/t.npy", "--seq-len", "8",
+                      "--global-batch-size", "1", "--seed", "0", "--batches", "0:1"]):
+            capsys.readouterr()
+            assert main(argv) == 75, argv
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and url in err, err
+            assert "failed after 5 attempts: connection refused (127.0.0.1:" in err, err
+        assert not list(tmp_path.iterdir())
+        with pytest.raises(RestartableError):
+            Files(url).exists(".metadata")        # unreachable is not "missing"
 
 
 def test_a_missing_remote_file_is_at_once_and_names_what_it_is(tmp_path, capsys):

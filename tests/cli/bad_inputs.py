@@ -327,14 +327,17 @@ def _servers(root: Path) -> dict[str, str]:
     for srv in servers.values():
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         _SERVERS.append(srv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    # bound, never listening: it refuses connections, and no other server can take the port
+    # while the cases run (one closed after reading its number could be)
+    _REFUSING.append(socket.socket())
+    _REFUSING[-1].bind(("127.0.0.1", 0))
+    closed = _REFUSING[-1].getsockname()[1]
     return {"@HTTP": servers["http"].url, "@NORANGE": servers["norange"].url,
             "@DENIED": servers["denied"].url, "@CLOSED": f"http://127.0.0.1:{closed}"}
 
 
 _SERVERS: list = []
+_REFUSING: list = []
 
 
 def _newer_surfaces(root: Path, cfg, params, tokens, recipe: dict) -> None:
@@ -1410,6 +1413,9 @@ def run_all(workdir: Path, select: Callable[[Case], bool] = lambda c: True) -> l
             srv.shutdown()
             srv.server_close()
         _SERVERS.clear()
+        for s in _REFUSING:
+            s.close()
+        _REFUSING.clear()
     return rows
 
 

@@ -24,7 +24,7 @@ from olmax.errors import OlmaxError
 from olmax import transport
 from olmax.data import remote
 from olmax.data.loader import TrainData
-from helpers.remote_servers import file_server, s3_server
+from helpers.remote_servers import file_server, refused_port, s3_server
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -294,14 +294,6 @@ def test_fetch_a_mix_from_s3(tmp_path, corpus, s3, capsys):
 # What retrying can and cannot fix; what counts as a verified copy; where a fetch may write
 
 
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_size_requests_retry_5xx_and_refused_connections(corpus, http):
     _, names, blobs = corpus
     files = remote.remote_files()
@@ -317,9 +309,9 @@ def test_size_requests_retry_5xx_and_refused_connections(corpus, http):
         files.size(f"{http.url}{always}")
     # HEAD and GET per attempt: fsspec falls back to GET when HEAD fails
     assert [m for m, p, _ in http.log if p == always] == ["HEAD", "GET"] * transport.ATTEMPTS
-    port = _closed_port()
-    with pytest.raises(OlmaxError, match=rf"size request failed after 5 attempts: connection "
-                                         rf"refused \(127\.0\.0\.1:{port}\)$"):
+    with refused_port() as port, pytest.raises(
+            OlmaxError, match=rf"size request failed after 5 attempts: connection refused "
+                              rf"\(127\.0\.0\.1:{port}\)$"):
         files.size(f"http://127.0.0.1:{port}/x.npy")
     http.log.clear()
     with pytest.raises(OlmaxError, match=r"^token file not found: .*/data/gone\.npy$"):
@@ -471,13 +463,14 @@ def test_gcs_without_a_network_is_one_line_within_seconds(tmp_path):
     five attempts, one line naming the file and the cause, no tracebacks, well under a minute, and
     the exit status of a failure a restart may cure."""
     pytest.importorskip("gcsfs")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
-               STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{_closed_port()}")
-    t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "olmax.cli", "data", "inspect", "--paths",
-                           "gs://bucket/tokens.npy", "--seq-len", "8", "--global-batch-size", "1",
-                           "--seed", "0", "--batches", "0:1"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    with refused_port() as port:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+                   STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{port}")
+        t0 = time.time()
+        proc = subprocess.run([sys.executable, "-m", "olmax.cli", "data", "inspect", "--paths",
+                               "gs://bucket/tokens.npy", "--seq-len", "8", "--global-batch-size",
+                               "1", "--seed", "0", "--batches", "0:1"], env=env,
+                              capture_output=True, text=True, timeout=120)
     assert time.time() - t0 < 40
     # a store out of reach is a failure a restart may cure: exit status 75
     assert proc.returncode == 75 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

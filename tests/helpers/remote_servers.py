@@ -8,10 +8,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 import threading
 import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@contextmanager
+def refused_port():
+    """A loopback port that refuses connections, held for the block: bound, never listening, so
+    no server of the test run (another worker's included) can take it meanwhile, as one closed
+    after its port was read could be."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 class _LoopbackServer(ThreadingHTTPServer):
