@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +29,13 @@ def run_check(d: Path, devices: int) -> list[str]:
     return [line for line in out.stdout.splitlines() if line.startswith("RESTORED")][0].split()
 
 
+def _announced(line: str) -> int | None:
+    """The step of a ``SAVING s`` line; None for any other line, or one cut short (a writer
+    killed at any moment may leave its last line without its number)."""
+    m = re.match(r"SAVING (\d+)", line)
+    return int(m.group(1)) if m else None
+
+
 def kill_writer_at(d: Path, target: int, delay: float) -> int:
     """Start the save loop, SIGKILL it ``delay`` s after it announces step ``target``.
 
@@ -43,15 +51,16 @@ def kill_writer_at(d: Path, target: int, delay: float) -> int:
     started = None
     try:
         for line in p.stdout:
-            if line.startswith("SAVING"):
-                step = int(line.split()[1])
+            announced = _announced(line)
+            if announced is not None:
+                step = announced
                 started = started or step
                 if step >= started + target:
                     time.sleep(delay)
                     os.kill(p.pid, signal.SIGKILL)
                     p.wait(timeout=30)
-                    later = [int(x.split()[1]) for x in p.stdout.read().splitlines()
-                             if x.startswith("SAVING")]
+                    later = [s for s in map(_announced, p.stdout.read().splitlines())
+                             if s is not None]
                     return max([step, *later])
             assert time.time() < deadline, "writer too slow"
         raise AssertionError(f"writer exited with {p.wait()}")
