@@ -285,13 +285,15 @@ def _remove_settled(tmp: Path, settle_s: float = 0.2, patience_s: float = 30.0) 
     none has come back for ``settle_s``. A writer that failed in one thread may still be finishing
     files in others (orbax abandons its other writes when one raises): a single ``rmtree`` racing
     them can leave a directory behind that they filled while it was being emptied."""
+    def leftovers() -> list[Path]:
+        return [p for p in [tmp, *tmp.parent.glob(f"{glob.escape(tmp.name)}.*")] if p.exists()]
+
     deadline = time.monotonic() + patience_s
     while True:
-        for leftover in [tmp, *tmp.parent.glob(f"{glob.escape(tmp.name)}.*")]:
+        for leftover in leftovers():
             shutil.rmtree(leftover, ignore_errors=True)
         time.sleep(settle_s)
-        if not (tmp.exists() or any(tmp.parent.glob(f"{glob.escape(tmp.name)}.*"))) \
-                or time.monotonic() > deadline:
+        if not leftovers() or time.monotonic() > deadline:
             return
 
 

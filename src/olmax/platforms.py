@@ -200,21 +200,21 @@ def compiler_options(backend: str, devices: Iterable | None = None,
         options = {k: v for k, v in table.items() if f"--{k}=" not in user}
     for name, value in (run or {}).items():
         options[name] = {"true": True, "false": False}.get(value.lower(), value)
-    if backend == "cpu":
-        return options    # the CPU's are always set, {} where this XLA lacks them
-    return options or None
+    # the CPU's are always a dict ({} where this XLA lacks them); elsewhere none is None
+    return options if backend == "cpu" or options else None
 
 
 def compile_option_error(exc: BaseException, run: Mapping[str, str]) -> ConfigError | None:
     """The compiler's refusal of an option of ``train.compiler_options`` (one it does not know,
     or a value it cannot read) as one line; None for any other error."""
     text = str(exc)
-    m = (re.search(r"No such compile option: '([^']+)'", text)
-         or re.search(r"While setting option (\S+?),? (.*?)(?:\n|$)", text))
-    if not m or m.group(1) not in run:
+    if m := re.search(r"No such compile option: '([^']+)'", text):
+        name, why = m.group(1), "this XLA has no such option"
+    elif m := re.search(r"While setting option (\S+?),? (.*?)(?:\n|$)", text):
+        name, why = m.group(1), m.group(2).strip().rstrip(".")
+    else:
         return None
-    name = m.group(1)
-    why = "this XLA has no such option" if text[m.start():].startswith("No such") \
-        else m.group(2).strip().rstrip(".")
+    if name not in run:
+        return None
     return ConfigError(f"train.compiler_options: {name}={run[name]} is refused by the compiler "
                        f"({why})")

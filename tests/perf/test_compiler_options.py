@@ -27,8 +27,9 @@ def _library_fusions(cfg) -> int:
 def test_the_run_s_option_is_the_step_s_own():
     """The step ``olmax bench ab`` times for a leg (and ``olmax train`` runs) compiles with the
     leg's option: another program."""
-    base = load_recipe("olmo3_tiny", [*TINY, "model.n_layers=1", "model.window_pattern=[null]"])
-    other = load_recipe("olmo3_tiny", [*TINY, "model.n_layers=1", "model.window_pattern=[null]", f"train.compiler_options=[{ELTWISE}]"])
+    one_layer = [*TINY, "model.n_layers=1", "model.window_pattern=[null]"]
+    base = load_recipe("olmo3_tiny", one_layer)
+    other = load_recipe("olmo3_tiny", [*one_layer, f"train.compiler_options=[{ELTWISE}]"])
     assert other.train.compiler_options_dict() == {
         "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_ELTWISE"}
     n_base, n_other = _library_fusions(base), _library_fusions(other)

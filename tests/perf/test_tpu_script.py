@@ -66,21 +66,21 @@ def test_tpu_ab_script_runs_tiny_on_cpu(tmp_path):
     bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh"), "1b"], env=dict(env, OUT=""),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown row '1b'" in bad.stdout
+
+    def legs_of(mode: str) -> dict:     # the 190m row with TPU_AB_LEGS=mode
+        proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh"), "190m"],
+                              env=dict(env, OUT=str(tmp_path / mode), TPU_AB_LEGS=mode),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return json.loads((tmp_path / mode / "ab_190m.json").read_text())["legs"]
+
     # the compiler's legs, each compiled with its options (the CPU's in place of the TPU's VMEM)
-    legs = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh"), "190m"],
-                          env=dict(env, OUT=str(tmp_path / "compiler"), TPU_AB_LEGS="compiler"),
-                          capture_output=True, text=True, timeout=600)
-    assert legs.returncode == 0, legs.stdout[-2000:] + legs.stderr[-2000:]
-    legs = json.loads((tmp_path / "compiler" / "ab_190m.json").read_text())["legs"]
+    legs = legs_of("compiler")
     assert {n: leg["overrides"] for n, leg in legs.items()} == {
         "base": [], "vmem96": ["train.compiler_options=[xla_cpu_enable_fast_math=false]"],
         "b2048": ["train.compiler_options=[xla_cpu_enable_fast_math=false]", "train.splash_block=256"],
         "nolicm": ["train.compiler_options=[xla_disable_hlo_passes=while-loop-invariant-code-motion]"]}
     assert all(leg["step_s"] > 0 for leg in legs.values())
     # a micro-batch against twice it
-    micro = subprocess.run(["bash", str(ROOT / "benchmarks" / "tpu_ab.sh"), "190m"],
-                           env=dict(env, OUT=str(tmp_path / "micro"), TPU_AB_LEGS="micro"),
-                           capture_output=True, text=True, timeout=600)
-    assert micro.returncode == 0, micro.stdout[-2000:] + micro.stderr[-2000:]
-    legs = json.loads((tmp_path / "micro" / "ab_190m.json").read_text())["legs"]
+    legs = legs_of("micro")
     assert [(n, leg["micro_batch_size"]) for n, leg in legs.items()] == [("base", 1), ("double", 2)]

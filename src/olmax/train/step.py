@@ -324,9 +324,8 @@ def build_sharded_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
         return make_state(init_p(key) if params is None else params)
 
     step = make_train_step(model_cfg, train_cfg, tx, n_micro=n_micro, mesh=mesh, runtime=runtime)
-    return ShardedTraining(jit_train_step(step, state_sh, b_sh, mesh, train_cfg.compiler_options_dict()),
-                           fresh_state, state_sh,
-                           abstract_state, b_sh, n_micro, runtime)
+    jitted = jit_train_step(step, state_sh, b_sh, mesh, train_cfg.compiler_options_dict())
+    return ShardedTraining(jitted, fresh_state, state_sh, abstract_state, b_sh, n_micro, runtime)
 
 
 def abstract_batch(st: ShardedTraining, batch_size: int, seq_len: int, *, packed: bool = False,
