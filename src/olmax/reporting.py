@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -179,7 +180,7 @@ def _save_dir_removed(exc: BaseException) -> bool:
     if isinstance(exc, FileNotFoundError):
         return ".orbax-checkpoint-tmp" in str(exc.filename)
     return (isinstance(exc, FileExistsError) and str(exc).startswith("Cannot rename ")
-            and ".orbax-checkpoint-tmp. Destination " in str(exc))
+            and re.search(r"\.orbax-checkpoint-tmp(-[0-9a-f]+)?\. Destination ", str(exc)) is not None)
 
 
 def _after_exit(exc: BaseException) -> bool:

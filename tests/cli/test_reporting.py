@@ -199,7 +199,7 @@ def test_a_save_ended_by_a_takeover_is_filtered_and_other_errors_stay(caplog, tm
         finally:
             monkeypatch.undo()
     with caplog.at_level(logging.ERROR, logger="absl"):
-        for path in (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp" / "_CHECKPOINT_METADATA",
+        for path in (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-5a0e3c1f" / "_CHECKPOINT_METADATA",
                      tmp_path / "checkpoints" / "6" / "_CHECKPOINT_METADATA"):
             try:
                 open(path)
@@ -207,7 +207,7 @@ def test_a_save_ended_by_a_takeover_is_filtered_and_other_errors_stay(caplog, tm
                 absl.error("Failed to write metadata path=%s", path, exc_info=True)
         # the commit of a superseded save onto the step the newer attempt committed meanwhile
         # (etils' words), and the same error of another rename
-        for src in ("6.orbax-checkpoint-tmp", "6.elsewhere"):
+        for src in ("6.orbax-checkpoint-tmp-5a0e3c1f", "6.orbax-checkpoint-tmp", "6.elsewhere"):
             try:
                 raise FileExistsError(f"Cannot rename {tmp_path}/checkpoints/{src}. Destination "
                                       f"{tmp_path}/checkpoints/6 already exists.")

@@ -209,6 +209,74 @@ def test_incomplete_save_is_reported_and_removed(tmp_path):
     assert not partial.exists()
 
 
+def test_a_superseded_save_commits_nothing_and_leaves_the_newer_save_alone(tmp_path):
+    """Attempt A's save of step 6 is in flight, its files written, its commit not yet made, when
+    the newer attempt B opens the directory (removing A's temporary directory) and saves step 6
+    too. A's commit comes while B's save is still in flight: A's fence (its run lock) says the run
+    is B's, so A commits nothing -- it would otherwise have renamed a directory holding B's half
+    -written save to ``6`` and left B's commit without its files -- and B's save commits intact."""
+    import threading
+
+    from olmax.train.callbacks.run_lock import RunDirLockLost
+
+    d = tmp_path / "checkpoints"
+    cfg = CheckpointConfig(interval=1, keep=10, async_save=True)
+    a_waits, a_lost, b_waits, b_go = (threading.Event() for _ in range(4))
+
+    def fence_a():
+        a_waits.set()
+        assert a_lost.wait(60)
+        raise RunDirLockLost("stopping: run directory was taken over by pid 2 (attempt 9.1)")
+
+    def fence_b():
+        b_waits.set()
+        assert b_go.wait(60)
+
+    a = Checkpointer(d, cfg, fence=fence_a)
+    a.save(6, make_state(1), meta_for(6))
+    assert a_waits.wait(60)
+    reports: list[str] = []
+    b = Checkpointer(d, cfg, fence=fence_b, report=reports.append)
+    assert b.incomplete == [f"6.orbax-checkpoint-tmp-{a.writer}"] and a.writer != b.writer
+    b.save(6, make_state(2), meta_for(6))
+    assert b_waits.wait(60)
+    assert sorted(p.name for p in d.iterdir()) == [f"6.orbax-checkpoint-tmp-{b.writer}"]
+    a_lost.set()
+    with pytest.raises(OlmaxError, match=r"checkpoint save at step 6 .*taken over by pid 2"):
+        a.wait()
+    a.close()
+    assert sorted(p.name for p in d.iterdir()) == [f"6.orbax-checkpoint-tmp-{b.writer}"]
+    b_go.set()
+    b.wait()
+    assert sorted(p.name for p in d.iterdir()) == ["6"]
+    state, _ = b.restore(6, abstract(make_state(2)))
+    assert_trees_equal(state.params, make_state(2).params)
+    assert_trees_equal(state.opt_state, make_state(2).opt_state)
+    assert not b.save(6, make_state(3), meta_for(6), force=True)   # on disk: not again
+    b.close()
+
+
+def test_a_save_the_fence_refuses_leaves_nothing(tmp_path):
+    """A writer whose run was taken over: its save (in the background) is dropped whole; the
+    previous checkpoint is the latest; a save before it commits as usual."""
+    d = tmp_path / "checkpoints"
+    lost: list[str] = []
+
+    def fence():
+        if lost:
+            raise OlmaxError(lost[0])
+
+    ck = Checkpointer(d, CheckpointConfig(interval=1, keep=10, async_save=True), fence=fence)
+    ck.save(2, make_state(2), meta_for(2))
+    ck.wait()
+    lost.append("stopping: run directory was taken over")
+    ck.save(4, make_state(4), meta_for(4))
+    with pytest.raises(OlmaxError, match=r"at step 4 .*was taken over\); previous checkpoints intact: \[2\]"):
+        ck.close()
+    assert sorted(p.name for p in d.iterdir()) == ["2"]
+    assert Checkpointer(d, CheckpointConfig(), read_only=True).all_steps() == [2]
+
+
 def test_unwritable_directory_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

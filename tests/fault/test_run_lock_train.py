@@ -90,8 +90,8 @@ def test_a_later_attempt_takes_over_and_the_earlier_one_stops_without_writing(re
     second = None
     try:
         wait_for_step(first, d, 4)
-        # paused with its step-3 checkpoint committed: a save still in flight when an attempt is
-        # superseded can commit after the takeover (same step, same state; left to pruning)
+        # paused with its step-3 checkpoint committed (9.1 resumes from it); its save of step 6 may
+        # be in flight: fenced by its lock, it never commits, and 9.1's save of step 6 is 9.1's own
         t_ckpt = time.time()
         while 3 not in checkpoint_steps(d) and time.time() - t_ckpt < 120:
             time.sleep(0.05)

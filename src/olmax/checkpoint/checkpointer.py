@@ -5,11 +5,13 @@ Layout (:mod:`olmax.checkpoint.format`): ``RUN_DIR/checkpoints/<step>/`` holds t
 (batches consumed, i.e. the next batch index the loader serves), ``seed``, ``model``
 (``to_dict(ModelConfig)``), ``config`` (the resolved ``RunConfig``) and whatever else the trainer adds).
 
-Atomicity comes from Orbax: a step is written under ``<step>.orbax-checkpoint-tmp-*`` and renamed to
-``<step>`` only once every item of every process is on disk, and old checkpoints are deleted only after
-a new one is committed. A process killed mid-save therefore leaves a temporary directory that
-:class:`Checkpointer` reports (by name) and removes when it next opens the directory; the previous
-step stays the latest complete one.
+Atomicity comes from Orbax: a step is written under ``<step>.orbax-checkpoint-tmp-<writer>`` (a
+directory of this checkpointer's own) and renamed to ``<step>`` only once every item of every process
+is on disk, and old checkpoints are deleted only after a new one is committed. A process killed
+mid-save therefore leaves a temporary directory that :class:`Checkpointer` reports (by name) and
+removes when it next opens the directory; the previous step stays the latest complete one. A
+trainer's commits are fenced by its run lock (:mod:`olmax.checkpoint.fence`): a save of an attempt
+that was superseded while it was in flight is never committed.
 
 Restore always goes through an *abstract* target (``jax.ShapeDtypeStruct`` with a sharding per leaf),
 so a checkpoint written on N devices / P processes restores on any other device count, mesh or
@@ -40,7 +42,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from olmax import store, transport
-from olmax.checkpoint import buckets
+from olmax.checkpoint import buckets, fence as fencing
 from olmax.checkpoint.format import (ARRAY_ITEMS, CHECKPOINT_LIBRARY, META_ITEM, OPT_STATE_ITEM, PARAMS_ITEM, STEP_RE,
                                      TMP_RE, NewerFormat, check_meta, resolve_step_dir, stamp_meta)
 from olmax.config import CheckpointConfig
@@ -133,10 +135,15 @@ class Checkpointer:
     ``save`` is asynchronous when ``ckpt_cfg.async_save`` (device arrays are copied to host, then
     written in the background); ``wait`` blocks until the pending save is committed. Every process
     must call ``save``/``restore``/``wait``/``close`` (each writes its own shards).
+
+    ``fence`` (a trainer's: its run lock's check) is called just before each save is committed and
+    raises when this process may no longer write the run: the save is then dropped, its temporary
+    directory removed, and the save fails with that error.
     """
 
     def __init__(self, directory: str | os.PathLike, ckpt_cfg: CheckpointConfig | None = None, *,
-                 read_only: bool = False, report: Report | None = None) -> None:
+                 read_only: bool = False, report: Report | None = None,
+                 fence: fencing.Fence | None = None) -> None:
         self.cfg = ckpt_cfg or CheckpointConfig()
         self.remote = store.is_bucket(str(directory))
         self.directory: Any = (store.bucket_path(str(directory), "checkpoint directory")
@@ -147,6 +154,8 @@ class Checkpointer:
         self.read_only = read_only
         self.incomplete: list[str] = []   # interrupted saves found (and removed) when opening
         self.corrupt: list[str] = []      # checkpoints found unreadable by restore_latest
+        self.fence = fence
+        self.writer = "" if read_only else _writer_token()
         if read_only:
             found = (store.listdir(str(self.directory)) if self.remote
                      else Path(self.directory).is_dir())
@@ -202,7 +211,10 @@ class Checkpointer:
 
     def _manager(self) -> ocp.CheckpointManager:
         ro = self.read_only     # (orbax warns about every save setting a reader passes)
-        extra = {"atomicity_options": buckets.atomicity()} if self.remote else {}
+        extra: dict[str, Any] = {} if ro else {"temporary_path_class": fencing.temporary_path_class(
+            remote=self.remote, writer=self.writer, fence=self.fence)}
+        if self.remote:
+            extra["atomicity_options"] = buckets.atomicity()
         opts = ocp.CheckpointManagerOptions(
             max_to_keep=None if ro else self.cfg.keep,
             keep_period=None if ro else self.cfg.permanent_interval,
@@ -250,8 +262,8 @@ class Checkpointer:
         if not (force or self.should_save(step)):
             return False
         self._raise_pending()
-        if step in self._mgr.all_steps():
-            return False
+        if step in self._mgr.all_steps() or (not self.remote and self.step_dir(step).is_dir()):
+            return False     # (on disk: committed by an attempt this one replaced, say)
         meta = stamp_meta(dict(meta), step=int(step))
         args = ocp.args.Composite(**{
             PARAMS_ITEM: ocp.args.StandardSave(_get(state, PARAMS_ITEM)),
@@ -311,7 +323,22 @@ class Checkpointer:
         self._raise_pending()
 
     def close(self) -> None:
-        self._saving(None, self._mgr.close)
+        try:
+            self._saving(self._started, self._mgr.close)     # (its error is the pending save's)
+        finally:
+            self._remove_own_temporaries()
+
+    def _remove_own_temporaries(self) -> None:
+        """What a save of this checkpointer left behind (one the fence refused, whose directory a
+        newer attempt had removed and the writer made again, say); nobody else writes there."""
+        if self.read_only or self.remote or jax.process_index() != 0:
+            return
+        try:
+            names = [p.name for p in self.directory.iterdir()]
+        except OSError:
+            return
+        for name in fencing.own_temporaries(names, self.writer):
+            shutil.rmtree(self.directory / name, ignore_errors=True)
 
     # -- restore -----------------------------------------------------------------------------
 
@@ -390,6 +417,14 @@ class Checkpointer:
                 os.replace(src, dst)
         _sync(f"olmax-quarantine-{step}")
         self._mgr.reload()
+
+
+def _writer_token() -> str:
+    """A token of this checkpointer that every process shares (process 0's, broadcast)."""
+    token = np.frombuffer(os.urandom(4), dtype=np.uint32)[0] >> 1
+    if jax.process_count() > 1:
+        token = multihost_utils.broadcast_one_to_all(np.int32(token))
+    return f"{int(token):08x}"
 
 
 # ----------------------------------------------------------------------------------------------

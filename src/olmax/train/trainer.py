@@ -68,7 +68,7 @@ from olmax.model.params import count_params
 from olmax.parallel.distributed import check_devices, maybe_initialize
 from olmax.parallel.mesh import check_rows_per_process, make_mesh
 from olmax.train.callbacks import Callback, RunView, build_callbacks
-from olmax.train.callbacks.run_lock import lock_run_dir
+from olmax.train.callbacks.run_lock import NoLock, RunLock, lock_run_dir
 from olmax.train.start import Start, initial_state, run_tokenizer, start_state
 from olmax.train.run_log import MetricsLogger, metrics_location, rewind_jsonl
 from olmax.train.optim import build_optimizer
@@ -399,7 +399,7 @@ class Trainer:
         first = next(it)
         return itertools.chain([first], it)
 
-    def _run(self, lock: Callback, prepared: tuple[list[Callback], Start] | None
+    def _run(self, lock: RunLock | NoLock, prepared: tuple[list[Callback], Start] | None
              ) -> dict[str, Any]:
         if prepared is None:
             self._build()          # bad data/mesh settings fail before anything is written
@@ -407,7 +407,8 @@ class Trainer:
         else:
             callbacks = sorted([lock, *prepared[0]], key=lambda cb: cb.order)
         try:
-            ckpt = Checkpointer(store.join(self.run_dir, "checkpoints"), self.cfg.checkpoint)
+            ckpt = Checkpointer(store.join(self.run_dir, "checkpoints"), self.cfg.checkpoint,
+                                fence=lock.check)     # a superseded attempt commits nothing
         except BaseException:
             self._close(callbacks, None, None, quietly=True)
             raise
@@ -508,10 +509,14 @@ class Trainer:
 
     def _close(self, callbacks: list[Callback], ckpt: Checkpointer | None, bar: tqdm | None,
                quietly: bool) -> None:
-        """Close callbacks, the checkpointer (committing pending saves), bar and logger; a failure
-        to close is raised only when nothing else is being raised."""
+        """Close callbacks, the checkpointer (committing pending saves, while the run lock is still
+        held: each commit is fenced by it), bar and logger; a failure to close is raised only when
+        nothing else is being raised."""
         errors: list[BaseException] = []
-        for close in [cb.close for cb in callbacks] + ([ckpt.close] if ckpt is not None else []):
+        last = [cb for cb in callbacks if isinstance(cb, (RunLock, NoLock))]
+        closes = [cb.close for cb in callbacks if cb not in last]
+        closes += ([ckpt.close] if ckpt is not None else []) + [cb.close for cb in last]
+        for close in closes:
             try:
                 close()
             except Exception as e:  # every resource is released before raising

@@ -7,10 +7,10 @@ still its own: a run whose directory was taken over (by a later attempt of its j
 heartbeat stalled) stops without writing. In a multi-process job the outcome of taking the lock is
 shared with every process, so all of them stop when the directory is taken.
 
-One write can still land after a takeover: an asynchronous checkpoint save that was in flight when
-the attempt was superseded (paused, say) commits when the process resumes, before its next step's
-check. Its contents are the state of that step, the same the new attempt computes (the determinism
-contract); the new attempt's keep-last-K policy prunes it at its next save.
+An asynchronous checkpoint save that was in flight when the attempt was superseded (paused, say)
+goes on when the process resumes, before its next step's check; its commit is fenced by the same
+check (:mod:`olmax.checkpoint.fence`), so it is dropped, and it was written in a temporary directory
+of its own, which the newer attempt's save of the same step never shares.
 
 A trainer started by a scheduler is told its attempt (``olmax train --attempt JOB.N``): it takes
 over the lock of an earlier attempt of the same job at once, and waits out a fresh lock of anyone
