@@ -209,29 +209,36 @@ def test_incomplete_save_is_reported_and_removed(tmp_path):
     assert not partial.exists()
 
 
+def held_at_commit(then=None):
+    """A fence that holds a save at its commit until released, then calls ``then`` (which may
+    raise: the lock was lost). Returns the fence and the two events (reached, release)."""
+    import threading
+
+    reached, release = threading.Event(), threading.Event()
+
+    def fence():
+        reached.set()
+        assert release.wait(60)
+        if then is not None:
+            then()
+    return fence, reached, release
+
+
 def test_a_superseded_save_commits_nothing_and_leaves_the_newer_save_alone(tmp_path):
     """Attempt A's save of step 6 is in flight, its files written, its commit not yet made, when
     the newer attempt B opens the directory (removing A's temporary directory) and saves step 6
     too. A's commit comes while B's save is still in flight: A's fence (its run lock) says the run
     is B's, so A commits nothing -- it would otherwise have renamed a directory holding B's half
     -written save to ``6`` and left B's commit without its files -- and B's save commits intact."""
-    import threading
-
     from olmax.train.callbacks.run_lock import RunDirLockLost
+
+    def lost():
+        raise RunDirLockLost("stopping: run directory was taken over by pid 2 (attempt 9.1)")
 
     d = tmp_path / "checkpoints"
     cfg = CheckpointConfig(interval=1, keep=10, async_save=True)
-    a_waits, a_lost, b_waits, b_go = (threading.Event() for _ in range(4))
-
-    def fence_a():
-        a_waits.set()
-        assert a_lost.wait(60)
-        raise RunDirLockLost("stopping: run directory was taken over by pid 2 (attempt 9.1)")
-
-    def fence_b():
-        b_waits.set()
-        assert b_go.wait(60)
-
+    fence_a, a_waits, a_lost = held_at_commit(then=lost)
+    fence_b, b_waits, b_go = held_at_commit()
     a = Checkpointer(d, cfg, fence=fence_a)
     a.save(6, make_state(1), meta_for(6))
     assert a_waits.wait(60)
@@ -252,8 +259,35 @@ def test_a_superseded_save_commits_nothing_and_leaves_the_newer_save_alone(tmp_p
     state, _ = b.restore(6, abstract(make_state(2)))
     assert_trees_equal(state.params, make_state(2).params)
     assert_trees_equal(state.opt_state, make_state(2).opt_state)
-    assert not b.save(6, make_state(3), meta_for(6), force=True)   # on disk: not again
+    assert not b.save(6, make_state(3), meta_for(6), force=True)   # committed: not again
     b.close()
+
+
+def test_a_step_committed_by_another_writer_meanwhile_is_a_restart_not_an_error(tmp_path):
+    """The window the fence leaves: a superseded writer's fence passed just before the takeover
+    and its commit of step 6 lands while this writer's save of step 6 is in flight. This writer's
+    rename is refused (nothing is overwritten): exit 75 with one line, so that the restart resumes
+    from the step on disk; nothing of this writer's is left."""
+    from olmax.errors import RestartableError
+
+    d, other = tmp_path / "checkpoints", tmp_path / "other"
+    cfg = CheckpointConfig(interval=1, keep=10, async_save=True)
+    fence, at_fence, go = held_at_commit()
+    mine = Checkpointer(d, cfg, fence=fence)
+    mine.save(6, make_state(1), meta_for(6))
+    assert at_fence.wait(60)
+    theirs, _ = saved(other, [6])
+    theirs.close()
+    shutil.copytree(other / "checkpoints" / "6", d / "6")     # committed by the other writer
+    go.set()
+    with pytest.raises(RestartableError, match=r"^checkpoint save at step 6 to .* found the step "
+                       r"committed meanwhile by another writer of this run .*a restart resumes "
+                       r"from it; previous checkpoints intact: \[6\]$"):
+        mine.wait()
+    mine.close()
+    assert sorted(p.name for p in d.iterdir()) == ["6"]
+    state, _ = Checkpointer(d, cfg, read_only=True).restore(6, abstract(make_state(6)))
+    assert_trees_equal(state.params, make_state(6).params)
 
 
 def test_a_save_the_fence_refuses_leaves_nothing(tmp_path):

@@ -28,6 +28,7 @@ is moved.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import shutil
@@ -262,8 +263,8 @@ class Checkpointer:
         if not (force or self.should_save(step)):
             return False
         self._raise_pending()
-        if step in self._mgr.all_steps() or (not self.remote and self.step_dir(step).is_dir()):
-            return False     # (on disk: committed by an attempt this one replaced, say)
+        if step in self._mgr.all_steps():
+            return False
         meta = stamp_meta(dict(meta), step=int(step))
         args = ocp.args.Composite(**{
             PARAMS_ITEM: ocp.args.StandardSave(_get(state, PARAMS_ITEM)),
@@ -300,6 +301,11 @@ class Checkpointer:
             cls = OlmaxError if final is not None else RestartableError
             return cls(f"checkpoint save {what}to {self.directory} failed "
                        f"({_short(e) if final is None else final}); {intact}")
+        if step is not None and _renamed_onto_a_step(e) and Path(self.step_dir(step)).is_dir():
+            return RestartableError(      # the fence passed just before a takeover: 75, not 2
+                f"checkpoint save at step {step} to {self.directory} found the step committed "
+                f"meanwhile by another writer of this run (an attempt that this one replaced, "
+                f"whose save was in flight); a restart resumes from it; {intact}")
         code = storage_errno(e)
         if code is not None:    # the storage's trouble (a full disk, read-only): a restart can help
             return RestartableError(f"checkpoint save {what}to {self.directory} failed: "
@@ -417,6 +423,17 @@ class Checkpointer:
                 os.replace(src, dst)
         _sync(f"olmax-quarantine-{step}")
         self._mgr.reload()
+
+
+def _renamed_onto_a_step(e: BaseException | None) -> bool:
+    """Whether ``e`` is (or was caused by) a commit's rename refused because its step exists."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, FileExistsError) or (isinstance(e, OSError) and e.errno == errno.ENOTEMPTY):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _writer_token() -> str:
