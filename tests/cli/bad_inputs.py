@@ -316,7 +316,7 @@ def _servers(root: Path) -> dict[str, str]:
     """HTTP servers on 127.0.0.1 for the remote cases: one serving the token file (and answering
     500 under /fail/), one that ignores Range, a store that denies every request (HTTP 403, in
     S3's words or Cloud Storage's); a closed port. Stopped by :func:`run_all`."""
-    from helpers.remote_servers import DenyingServer, FileServer
+    from helpers.remote_servers import DenyingServer, FileServer, refused_port
 
     data = (root / "tokens.npy").read_bytes()
     servers = {"http": FileServer({"/data/tokens.npy": data, "/fail/tokens.npy": data}),
@@ -327,17 +327,13 @@ def _servers(root: Path) -> dict[str, str]:
     for srv in servers.values():
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         _SERVERS.append(srv)
-    # bound, never listening: it refuses connections, and no other server can take the port
-    # while the cases run (one closed after reading its number could be)
-    _REFUSING.append(socket.socket())
-    _REFUSING[-1].bind(("127.0.0.1", 0))
-    closed = _REFUSING[-1].getsockname()[1]
+    closed = _REFUSING.enter_context(refused_port())     # held while the cases run
     return {"@HTTP": servers["http"].url, "@NORANGE": servers["norange"].url,
             "@DENIED": servers["denied"].url, "@CLOSED": f"http://127.0.0.1:{closed}"}
 
 
 _SERVERS: list = []
-_REFUSING: list = []
+_REFUSING = contextlib.ExitStack()
 
 
 def _newer_surfaces(root: Path, cfg, params, tokens, recipe: dict) -> None:
@@ -1413,9 +1409,7 @@ def run_all(workdir: Path, select: Callable[[Case], bool] = lambda c: True) -> l
             srv.shutdown()
             srv.server_close()
         _SERVERS.clear()
-        for s in _REFUSING:
-            s.close()
-        _REFUSING.clear()
+        _REFUSING.close()
     return rows
 
 

@@ -425,15 +425,10 @@ class Checkpointer:
         self._mgr.reload()
 
 
-def _renamed_onto_a_step(e: BaseException | None) -> bool:
+def _renamed_onto_a_step(e: BaseException) -> bool:
     """Whether ``e`` is (or was caused by) a commit's rename refused because its step exists."""
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, FileExistsError) or (isinstance(e, OSError) and e.errno == errno.ENOTEMPTY):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+    return any(isinstance(x, FileExistsError) or (isinstance(x, OSError) and x.errno == errno.ENOTEMPTY)
+               for x in transport.chain(e))
 
 
 def _writer_token() -> str:

@@ -25,7 +25,6 @@ the superseded writer's ``commit_success.txt`` out.
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 from typing import Any, Callable
 
@@ -35,7 +34,6 @@ from orbax.checkpoint._src.path import atomicity
 Fence = Callable[[], None]
 
 SUFFIX = atomicity.TMP_DIR_SUFFIX      # ".orbax-checkpoint-tmp"
-WRITER_RE = re.compile(r"^[0-9a-f]{1,16}$")
 
 
 def _unfenced() -> None:
@@ -82,9 +80,8 @@ async def _fenced(tmp: FencedRename | None, fence: Fence) -> None:
 
 
 def temporary_path_class(*, remote: bool, writer: str, fence: Fence | None) -> type:
-    """The TemporaryPath class of one checkpointer: its ``writer`` token and its ``fence``."""
-    if not WRITER_RE.match(writer):
-        raise ValueError(f"checkpoint writer token {writer!r} is not 1-16 hex digits")
+    """The TemporaryPath class of one checkpointer: its ``writer`` token (hex digits: what
+    :func:`own_temporaries` and the log's filter read) and its ``fence``."""
     fields: dict[str, Any] = {"fence": staticmethod(fence or _unfenced)}
     if remote:
         return type("FencedCommitFile", (FencedCommitFile,), fields)
