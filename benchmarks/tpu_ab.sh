@@ -25,9 +25,10 @@
 #            stacked copies it carries either way (compiled for v5e, olmo3-600m, 8 x 4096,
 #            micro-batch 1, save_proj: 16.67 -> 15.89 GiB at the peak)
 # With TPU_AB_LEGS=micro, the row's micro-batch against twice it (leg double): whether the
-# larger is slower side by side (the 190m's 2 and 4: 980.5 and 1,012 ms in two commands; compiled,
+# larger is slower side by side (the 190m's 2 and 4: 980.6 and 1,011.9 ms side by side; compiled,
 # a micro-step's smaller buffers stay in the core's VMEM where the larger ones go to HBM)
-# Measured on a v5e chip, leg by leg: benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md. With
+# Measured on a v5e chip, leg by leg: benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md (the
+# compiler's and micro-batch legs: 2026-12-07-one-v5e-chip-round-five.md). With
 # $OUT set, ab_<row>.json and log.txt are written there. Without a TPU the same commands run on
 # tiny shapes (a test of the script itself).
 #
