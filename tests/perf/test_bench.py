@@ -70,11 +70,12 @@ def test_bench_train_bad_override(capsys):
 def test_interleaved_legs_step_one_shared_state(tmp_path, capsys):
     """``olmax bench ab``: two legs of the same settings step one training state in turn, so their
     (1 warm-up + 2 rounds) x 2 = 6 steps are the 6 steps of one runner, loss for loss; a leg of
-    another micro-batch compiles its own program; the JSON names each leg's settings."""
+    another micro-batch compiles its own program; the JSON names each leg's settings. A compile
+    budget that is not spent drops no leg."""
     from olmax.perf.bench import TrainStepRunner, interleave_steps
 
     cfg = load_recipe("olmo3_tiny", TINY)
-    res = interleave_steps({"a": cfg, "b": cfg}, rounds=2, warmup=1)
+    res = interleave_steps({"a": cfg, "b": cfg}, rounds=2, warmup=1, compile_budget_s=1e6)
     alone = TrainStepRunner(cfg)
     losses = []
     for _ in range(6):
@@ -95,3 +96,25 @@ def test_bench_ab_needs_two_named_legs(capsys):
     assert main(["bench", "ab", "olmo3_tiny", "--leg", "only"]) == 2
     assert "at least two legs" in capsys.readouterr().err
     assert main(["bench", "ab", "olmo3_tiny", "--leg", "a", "--leg", "a"]) == 2
+
+
+def test_a_spent_compile_budget_measures_the_legs_already_compiled(tmp_path, capsys):
+    """``--compile-budget-s 0``: the first leg (it holds the state) is compiled and measured; the
+    others are reported as not compiled, in the table and the JSON, and the command succeeds
+    (a command under a time limit keeps what it compiled)."""
+    out = tmp_path / "ab.json"
+    assert main(["bench", "ab", "olmo3_tiny", *TINY, "--leg", "one", "--leg", "two",
+                 "train.micro_batch_size=1", "--rounds", "1", "--warmup", "0",
+                 "--compile-budget-s", "0", "--json", str(out)]) == 0
+    legs = json.loads(out.read_text())["legs"]
+    assert legs["one"]["ratio_to_first"] == 1.0 and len(legs["one"]["steps_s"]) == 1
+    assert legs["two"]["error"].startswith("not compiled: ") and "compile budget of 0 s" in legs["two"]["error"]
+    assert "| two | train.micro_batch_size=1 | not compiled: " in capsys.readouterr().out
+
+
+def test_bench_ab_compile_budget_must_be_seconds(capsys):
+    for bad in ("-1", "nan"):
+        assert main(["bench", "ab", "olmo3_tiny", "--leg", "a", "--leg", "b",
+                     "--compile-budget-s", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--compile-budget-s must be a number of seconds >= 0" in err, err

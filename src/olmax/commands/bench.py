@@ -13,7 +13,9 @@ ceiling measured in the same process, and the step's floor estimate.
 ``bench ab RECIPE [key=value ...] --leg NAME [key=value ...] --leg ...`` times two or more
 settings of one model side by side in this process (:func:`olmax.perf.bench.interleave_steps`):
 every leg compiled, then one step of each in turn for ``--rounds`` rounds, each leg's median
-step and its median per-round ratio to the first leg. The legs step one shared training state, so
+step and its median per-round ratio to the first leg. ``--compile-budget-s S`` keeps a command
+under a time limit from losing everything: legs whose compile would end past S seconds are
+reported as not compiled, and the others are measured. The legs step one shared training state, so
 a device that holds a single copy of it (one TPU chip) compares them with no second process.
 
 ``bench matmul`` measures the ceiling: the best FLOP/s of a square matmul (fp32 accumulation).
@@ -27,6 +29,7 @@ dimension and window, HBM bandwidth, the per-kernel floor) and writes it to OUT;
 from __future__ import annotations
 
 import argparse
+import math
 
 from olmax.commands import HELP
 from olmax.errors import ConfigError
@@ -74,6 +77,10 @@ def add_parser(subparsers) -> None:
                     help="a leg: its name, then its own overrides (at least two legs)")
     ab.add_argument("--rounds", type=int, default=6, help="timed rounds (default 6)")
     ab.add_argument("--warmup", type=int, default=1, help="untimed steps of each leg (default 1)")
+    ab.add_argument("--compile-budget-s", type=float, default=None, metavar="S",
+                    help="compile the legs after the first only while the time spent plus the "
+                         "longest compile so far stays within S seconds; the rest are reported "
+                         "as not compiled and the compiled ones measured (default: no budget)")
     ab.add_argument("--json", dest="json_out", help="also write the result here (JSON)")
     ab.add_argument("--force", action="store_true", help="replace an existing --json file")
     ab.set_defaults(func=run_ab)
@@ -136,10 +143,13 @@ def run_ab(args: argparse.Namespace) -> int:
                           f"names distinct (got {names})")
     if args.rounds < 1 or args.warmup < 0:
         raise ConfigError(f"--rounds must be >= 1 and --warmup >= 0 (got {args.rounds}, {args.warmup})")
+    budget = args.compile_budget_s
+    if budget is not None and not (math.isfinite(budget) and budget >= 0):
+        raise ConfigError(f"--compile-budget-s must be a number of seconds >= 0 (got {budget:g})")
     if args.json_out:
         refuse_existing(args.json_out, args.force, flag="--json", inputs=as_inputs([args.recipe], "the recipe"))
     cfgs = {leg[0]: load_recipe(args.recipe, [*args.overrides, *leg[1:]]) for leg in args.leg}
-    result = interleave_steps(cfgs, rounds=args.rounds, warmup=args.warmup)
+    result = interleave_steps(cfgs, rounds=args.rounds, warmup=args.warmup, compile_budget_s=budget)
     first = cfgs[names[0]]
     tokens = first.train.global_batch_size * first.train.seq_len
     print(f"{args.recipe} {' '.join(args.overrides)}: {args.rounds} rounds, steps interleaved")

@@ -211,28 +211,42 @@ class TrainStepRunner:
 
 
 def interleave_steps(cfgs: dict[str, RunConfig], rounds: int = 6, warmup: int = 1,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, compile_budget_s: float | None = None) -> dict:
     """A/B of training steps in this process, on one device: every leg's step compiled (the first
     leg's state and batch on the device, the others stepping that same state: one copy of it,
     however many programs), ``warmup`` steps of each, then ``rounds`` rounds of one step of
     each leg in turn. Per leg: its settings, compile, every step's seconds, the median; per round,
     each leg's time over the first leg's, and the median of those ratios (robust to the machine
     drifting). The legs must share the model and the batch shape (what the state is); a leg after
-    the first that does not fit the device is reported (``error``) and left out."""
+    the first that does not fit the device is reported (``error``) and left out.
+
+    ``compile_budget_s``: the legs after the first are compiled in order while the time since the
+    start, plus the longest compile so far, stays within it; the rest are reported as not
+    compiled and left out, and the compiled ones are measured (a command under a time limit
+    then keeps what it compiled, where one killed at its limit keeps nothing)."""
     names = list(cfgs)
     shape = lambda c: (c.model, c.train.global_batch_size, c.train.seq_len)  # noqa: E731
     for n in names[1:]:                   # refused before anything compiles
         if shape(cfgs[n]) != shape(cfgs[names[0]]):
             raise ConfigError(f"A/B leg {n!r}: its model or batch shape differs from {names[0]!r}'s")
+    start = time.perf_counter()
     first = TrainStepRunner(cfgs[names[0]], seed)
     runners = {names[0]: first}
     refused: dict[str, str] = {}
+    longest = time.perf_counter() - start
     for n in names[1:]:
         c = cfgs[n]
+        spent = time.perf_counter() - start
+        if compile_budget_s is not None and spent + longest > compile_budget_s:
+            refused[n] = (f"not compiled: {spent:.0f} s spent and a compile takes up to "
+                          f"{longest:.0f} s, over the compile budget of {compile_budget_s:g} s")
+            continue
+        began = time.perf_counter()
         try:
             runners[n] = TrainStepRunner(c, seed, share=first)
         except DoesNotFit as e:          # a leg that does not fit is reported, the others run
             refused[n] = str(e)
+        longest = max(longest, time.perf_counter() - began)
     names = [n for n in names if n not in refused]
     for _ in range(warmup):
         for r in runners.values():
