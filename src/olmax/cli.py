@@ -23,6 +23,7 @@ import sys
 from typing import Sequence
 
 import olmax
+from olmax import process_exit
 from olmax.commands import HELP
 from olmax.host_memory import keep_host_memory_mapped
 from olmax.reporting import (DEBUG_FLAG, debug_requested, quiet_libraries, route_startup_noise,
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if argv is None:   # the process's own command line: OLMAX_HOST_MALLOC=keep, before any thread
         keep_host_memory_mapped()
+        process_exit.arm()    # before JAX is imported (olmax.process_exit)
     log_to_stderr()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
@@ -102,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"olmax {command}: error: {what} (see olmax {command} --help)", file=sys.stderr)
             return 2
         args.overrides.extend(extra)
-    return run_reporting(args.command, lambda: args.func(args), debug=debug)
+    status = run_reporting(args.command, lambda: args.func(args), debug=debug)
+    process_exit.record(status)
+    return status
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from typing import Mapping
 
 import jax
 
+from olmax import process_exit
 from olmax.config import DistributedConfig
 from olmax.config.schema import check_coordinator
 from olmax.errors import EXIT_RESTART, ConfigError, RestartableError
@@ -194,6 +195,7 @@ def maybe_initialize(cfg: DistributedConfig, environ: Mapping[str, str] = os.env
                                        cluster_detection_method="deactivate" if complete else None,
                                        **options)
             devices()    # the backends connect every process: part of the start-up
+            process_exit.keep_service()
         except ValueError as e:
             missing = [k for k, v in args.items() if v is None]
             if missing and "defined" in str(e):
@@ -217,6 +219,7 @@ def maybe_initialize(cfg: DistributedConfig, environ: Mapping[str, str] = os.env
     try:
         jax.distributed.initialize(**options)
         devices()
+        process_exit.keep_service()
         return True
     except (OSError, RuntimeError, ValueError) as e:
         if not _detection_error(e) and not isinstance(e, ValueError):
