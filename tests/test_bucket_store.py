@@ -172,3 +172,65 @@ def test_bucket_paths():
     with pytest.raises(ConfigError, match="only s3:// and gs://"):
         store.run_location("az://c/x")
     assert os.fspath(store.run_location("runs/x")) == "runs/x"
+
+
+def test_orbax_directory_requests_to_gcs_retry_on_olmax_schedule(monkeypatch):
+    """Orbax's directory requests (:func:`olmax.store.library_filesystem`) to a GCS store that
+    answers 503: the request is tried ``transport.ATTEMPTS`` times with waits of 0.25 s doubling
+    (gcsfs's own loop: 6 tries, waits of 1-2 s doubling to 16-17 s, half a minute in all, which held
+    a failed save and the exit after it on a store that was gone); a store that recovers is
+    answered; a 404 is an answer, not retried."""
+    import asyncio
+    import threading
+    from collections import Counter
+
+    from helpers.remote_servers import _LoopbackServer, _QuietHandler
+
+    class Store(_QuietHandler):
+        def do_GET(self):
+            self.server.log.append(self.path.split("?")[0])
+            if self.server.fail > 0:
+                self.server.fail -= 1
+                code, body = 503, b'{"error": {"code": 503, "message": "Service Unavailable"}}'
+            elif self.path.split("?")[0].endswith("/o"):     # a listing: nothing below
+                code, body = 200, b'{"kind": "storage#objects"}'
+            else:
+                code, body = 404, b'{"error": {"code": 404, "message": "No such object"}}'
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    waits: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded(delay, *args, **kwargs):
+        if delay > 0:
+            waits.append(delay)
+        return await sleep(0, *args, **kwargs)
+
+    srv = _LoopbackServer(Store)
+    srv.log, srv.fail = [], 10 ** 6
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", srv.url)
+        monkeypatch.setattr(asyncio, "sleep", recorded)
+        fs = store.library_filesystem("gs://olmax-runs/run")
+        obj = "/storage/v1/b/olmax-runs/o/run%2Fx"
+        with pytest.raises(Exception, match="Service Unavailable"):
+            fs.info("gs://olmax-runs/run/x")
+        assert srv.log.count(obj) == transport.ATTEMPTS == 5
+        assert sorted(set(waits)) == [0.25, 0.5, 1.0, 2.0], waits   # (two requests per try)
+        srv.log.clear()
+        srv.fail = 0
+        assert fs.exists("gs://olmax-runs/run/x") is False
+        answered = list(srv.log)            # what gcsfs asks to learn that nothing is there
+        srv.log.clear()
+        srv.fail = 2               # the first try's two requests fail, the second try is answered
+        assert fs.exists("gs://olmax-runs/run/x") is False
+        assert len(srv.log) == len(answered) + 2 and Counter(answered) <= Counter(srv.log), (
+            srv.log, answered)                                    # and no 404 was retried
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -164,10 +164,38 @@ def filesystem(url: str):
 _LIB_FS: dict[tuple[int, str, str | None], Any] = {}
 
 
+def _on_olmax_schedule(once: Callable) -> Callable:
+    """gcsfs's request ``once`` (its retry loop taken off), retried where gcsfs would retry it
+    (``gcsfs.retry.is_retriable``: a dropped or refused connection, HTTP 408, 429, 5xx; never a
+    404), on olmax's schedule: :data:`~olmax.transport.ATTEMPTS` tries, waits from
+    :data:`~olmax.transport.BACKOFF_S` doubling to :data:`~olmax.transport.MAX_BACKOFF_S`, as
+    TensorStore's requests and olmax's own. gcsfs's loop makes 6 tries with waits of 1-2, 2-3,
+    4-5, 8-9 and 16-17 s: on a store that is gone, each of Orbax's directory requests held a
+    failed save (and the exit after it) for half a minute."""
+    import asyncio
+
+    from gcsfs.retry import is_retriable
+
+    async def request(self, *args, **kwargs):
+        delay = transport.BACKOFF_S
+        for n in range(1, transport.ATTEMPTS + 1):
+            try:
+                return await once(self, *args, **kwargs)
+            except Exception as e:
+                if n == transport.ATTEMPTS or http_status(e) == 404 or not is_retriable(e):
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, transport.MAX_BACKOFF_S)
+        raise AssertionError("unreachable")
+
+    return request
+
+
 def library_filesystem(url: str):
     """The filesystem a library's own requests use (Orbax's directory operations, through
-    ``etils.epath``): one per scheme, process and endpoint, with the client's own retries, and for
-    GCS gcsfs's plain class (see :func:`new_filesystem`)."""
+    ``etils.epath``): one per scheme, process and endpoint, with the client's own retries (for
+    GCS on olmax's schedule: :func:`_on_olmax_schedule`), and for GCS gcsfs's plain class (see
+    :func:`new_filesystem`)."""
     proto = split(url)[0]
     check_endpoints(proto)
     key = (os.getpid(), proto, _endpoint(proto))
@@ -181,6 +209,9 @@ def library_filesystem(url: str):
                 from gcsfs.core import GCSFileSystem
 
                 fs = GCSFileSystem(skip_instance_cache=True)
+                once = getattr(GCSFileSystem._request, "__wrapped__", None)
+                if once is not None:
+                    fs._request = types.MethodType(_on_olmax_schedule(once), fs)
             _LIB_FS[key] = fs
     return fs
 
