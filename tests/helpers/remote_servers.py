@@ -5,6 +5,7 @@ middle of a request. Each binds 127.0.0.1 on a free port."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -187,10 +188,18 @@ def s3_bucket(bucket: str = "olmax-runs"):
         env = {**S3_ENV, "AWS_ENDPOINT_URL": url}
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
+        client = boto3.client("s3", endpoint_url=url)
         try:
-            boto3.client("s3", endpoint_url=url).create_bucket(Bucket=bucket)
+            client.create_bucket(Bucket=bucket)
             yield url, bucket
         finally:
+            # moto keeps its buckets in the process, not in the server: the next server started
+            # in this process must not find this one's objects
+            with contextlib.suppress(Exception):
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+                    for obj in page.get("Contents", []):
+                        client.delete_object(Bucket=bucket, Key=obj["Key"])
+                client.delete_bucket(Bucket=bucket)
             for k, v in old.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -232,7 +241,12 @@ def gcs_bucket(bucket: str = "olmax-runs"):
     import urllib.request
 
     with memory_gcs_server() as srv:
-        old = os.environ.get("STORAGE_EMULATOR_HOST")
+        # olmax mirrors the emulator into TENSORSTORE_GCS_HTTP_URL in this process's environment
+        # (olmax.store.tensorstore_env): both go back as they were, so that no later process
+        # started from this one inherits the address of an emulator that is gone, which it would
+        # take for one its user set
+        names = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")
+        old = {k: os.environ.get(k) for k in names}
         os.environ["STORAGE_EMULATOR_HOST"] = srv.url
         try:
             req = urllib.request.Request(f"{srv.url}/storage/v1/b", method="POST",
@@ -241,10 +255,11 @@ def gcs_bucket(bucket: str = "olmax-runs"):
             urllib.request.urlopen(req).close()
             yield srv.url, bucket
         finally:
-            if old is None:
-                os.environ.pop("STORAGE_EMULATOR_HOST", None)
-            else:
-                os.environ["STORAGE_EMULATOR_HOST"] = old
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 @contextmanager
