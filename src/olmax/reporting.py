@@ -202,17 +202,17 @@ def _store_lost(exc: BaseException) -> bool:
 
 
 class _DropLostConnectionTasks(logging.Filter):
-    """asyncio's "Task exception was never retrieved" for a task that a lost store ended: an HTTP
-    client's writer task whose connection went away (aiohttp writing a request's body), or one of
-    Orbax's serialization tasks left unawaited when a sibling's write ran out of TensorStore's
-    retries first. The save itself failed and is reported by olmax; the orphaned task is not
-    news."""
+    """asyncio's "Task exception was never retrieved" for a task that a lost store or a full disk
+    ended: an HTTP client's writer task whose connection went away (aiohttp writing a request's
+    body), or one of Orbax's serialization tasks left unawaited when a sibling's write failed the
+    save first (out of TensorStore's retries, or out of space: ``storage_errno``). The save
+    itself failed and is reported by olmax in one line; the orphaned task is not news."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg if isinstance(record.msg, str) else ""
         exc = record.exc_info[1] if record.exc_info else None
         return not (msg.startswith("Task exception was never retrieved") and exc is not None
-                    and _store_lost(exc))
+                    and (_store_lost(exc) or storage_errno(exc) is not None))
 
 
 class _DropGcsfsRetryTraceback(logging.Filter):

@@ -233,7 +233,8 @@ def test_a_lost_connections_orphaned_task_is_filtered_and_other_task_errors_stay
     """asyncio logs "Task exception was never retrieved" when a task that failed is collected
     unawaited (aiohttp's request-body writer, when the store drops the connection; Orbax's
     serialization tasks, when a sibling's write failed the save first): dropped for a lost
-    connection or a write out of TensorStore's retries, kept for anything else."""
+    connection, a write out of TensorStore's retries or out of disk space (each fails the save,
+    which says so in one line), kept for anything else."""
     import gc
 
     quiet_libraries()
@@ -252,6 +253,11 @@ def test_a_lost_connections_orphaned_task_is_filtered_and_other_task_errors_stay
                                "in OCDBT database at gs://b/run/checkpoints/4/: All 5 retry "
                                "attempts failed: CURL error Failure when receiving data from "
                                "the peer [curl_code='56']"),
+                    ValueError('RESOURCE_EXHAUSTED: Error writing "layers.gate_proj/0.0.0" in '
+                               'OCDBT database at local file "run/checkpoints/1.orbax-checkpoint-'
+                               'tmp-10c7d064/params/ocdbt.process_0/": Failed writing: "run/'
+                               'checkpoints/1/d/1871": Failed to write 23306240 bytes to file 12: '
+                               "No space left on device [os_error_code='28']"),
                     ValueError("a bug in a task")):
             asyncio.run(orphan(exc))
             gc.collect()
