@@ -7,8 +7,8 @@
   GPU); the median of ``repeats`` such runs. A product shorter than :data:`DISPATCH_BOUND_S` is
   marked ``dispatch_bound`` (its rate is a lower bound).
 - ``attention``: cuDNN's fused attention (``jax.nn.dot_product_attention(implementation="cudnn")``,
-  causal, with or without a sliding window), forward alone and forward + backward, per sequence
-  length, head dimension and window; FLOPs are the window-aware count (the (query, key) pairs the
+  causal, with or without a sliding window), forward alone and backward alone (from residuals
+  computed once; forward + backward is their sum), per sequence length, head dimension and window; FLOPs are the window-aware count (the (query, key) pairs the
   mask keeps, :func:`olmax.model.flops.causal_attention_pairs`): 4 x pairs x head_dim per head for
   the forward, 10 x for forward + backward (recomputed scores, the four products of the backward).
 - on a TPU, ``attention`` is olmax's splash kernels instead (:mod:`olmax.model.splash`, at the
@@ -47,6 +47,21 @@ TPU_GEMM_SIZES = (768, 2048, 4096, 11008, 32768)
 SPLASH_CASES = ((4096, 64, None), (4096, 80, None), (4096, 128, None), (8192, 128, None),
                 (8192, 128, 4096), (8192, 64, None))
 DISPATCH_BOUND_S = 100e-6   # on the H200 here one call took 35-65 us to dispatch
+
+
+def _backward_of(fn, *args):
+    """The backward of ``fn`` at ``args``: a pytree (its residuals computed once here) that a
+    jitted function takes as an argument, so that the backward kernels are timed alone. Timing the
+    forward and backward together and subtracting the forward's time adds both timings' noise (at
+    a millisecond a call, on a 2-core host, the difference came out negative), and it times a
+    forward whose unused output a compiler may drop."""
+    import jax
+
+    return jax.vjp(fn, *args)[1]
+
+
+def _apply(backward, cotangent):
+    return backward(cotangent)
 
 
 def _timed(fn, args, calls: int, repeats: int) -> float:
@@ -115,15 +130,16 @@ def attention_rates(cases=ATTENTION_CASES, d_model: int = 4096, repeats: int = 3
             return cudnn_attention(q, k, v, win, hd ** -0.5, native=True)
 
         fwd = jax.jit(attn)
-        fwd_bwd = jax.jit(lambda q, k, v, do: jax.vjp(attn, q, k, v)[1](do))
+        bwd = jax.jit(_apply)
         text = fwd.lower(q, k, v).as_text()
         fl = attention_flops(seq, heads, hd, win)
         row: dict[str, Any] = {"seq": seq, "head_dim": hd, "heads": heads, "window": win,
                                "cudnn": "__cudnn$fmha" in text or "cudnn" in text.lower(), **fl}
         try:
             row["fwd_s"] = _timed(fwd, (q, k, v), _calls_for(fl["fwd"] / 4e14), repeats)
-            row["fwd_bwd_s"] = _timed(fwd_bwd, (q, k, v, do), _calls_for(fl["fwd_bwd"] / 4e14), repeats)
-            row["bwd_s"] = row["fwd_bwd_s"] - row["fwd_s"]
+            row["bwd_s"] = _timed(bwd, (_backward_of(attn, q, k, v), do),
+                                  _calls_for((fl["fwd_bwd"] - fl["fwd"]) / 4e14), repeats)
+            row["fwd_bwd_s"] = row["fwd_s"] + row["bwd_s"]
             row["fwd_flops_per_s"] = fl["fwd"] / row["fwd_s"]
             row["bwd_flops_per_s"] = (fl["fwd_bwd"] - fl["fwd"]) / row["bwd_s"]
         except Exception as e:  # an unsupported case is reported, not fatal
@@ -152,7 +168,7 @@ def splash_rates(cases=SPLASH_CASES, heads: int = 16, batch: int = 2, repeats: i
             return splash_attention(q, k, v, win, hd ** -0.5, native=native, fused_bwd=True)
 
         fwd = jax.jit(attn)
-        fwd_bwd = jax.jit(lambda q, k, v, do: jax.vjp(attn, q, k, v)[1](do))
+        bwd = jax.jit(_apply)
         f_fwd = kernel_flops(seq, win, heads, hd, batch, "fwd")
         f_bwd = kernel_flops(seq, win, heads, hd, batch, "dkv", fused=True)
         row: dict[str, Any] = {"seq": seq, "head_dim": hd, "heads": heads, "batch": batch, "window": win,
@@ -160,8 +176,8 @@ def splash_rates(cases=SPLASH_CASES, heads: int = 16, batch: int = 2, repeats: i
                                "fwd_bwd": f_fwd + f_bwd}
         try:
             row["fwd_s"] = _timed(fwd, (q, k, v), _calls_for(f_fwd / 1e14), repeats)
-            row["fwd_bwd_s"] = _timed(fwd_bwd, (q, k, v, do), _calls_for((f_fwd + f_bwd) / 1e14), repeats)
-            row["bwd_s"] = row["fwd_bwd_s"] - row["fwd_s"]
+            row["bwd_s"] = _timed(bwd, (_backward_of(attn, q, k, v), do), _calls_for(f_bwd / 1e14), repeats)
+            row["fwd_bwd_s"] = row["fwd_s"] + row["bwd_s"]
             row["fwd_flops_per_s"] = f_fwd / row["fwd_s"]
             row["bwd_flops_per_s"] = f_bwd / row["bwd_s"]
         except Exception as e:  # an unsupported case is reported, not fatal
