@@ -61,8 +61,9 @@ def case(name: str, row: dict, args: list[str], versions: dict, date: str) -> di
     """The row as a calibration case of ``olmax plan`` (benchmarks/calibration/ format)."""
     fixed = [a for a in args if not a.startswith(("train.micro_batch_size=", "train.remat="))]
     fixed += [f"train.micro_batch_size={row['micro_batch_size']}", f"train.remat={row['remat']}"]
-    # the kernels', the layer loop's and the loss chunk's settings pinned as measured (the TPU
-    # profile's where the run left them to it): a later default must not change the case's program
+    # the kernels', the layer loop's, the loss chunk's and the compiler's settings pinned as
+    # measured (the TPU profile's and v5e's where the run left them to them): a later default must
+    # not change the case's program
     from olmax.platforms import PROFILES
     from olmax.train.recipes import load_recipe
 
@@ -75,6 +76,13 @@ def case(name: str, row: dict, args: list[str], versions: dict, date: str) -> di
     for key, value in resolved.items():
         if not any(a.startswith(f"train.{key}=") for a in fixed):
             fixed.append(f"train.{key}={str(value).lower() if isinstance(value, bool) else value}")
+    # the compiler's options as the step had them: v5e's own (olmax.hardware) under the run's
+    from olmax.hardware import BY_NAME
+
+    options = {**dict(BY_NAME["v5e"].compiler_options), **train.compiler_options_dict()}
+    fixed = [a for a in fixed if not a.startswith("train.compiler_options=")]
+    if options:
+        fixed.append("train.compiler_options=[" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + "]")
     return {"name": f"olmax_{name.replace('-', '_')}_v5e_1x1", "accelerator": "v5e", "topology": "v5e:1x1",
             "devices": 1,
             "peer": {"program": "olmax", "version": f"olmax {versions['olmax']} (jax {versions['jax']}, "

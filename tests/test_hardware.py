@@ -58,8 +58,9 @@ def test_other_tables_derive_from_it():
                                                       "h100", "h200"}
     assert targets.TPU_GENERATIONS == ("v2", "v3", "v4", "v5e", "v5p", "v6e", "tpu7x")
     assert dict(targets.HBM_BYTES)["tpu7x"] == hardware.BY_NAME["tpu7x"].hbm == 101_723_287_552
-    # compiler options by generation: Ironwood's scoped VMEM, none for v5p or a GPU
+    # compiler options by generation: Ironwood's and v5e's scoped VMEM, none for v5p or a GPU
     assert compiler_options("tpu", [device("TPU7x", "tpu")]) == {"xla_tpu_scoped_vmem_limit_kib": "65536"}
+    assert compiler_options("tpu", [device("TPU v5 lite", "tpu")]) == {"xla_tpu_scoped_vmem_limit_kib": "32768"}
     assert compiler_options("tpu", [device("TPU v5", "tpu")]) is None
     assert compiler_options("gpu", [device("NVIDIA H100 80GB HBM3", "cuda")]) is None
 

@@ -56,12 +56,16 @@ def test_pinned_jaxlib_knows_the_cpu_options():
 
 
 def test_tpu_options_follow_the_generation_and_yield_to_the_user(monkeypatch):
-    """Ironwood's step is compiled with 64 MiB of scoped VMEM (its ``compiler_options`` in
-    ``olmax.hardware``; their effect on the compiled program: tests/parallel/test_layout_tpu.py);
-    other generations keep libtpu's defaults; a value the user gives libtpu in
-    ``LIBTPU_INIT_ARGS`` is left to libtpu."""
+    """Ironwood's step is compiled with 64 MiB of scoped VMEM and v5e's with 32 MiB (their
+    ``compiler_options`` in ``olmax.hardware``; their effect on the compiled program:
+    tests/parallel/test_layout_tpu.py, tests/perf/test_plan_tpu.py); other generations keep
+    libtpu's defaults; a value the user gives libtpu in ``LIBTPU_INIT_ARGS`` is left to libtpu,
+    and the run's own ``train.compiler_options`` win over the table's."""
     monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
     assert platforms.compiler_options("tpu", ["TPU7x"]) == {"xla_tpu_scoped_vmem_limit_kib": "65536"}
+    assert platforms.compiler_options("tpu", ["TPU v5 lite"]) == {"xla_tpu_scoped_vmem_limit_kib": "32768"}
+    assert platforms.compiler_options("tpu", ["TPU v5 lite"], {"xla_tpu_scoped_vmem_limit_kib": "16384"}) == {
+        "xla_tpu_scoped_vmem_limit_kib": "16384"}
     assert platforms.compiler_options("tpu", ["TPU v5"]) is None
     assert platforms.compiler_options("tpu", ["TPU v6 lite"]) is None
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_dvfs_p_state=7 --xla_tpu_scoped_vmem_limit_kib=32768")

@@ -190,9 +190,14 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("v4", "google", ("tpu v4",), 275e12, 32 * GiB, mxu=128),
     # TPU memory: libtpu's compile-time limit per device (module docstring)
     # v5e's step is priced from the rates measured on a chip (olmax bench matmul --table,
-    # benchmarks/notes/2026-12-06-one-v5e-chip-round-four.md)
+    # benchmarks/notes/2026-12-06-one-v5e-chip-round-four.md). It is compiled with 32 MiB of
+    # scoped VMEM, twice libtpu's default: measured side by side on the chip, the 7B slice's step
+    # takes 0.939 of the time, the 600m's 0.966, the 190m's 0.971 and the 370m's 0.994, and no
+    # program measured was slower (96 MiB: the 370m 1.111;
+    # benchmarks/notes/2026-12-07-one-v5e-chip-round-six.md).
     Accelerator("v5e", "google", ("tpu v5 lite", "tpu v5e"), 197e12, 16_908_218_368,
-                link_bw=400e9 / 2 / 4, dcn_bw=2 * 100e9 / 8 / 8, mxu=128, mxu_bf16=197e12, rates="v5e"),
+                link_bw=400e9 / 2 / 4, dcn_bw=2 * 100e9 / 8 / 8, mxu=128, mxu_bf16=197e12, rates="v5e",
+                compiler_options=(("xla_tpu_scoped_vmem_limit_kib", "32768"),)),
     Accelerator("v5p", "google", ("tpu v5p", "tpu v5"), 459e12, 102_784_475_136,   # v5p reports "TPU v5"
                 link_bw=1200e9 / 2 / 6, dcn_bw=50e9 / 8, mxu=128, mxu_bf16=394e12),
     Accelerator("v6e", "google", ("tpu v6 lite", "tpu v6e"), 918e12, 33_544_916_992,

@@ -216,24 +216,25 @@ def test_a_stored_plan_repriced_is_the_plan_at_the_new_rate(v5p_plan, tiny_plan,
 @pytest.mark.slow
 def test_a_kernel_over_the_cores_vmem_is_one_line(capsys, tmp_path):
     """libtpu's own refusal of a kernel whose blocks overflow a v5e core's scoped VMEM (splash at
-    blocks of 2,048, heads of 64: 19.9 MiB of 16, as the chip refused it) names the kernel, its
-    need and the limit, and the settings that lower it or raise the limit; never "0.0 MiB of
-    device memory". Raised, the step compiles."""
+    blocks of 2,048, heads of 64: 19.9 MiB of libtpu's default 16, as the chip refused it) names
+    the kernel, its need and the limit, and the settings that lower it or raise the limit; never
+    "0.0 MiB of device memory". At v5e's own limit in olmax (32 MiB, the hardware table's
+    ``compiler_options``), the step compiles: the table's option reaches the compiler."""
     args = ["model.d_model=256", "model.n_heads=4", "model.n_kv_heads=4", "model.head_dim=64",
             "model.max_seq_len=4096", "model.window_pattern=[null]", "train.seq_len=4096",
             "train.global_batch_size=1", "train.compute_dtype=bfloat16", "train.attn_impl=auto",
             "train.splash_block=2048", "train.unroll_layers=false"]   # the layer loop the chip ran
-    assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", "--no-parts", *args]) == 1
+    libtpu_default = "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=16384]"
+    assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", "--no-parts", *args, libtpu_default]) == 1
     line = capsys.readouterr().out.strip()
     assert line == ("olmax plan: does not fit: the step (v5e:1x1 x1, batch 1 x 4096, micro-batch "
                     "whole, remat=none): its kernel splash_mha_fwd_residuals needs 19.9 MiB of on-chip "
                     "vector memory (VMEM) per device, 16.0 MiB available; to lower it: "
                     "train.splash_block (a smaller block); or raise it to at least 20 MiB: "
                     "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=20480]")
-    # the option reaches the compiler of the step: 32 MiB of scoped VMEM holds every kernel
+    # v5e's own option reaches the compiler of the step: 32 MiB of scoped VMEM holds every kernel
     out = tmp_path / "plan.json"
     assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", "--no-parts", *args,
-                 "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=32768]",
                  "--json", str(out)]) == 0
     assert json.loads(out.read_text())["details"]["compiler_options"] == {
         "xla_tpu_scoped_vmem_limit_kib": "32768"}

@@ -39,6 +39,8 @@ def test_tpu_script_runs_tiny_on_cpu(tmp_path):
         # per device at micro-batch 4), whatever the defaults become
         assert {"train.splash_block=1024", "train.splash_fused_bwd=true", "train.unroll_layers=true",
                 "train.loss_chunk_rows=4096"} <= set(case["peer"]["args"])
+        # and the compiler's options: v5e's scoped VMEM (olmax.hardware), whatever its default becomes
+        assert "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=32768]" in case["peer"]["args"]
         assert case["measured"]["step_s"] > 0
     assert "matmul ceiling" in (tmp_path / "log.txt").read_text()
 
