@@ -138,6 +138,24 @@ def test_a_table_measurement_keeps_each_part_as_it_is_measured():
     assert seen[-1][0] is True and table["complete"] is True
 
 
+def test_a_table_is_measured_with_the_steps_compiler_options(monkeypatch):
+    """Every program of the table compiles with the options the platform's training step gets
+    (on v5e, 32 MiB of scoped VMEM), and the table records them: an option the compiler refuses
+    stops the first measurement, so none of its programs compiles without them."""
+    from olmax import platforms
+
+    platforms._cpu_compiler_options.cache_clear()
+    table = measure(gemm=False, attention=False, log=lambda line: None)
+    assert table["compiler_options"] == platforms.compiler_options("cpu") != {}
+    monkeypatch.setattr(platforms, "compiler_options", lambda backend, devices=None, run=None:
+                        {"xla_no_such_option_in_any_xla": "1"})
+    with pytest.raises(Exception, match="xla_no_such_option_in_any_xla"):
+        measure(gemm=False, attention=False, log=lambda line: None)
+    rows = splash_rates(((256, 16, None),), heads=1, batch=1, repeats=1, native=False,
+                        options={"xla_no_such_option_in_any_xla": "1"})
+    assert "xla_no_such_option_in_any_xla" in rows[0]["error"]
+
+
 @pytest.fixture(scope="module")
 def step_190m():
     """olmo3-190m, 16 x 4096, micro-batch 4 without remat, as `auto` picks it on a v5e chip:

@@ -21,8 +21,10 @@
 - ``kernel``: the time per kernel of a chain of tiny dependent kernels in one program: the floor
   every launched kernel pays.
 
-A table carries the device kind, the JAX version and the date; the estimate uses a table only for
-the device kind it was measured on (or, for another GPU, says which it scaled from and how).
+Every program is compiled with the compiler options of the platform's training step
+(:func:`olmax.platforms.compiler_options`: on v5e, 32 MiB of scoped VMEM), so that a rate is the
+one the step's kernels get. A table carries the device kind, the JAX version, those options and the
+date; the estimate uses a table only for the device kind it was measured on (or, for another GPU, says which it scaled from and how).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import datetime
 import statistics
 import time
+from collections.abc import Mapping
 from typing import Any
 
 GEMM_SIZES = (1024, 4096, 11008, 16384)       # m, n and k each; 11008: the 7B's MLP width
@@ -47,6 +50,17 @@ TPU_GEMM_SIZES = (768, 2048, 4096, 11008, 32768)
 SPLASH_CASES = ((4096, 64, None), (4096, 80, None), (4096, 128, None), (8192, 128, None),
                 (8192, 128, 4096), (8192, 64, None))
 DISPATCH_BOUND_S = 100e-6   # on the H200 here one call took 35-65 us to dispatch
+
+
+Options = Mapping[str, Any] | None
+
+
+def _jit(fn, options: Options):
+    """``fn`` compiled with ``options``: the compiler options of the platform's training step
+    (:func:`olmax.platforms.compiler_options`), so that a rate is measured as the step compiles."""
+    import jax
+
+    return jax.jit(fn, compiler_options=dict(options) if options else None)
 
 
 def _backward_of(fn, *args):
@@ -85,12 +99,12 @@ def _calls_for(seconds_guess: float, budget_s: float = 0.05) -> int:
 
 
 def gemm_rates(ms=GEMM_M, sizes=GEMM_SIZES, dtype: str = "bfloat16", repeats: int = 3,
-               guess_flops: float = 5e14) -> list[dict]:
+               guess_flops: float = 5e14, options: Options = None) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
     dt = jnp.dtype(dtype)
-    mm = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(dt))
+    mm = _jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(dt), options)
     rows = []
     for m in ms:
         for k in sizes:
@@ -113,7 +127,8 @@ def attention_flops(seq: int, heads: int, head_dim: int, window: int | None, bat
             "fwd_bwd": (ATTENTION_FWD_FLOPS + ATTENTION_BWD_FLOPS) * pairs * head_dim}
 
 
-def attention_rates(cases=ATTENTION_CASES, d_model: int = 4096, repeats: int = 3) -> list[dict]:
+def attention_rates(cases=ATTENTION_CASES, d_model: int = 4096, repeats: int = 3,
+                    options: Options = None) -> list[dict]:
     """cuDNN attention, forward and forward + backward, at ``d_model / head_dim`` heads."""
     import jax
     import jax.numpy as jnp
@@ -129,8 +144,8 @@ def attention_rates(cases=ATTENTION_CASES, d_model: int = 4096, repeats: int = 3
         def attn(q, k, v, win=win, hd=hd):
             return cudnn_attention(q, k, v, win, hd ** -0.5, native=True)
 
-        fwd = jax.jit(attn)
-        bwd = jax.jit(_apply)
+        fwd = _jit(attn, options)
+        bwd = _jit(_apply, options)
         text = fwd.lower(q, k, v).as_text()
         fl = attention_flops(seq, heads, hd, win)
         row: dict[str, Any] = {"seq": seq, "head_dim": hd, "heads": heads, "window": win,
@@ -149,7 +164,7 @@ def attention_rates(cases=ATTENTION_CASES, d_model: int = 4096, repeats: int = 3
 
 
 def splash_rates(cases=SPLASH_CASES, heads: int = 16, batch: int = 2, repeats: int = 3,
-                 native: bool = True) -> list[dict]:
+                 native: bool = True, options: Options = None) -> list[dict]:
     """olmax's splash kernels (TPU), forward alone and forward + fused backward, per case; FLOPs
     executed (every visited block pair), so that a compiled step's kernel calls are priced by the
     same count. ``native=False``: Pallas interpret mode (a test of this function off TPU)."""
@@ -167,8 +182,8 @@ def splash_rates(cases=SPLASH_CASES, heads: int = 16, batch: int = 2, repeats: i
         def attn(q, k, v, win=win, hd=hd):
             return splash_attention(q, k, v, win, hd ** -0.5, native=native, fused_bwd=True)
 
-        fwd = jax.jit(attn)
-        bwd = jax.jit(_apply)
+        fwd = _jit(attn, options)
+        bwd = _jit(_apply, options)
         f_fwd = kernel_flops(seq, win, heads, hd, batch, "fwd")
         f_bwd = kernel_flops(seq, win, heads, hd, batch, "dkv", fused=True)
         row: dict[str, Any] = {"seq": seq, "head_dim": hd, "heads": heads, "batch": batch, "window": win,
@@ -186,21 +201,20 @@ def splash_rates(cases=SPLASH_CASES, heads: int = 16, batch: int = 2, repeats: i
     return rows
 
 
-def hbm_rates(nbytes: int = 4 << 30, repeats: int = 3) -> dict:
-    import jax
+def hbm_rates(nbytes: int = 4 << 30, repeats: int = 3, options: Options = None) -> dict:
     import jax.numpy as jnp
 
     n = nbytes // 2
     x = jnp.ones((n // 4096, 4096), jnp.bfloat16)
-    scale = jax.jit(lambda x: x * jnp.bfloat16(1.5) + jnp.bfloat16(1))
-    total = jax.jit(lambda x: jnp.sum(x.astype(jnp.float32), axis=0))
+    scale = _jit(lambda x: x * jnp.bfloat16(1.5) + jnp.bfloat16(1), options)
+    total = _jit(lambda x: jnp.sum(x.astype(jnp.float32), axis=0), options)
     s_rw = _timed(scale, (x,), 10, repeats)
     s_r = _timed(total, (x,), 10, repeats)
     return {"bytes": nbytes, "elementwise_s": s_rw, "elementwise_bytes_per_s": 2 * nbytes / s_rw,
             "reduce_s": s_r, "reduce_bytes_per_s": nbytes / s_r}
 
 
-def kernel_floor(length: int = 2000, repeats: int = 3) -> dict:
+def kernel_floor(length: int = 2000, repeats: int = 3, options: Options = None) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -210,8 +224,8 @@ def kernel_floor(length: int = 2000, repeats: int = 3) -> dict:
         return x
 
     x = jnp.ones((1024,), jnp.float32)
-    one = jax.jit(lambda x: x * 1.0001 + 1.0)
-    many = jax.jit(chain).lower(x).compile()     # compiled once: timed, and its kernels counted
+    one = _jit(lambda x: x * 1.0001 + 1.0, options)
+    many = _jit(chain, options).lower(x).compile()     # compiled once: timed, and its kernels counted
     s_many = _timed(many, (x,), 3, repeats)
     s_one = _timed(one, (x,), 20, repeats)
     kernels = (many.as_text() or "").count("fusion(")
@@ -233,17 +247,20 @@ def measure(*, gemm: bool = True, attention: bool = True, log=print, progress=No
     ``complete`` is False until the end)."""
     import jax
 
+    from olmax.platforms import backend_of, compiler_options
+
     dev = jax.devices()[0]
+    options = compiler_options(backend_of([dev]), [dev])
     out: dict[str, Any] = {"device_kind": dev.device_kind, "platform": dev.platform,
-                           "jax": jax.__version__,
+                           "jax": jax.__version__, "compiler_options": dict(options or {}),
                            "date": datetime.date.today().isoformat(),
                            "method": __doc__.split("\n\n")[0].replace("\n", " "), "complete": False}
     done = progress or (lambda table: None)
     t0 = time.perf_counter()
-    out["hbm"] = hbm_rates(1 << 26 if dev.platform == "cpu" else 4 << 30)
+    out["hbm"] = hbm_rates(1 << 26 if dev.platform == "cpu" else 4 << 30, options=options)
     log(f"hbm: elementwise {out['hbm']['elementwise_bytes_per_s'] / 1e12:.3f} TB/s, "
         f"reduce {out['hbm']['reduce_bytes_per_s'] / 1e12:.3f} TB/s ({time.perf_counter() - t0:.0f} s)")
-    out["kernel"] = kernel_floor({"cpu": 50, "tpu": 500}.get(dev.platform, 2000))
+    out["kernel"] = kernel_floor({"cpu": 50, "tpu": 500}.get(dev.platform, 2000), options=options)
     log(f"kernel floor: {out['kernel']['per_kernel_s'] * 1e6:.2f} us per kernel "
         f"({out['kernel']['kernels_in_chain']} kernels)")
     done(out)
@@ -251,18 +268,20 @@ def measure(*, gemm: bool = True, attention: bool = True, log=print, progress=No
     parts = ["attention", "gemm"] if dev.platform == "tpu" else ["gemm", "attention"]
     for part in parts:
         if part == "gemm" and gemm:
-            out["gemm"] = (gemm_rates((64, 128), (64, 256), "float32") if dev.platform == "cpu"
-                           else gemm_rates(TPU_GEMM_M, TPU_GEMM_SIZES, guess_flops=1.5e14)
-                           if dev.platform == "tpu" else gemm_rates())
+            out["gemm"] = (gemm_rates((64, 128), (64, 256), "float32", options=options)
+                           if dev.platform == "cpu" else
+                           gemm_rates(TPU_GEMM_M, TPU_GEMM_SIZES, guess_flops=1.5e14, options=options)
+                           if dev.platform == "tpu" else gemm_rates(options=options))
             best = max(r["flops_per_s"] for r in out["gemm"])
             log(f"gemm: {len(out['gemm'])} shapes, best {best / 1e12:.1f} TFLOP/s "
                 f"({time.perf_counter() - t0:.0f} s)")
         elif part == "attention" and attention:
             if dev.platform == "tpu":
-                out["attention"] = splash_rates()
+                out["attention"] = splash_rates(options=options)
             else:
-                out["attention"] = attention_rates(((256, 16, None), (256, 16, 64)), d_model=64) \
-                    if dev.platform == "cpu" else attention_rates()
+                out["attention"] = attention_rates(((256, 16, None), (256, 16, 64)), d_model=64,
+                                                   options=options) \
+                    if dev.platform == "cpu" else attention_rates(options=options)
             for r in out["attention"]:
                 _log_attention(r, log)
         done(out)
