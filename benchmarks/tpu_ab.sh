@@ -11,24 +11,28 @@
 #                vocabulary 32,768: benchmarks/tpu_bench.py)
 # Legs:
 #   base     the defaults: splash blocks of 1,024 with the fused backward, the layers unrolled,
-#            loss chunks of 4,096 rows per device
+#            loss chunks of 4,096 rows per device, 32 MiB of scoped VMEM (v5e's row in
+#            olmax.hardware)
 #   before   the defaults before them: blocks of 512, the layer scan rolled, loss chunks of 1,024
 #            positions per sequence (train.loss_chunk_rows = 1,024 x the micro-batch)
 #   full     (olmo3-600m) remat full instead of save_kernels, which runs splash's forward kernel
 #            again in the backward pass
 # With TPU_AB_LEGS=compiler, compiler settings instead of before and full (train.compiler_options):
 #   vmem96   xla_tpu_scoped_vmem_limit_kib=98304: libtpu's scoped VMEM, what a kernel or fusion
-#            may hold in a core's vector memory (v5e's default 16 MiB of 128)
+#            may hold in a core's vector memory (libtpu's v5e default 16 MiB of 128; olmax's 32)
 #   b2048    that and splash blocks of 2,048 (which overflow 16 MiB at heads of 64)
 #   nolicm   xla_disable_hlo_passes=while-loop-invariant-code-motion: the micro-batch loop no
 #            longer carries a bf16 copy of each layer's weights hoisted out of it, beside the
 #            stacked copies it carries either way (compiled for v5e, olmo3-600m, 8 x 4096,
 #            micro-batch 1, save_proj: 16.67 -> 15.89 GiB at the peak)
+# With TPU_AB_LEGS=vmem, the defaults against libtpu's own scoped VMEM (leg vmem16: 16 MiB, what
+# v5e compiled with before olmax's row set 32 MiB: 0.939-0.998x the step time at 32 MiB, round 6)
 # With TPU_AB_LEGS=micro, the row's micro-batch against twice it (leg double): whether the
 # larger is slower side by side (the 190m's 2 and 4: 980.6 and 1,011.9 ms side by side; compiled,
 # a micro-step's smaller buffers stay in the core's VMEM where the larger ones go to HBM)
 # Measured on a v5e chip, leg by leg: benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md (the
-# compiler's and micro-batch legs: 2026-12-07-one-v5e-chip-round-five.md). With
+# compiler's and micro-batch legs: 2026-12-07-one-v5e-chip-round-five.md; the VMEM legs:
+# 2026-12-07-one-v5e-chip-round-six.md). With
 # $OUT set, ab_<row>.json and log.txt are written there. Without a TPU the same commands run on
 # tiny shapes (a test of the script itself).
 #
@@ -58,7 +62,7 @@ if [[ "$tpu" == 1 ]]; then
     [slice]="model.preset=olmo3-7b model.n_layers=2 model.window_pattern=[4096,null] model.vocab_size=32000 model.padded_vocab_size=32768 train.global_batch_size=4 train.micro_batch_size=4 train.remat=none")
   declare -A micro=([190m]=2 [370m]=1 [600m]=8 [slice]=4)
   old_block=512
-  vmem="xla_tpu_scoped_vmem_limit_kib=98304" big_block=2048
+  vmem="xla_tpu_scoped_vmem_limit_kib=98304" big_block=2048 libtpu_vmem="xla_tpu_scoped_vmem_limit_kib=16384"
 else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script's own test
   common=(olmo3_tiny train.seq_len=256 train.compute_dtype=float32 train.attn_impl=auto
           train.profile=tpu data.embedded=true)
@@ -70,6 +74,7 @@ else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script'
   declare -A micro=([190m]=1 [370m]=1 [600m]=2 [slice]=2)
   old_block=128
   vmem="xla_cpu_enable_fast_math=false" big_block=256   # an option this XLA has, in its place
+  libtpu_vmem="xla_cpu_enable_fast_math=false"
 fi
 rc=0
 n=${#rows[@]}
@@ -85,6 +90,8 @@ for i in "${!rows[@]}"; do
     legs=(--leg base --leg vmem96 "train.compiler_options=[$vmem]"
           --leg b2048 "train.compiler_options=[$vmem]" train.splash_block=$big_block
           --leg nolicm "train.compiler_options=[xla_disable_hlo_passes=while-loop-invariant-code-motion]")
+  elif [[ "${TPU_AB_LEGS:-}" == vmem ]]; then
+    legs=(--leg base --leg vmem16 "train.compiler_options=[$libtpu_vmem]")
   elif [[ "${TPU_AB_LEGS:-}" == micro ]]; then
     legs=(--leg base --leg double train.micro_batch_size=$((2 * ${micro[$row]})))
   else

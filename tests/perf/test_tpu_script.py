@@ -83,6 +83,10 @@ def test_tpu_ab_script_runs_tiny_on_cpu(tmp_path):
         "b2048": ["train.compiler_options=[xla_cpu_enable_fast_math=false]", "train.splash_block=256"],
         "nolicm": ["train.compiler_options=[xla_disable_hlo_passes=while-loop-invariant-code-motion]"]}
     assert all(leg["step_s"] > 0 for leg in legs.values())
+    # the defaults against libtpu's own scoped VMEM (the CPU's option in its place)
+    legs = legs_of("vmem", "slice")
+    assert {n: leg["overrides"] for n, leg in legs.items()} == {
+        "base": [], "vmem16": ["train.compiler_options=[xla_cpu_enable_fast_math=false]"]}
     # a micro-batch against twice it
     legs = legs_of("micro", "370m")
     assert [(n, leg["micro_batch_size"]) for n, leg in legs.items()] == [("base", 1), ("double", 2)]

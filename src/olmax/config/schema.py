@@ -342,7 +342,7 @@ class TrainConfig:
     # 2,048, full/windowed layers). MaxText's OLMo 3 launcher runs 2,048. Measured on a v5e chip,
     # steps interleaved, 1,024 against 512: 0.957x the step time (olmo3-600m, 8 x 4096, full remat),
     # 0.981x (olmo3-370m, 16 x 4096, save_proj), 0.987x (the 7B's layer shapes, 4 x 4096); 2,048
-    # overflows a v5e core's scoped VMEM at heads of 64.
+    # overflows libtpu's default scoped VMEM on v5e (16 MiB) at heads of 64, and fits olmax's 32.
     splash_block: int = 1024
     # Splash's backward in one kernel (dq computed in the dk/dv kernel, the probabilities
     # recomputed once instead of twice) instead of two; context parallelism keeps two. Measured on
