@@ -113,6 +113,24 @@ STEP_4_DATA = (b"checkpoints/4/opt_state/ocdbt.process_0/d/",
                b"checkpoints%2F4%2Fopt_state%2Focdbt.process_0%2Fd%2F")
 
 
+def _run_or_show_stacks(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """``cmd`` run to its end; one that outlives ``timeout`` fails the test with every thread's
+    Python stack (Python's fault handler, on the SIGABRT it is sent), not a bare timeout."""
+    proc = subprocess.Popen(cmd, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout:.0f} s; its threads:\n{err[-30000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 @pytest.mark.parametrize("kind", ["s3", "gs"])
 def test_store_lost_mid_save_is_retried_then_75_and_the_restart_resumes(reference_run, tmp_path,
                                                                         kind):
@@ -130,8 +148,7 @@ def test_store_lost_mid_save_is_retried_then_75_and_the_restart_resumes(referenc
             env.pop("TENSORSTORE_GCS_HTTP_URL", None)       # olmax sets it from the emulator's
             run = f"{bucket}/runs/lost"
             t0 = time.time()
-            out = subprocess.run(command(run, args), env=env, capture_output=True, text=True,
-                                 timeout=600)
+            out = _run_or_show_stacks(command(run, args), env, timeout=600)
             (tmp_path / "lost.log").write_text(out.stderr)
             print(f"{kind}: exit {out.returncode} after {time.time() - t0:.1f} s, "
                   f"{proxy.cuts} connections lost")
