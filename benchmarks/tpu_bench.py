@@ -77,12 +77,13 @@ def case(name: str, row: dict, args: list[str], versions: dict, date: str) -> di
         if not any(a.startswith(f"train.{key}=") for a in fixed):
             fixed.append(f"train.{key}={str(value).lower() if isinstance(value, bool) else value}")
     # the compiler's options as the step had them: v5e's own (olmax.hardware) under the run's
-    from olmax.hardware import BY_NAME
+    from olmax.platforms import compiler_options
 
-    options = {**dict(BY_NAME["v5e"].compiler_options), **train.compiler_options_dict()}
+    options = compiler_options("tpu", ["TPU v5 lite"], train.compiler_options_dict()) or {}
     fixed = [a for a in fixed if not a.startswith("train.compiler_options=")]
     if options:
-        fixed.append("train.compiler_options=[" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + "]")
+        fixed.append("train.compiler_options=[" + ", ".join(
+            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(options.items())) + "]")
     return {"name": f"olmax_{name.replace('-', '_')}_v5e_1x1", "accelerator": "v5e", "topology": "v5e:1x1",
             "devices": 1,
             "peer": {"program": "olmax", "version": f"olmax {versions['olmax']} (jax {versions['jax']}, "

@@ -8,9 +8,10 @@
   marked ``dispatch_bound`` (its rate is a lower bound).
 - ``attention``: cuDNN's fused attention (``jax.nn.dot_product_attention(implementation="cudnn")``,
   causal, with or without a sliding window), forward alone and backward alone (from residuals
-  computed once; forward + backward is their sum), per sequence length, head dimension and window; FLOPs are the window-aware count (the (query, key) pairs the
-  mask keeps, :func:`olmax.model.flops.causal_attention_pairs`): 4 x pairs x head_dim per head for
-  the forward, 10 x for forward + backward (recomputed scores, the four products of the backward).
+  computed once; forward + backward is their sum), per sequence length, head dimension and
+  window; FLOPs are the window-aware count (the (query, key) pairs the mask keeps,
+  :func:`olmax.model.flops.causal_attention_pairs`): 4 x pairs x head_dim per head for the
+  forward, 10 x for forward + backward (recomputed scores, the four products of the backward).
 - on a TPU, ``attention`` is olmax's splash kernels instead (:mod:`olmax.model.splash`, at the
   default block, with the fused backward), and its FLOPs are those the kernels *execute*: every
   visited block pair, masked entries included (:func:`olmax.model.splash.kernel_flops`), which is
@@ -23,8 +24,9 @@
 
 Every program is compiled with the compiler options of the platform's training step
 (:func:`olmax.platforms.compiler_options`: on v5e, 32 MiB of scoped VMEM), so that a rate is the
-one the step's kernels get. A table carries the device kind, the JAX version, those options and the
-date; the estimate uses a table only for the device kind it was measured on (or, for another GPU, says which it scaled from and how).
+one the step's kernels get. A table carries the device kind, the JAX version, those options and
+the date; the estimate uses a table only for the device kind it was measured on (or, for another
+GPU, says which it scaled from and how).
 """
 
 from __future__ import annotations
