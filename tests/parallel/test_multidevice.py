@@ -26,8 +26,9 @@ MESHES = {"1": (MeshConfig(fsdp=1), 1), "fsdp8": (MeshConfig(), 8),
 
 
 @cache
-def _run_mesh(name: str, attn: str = "xla", steps: int = 5) -> dict:
-    train = TrainConfig(seq_len=32, global_batch_size=16, micro_batch_size=2, max_steps=5, attn_impl=attn)
+def _run_mesh(name: str, attn: str = "xla", steps: int = 5, micro: int = 2, by_layer: bool = True) -> dict:
+    train = TrainConfig(seq_len=32, global_batch_size=16, micro_batch_size=micro, max_steps=5, attn_impl=attn,
+                        accumulate_by_layer=by_layer)
     tx = skip_step_adamw(OptimConfig(lr=5e-3))
     sched = build_schedule(SchedulerConfig(warmup_steps=2), 5e-3, 5)
     rng = np.random.default_rng(0)
@@ -64,6 +65,20 @@ def test_one_vs_eight_devices_fsdp_same_losses():
     assert [out[k]["n_micro"] for k in ("1", "fsdp8")] == [8, 1]
     assert out["fsdp8"]["n_shards"] == 8 and "fsdp" in out["fsdp8"]["embed_spec"]
     _compare(out, ["fsdp8"])
+
+
+@pytest.mark.parametrize("name", ["fsdp8", pytest.param("2x2x2", marks=pytest.mark.slow)])
+def test_per_layer_accumulation_on_a_mesh_trains_as_the_stacked_one(name):
+    """Micro-batches on 8 devices (fsdp 8: 2 per device; data x fsdp x tensor: 4): each layer's
+    gradients placed like its weights, summed per layer, then stacked -- the stacked
+    accumulation's losses and parameters, to fp32 rounding (on one device they are equal bit
+    for bit: tests/train/test_accumulate_by_layer.py; the two partitioned programs' parameters
+    differ by 3e-7 at most on fsdp 8)."""
+    by_layer, stacked = (_run_mesh(name, micro=1, by_layer=flag) for flag in (True, False))
+    assert by_layer["n_micro"] == stacked["n_micro"] == {"fsdp8": 2, "2x2x2": 4}[name]
+    np.testing.assert_allclose(by_layer["losses"], stacked["losses"], rtol=1e-6)
+    for a, b in zip(by_layer["params"], stacked["params"]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -157,7 +157,6 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
     h = constrain(jnp.take(constrain(params["embed"], EMBED_TABLE), tokens, axis=0), HIDDEN)
     period = len(cfg.window_pattern)
     groups = cfg.n_layers // period
-    stacked = jax.tree.map(lambda x: x.reshape(groups, period, *x.shape[1:]), params["layers"])
 
     layer_fns = []
     for window in cfg.window_pattern:
@@ -180,6 +179,14 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
             h = fn(layer_weights(lp), h)
         return h, None
 
+    if isinstance(params["layers"], (tuple, list)):
+        # The layers' weights one by one (the training step's per-layer gradient accumulation):
+        # straight-line code, and each layer's weight gradients come out in buffers of their own.
+        for i, lp in enumerate(params["layers"]):
+            h = layer_fns[i % period](layer_weights(lp), h)
+        return constrain(runtime.kernels.rms_norm(h, params["final_norm"], cfg.norm_eps), HIDDEN)
+
+    stacked = jax.tree.map(lambda x: x.reshape(groups, period, *x.shape[1:]), params["layers"])
     # Unrolled where the profile asks (the CPU's and the TPU's: a scanned loop stacks every layer's
     # residuals with dynamic-update-slice and reads them back, copies on XLA's CPU backend, 12 % of
     # a v5e step); elsewhere one compiled body, whatever the depth.
