@@ -9,6 +9,8 @@
 #   olmo3-600m   8 x 4096, micro-batch 8, save_kernels (and full, its policy before)
 #   7b-slice     4 x 4096, micro-batch 4, no remat (a sliding and a full layer of the 7B's shapes,
 #                vocabulary 32,768: benchmarks/tpu_bench.py)
+#   600m1        (not among the default rows) olmo3-600m, 8 x 4096, micro-batch 1, no remat, loss
+#                chunks of 2,048 rows: its best step measured (54.9 % MFU, round 7)
 # Legs:
 #   base     the defaults: splash blocks of 1,024 with the fused backward, the layers unrolled,
 #            loss chunks of 4,096 rows per device, 32 MiB of scoped VMEM (v5e's row in
@@ -27,12 +29,15 @@
 #            micro-batch 1, save_proj: 16.67 -> 15.89 GiB at the peak)
 # With TPU_AB_LEGS=vmem, the defaults against libtpu's own scoped VMEM (leg vmem16: 16 MiB, what
 # v5e compiled with before olmax's row set 32 MiB: 0.939-0.998x the step time at 32 MiB, round 6)
+# With TPU_AB_LEGS=accumulate, the default per-layer gradient accumulation against the stacked
+# accumulator before it (leg stacked: train.accumulate_by_layer=false; 0.965-0.968x on the 370m,
+# round 7; a row of one micro-batch, the 600m's and the slice's, runs the same program twice)
 # With TPU_AB_LEGS=micro, the row's micro-batch against twice it (leg double): whether the
 # larger is slower side by side (the 190m's 2 and 4: 980.6 and 1,011.9 ms side by side; compiled,
 # a micro-step's smaller buffers stay in the core's VMEM where the larger ones go to HBM)
 # Measured on a v5e chip, leg by leg: benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md (the
 # compiler's and micro-batch legs: 2026-12-07-one-v5e-chip-round-five.md; the VMEM legs:
-# 2026-12-07-one-v5e-chip-round-six.md). With
+# 2026-12-07-one-v5e-chip-round-six.md; the accumulation's: 2026-12-07-one-v5e-chip-round-seven.md). With
 # $OUT set, ab_<row>.json and log.txt are written there. Without a TPU the same commands run on
 # tiny shapes (a test of the script itself).
 #
@@ -59,8 +64,9 @@ if [[ "$tpu" == 1 ]]; then
     [190m]="model.preset=olmo3-190m train.global_batch_size=16 train.micro_batch_size=2 train.remat=none"
     [370m]="model.preset=olmo3-370m train.global_batch_size=16 train.micro_batch_size=1 train.remat=none"
     [600m]="model.preset=olmo3-600m train.global_batch_size=8 train.micro_batch_size=8 train.remat=save_kernels"
-    [slice]="model.preset=olmo3-7b model.n_layers=2 model.window_pattern=[4096,null] model.vocab_size=32000 model.padded_vocab_size=32768 train.global_batch_size=4 train.micro_batch_size=4 train.remat=none")
-  declare -A micro=([190m]=2 [370m]=1 [600m]=8 [slice]=4)
+    [slice]="model.preset=olmo3-7b model.n_layers=2 model.window_pattern=[4096,null] model.vocab_size=32000 model.padded_vocab_size=32768 train.global_batch_size=4 train.micro_batch_size=4 train.remat=none"
+    [600m1]="model.preset=olmo3-600m train.global_batch_size=8 train.micro_batch_size=1 train.remat=none train.loss_chunk_rows=2048")
+  declare -A micro=([190m]=2 [370m]=1 [600m]=8 [slice]=4 [600m1]=1)
   old_block=512
   vmem="xla_tpu_scoped_vmem_limit_kib=98304" big_block=2048 libtpu_vmem="xla_tpu_scoped_vmem_limit_kib=16384"
 else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script's own test
@@ -70,8 +76,9 @@ else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script'
     [190m]="train.global_batch_size=2 train.micro_batch_size=1 train.remat=none"
     [370m]="train.global_batch_size=2 train.micro_batch_size=1 train.remat=none"
     [600m]="train.global_batch_size=2 train.micro_batch_size=2 train.remat=save_kernels"
-    [slice]="train.global_batch_size=2 train.micro_batch_size=2 train.remat=none")
-  declare -A micro=([190m]=1 [370m]=1 [600m]=2 [slice]=2)
+    [slice]="train.global_batch_size=2 train.micro_batch_size=2 train.remat=none"
+    [600m1]="train.global_batch_size=2 train.micro_batch_size=1 train.remat=none train.loss_chunk_rows=128")
+  declare -A micro=([190m]=1 [370m]=1 [600m]=2 [slice]=2 [600m1]=1)
   old_block=128
   vmem="xla_cpu_enable_fast_math=false" big_block=256   # an option this XLA has, in its place
   libtpu_vmem="xla_cpu_enable_fast_math=false"
@@ -80,7 +87,7 @@ rc=0
 n=${#rows[@]}
 for i in "${!rows[@]}"; do
   row=${rows[$i]}
-  [[ -n "${row_args[$row]:-}" ]] || { echo "tpu_ab.sh: unknown row '$row' (rows: 190m 370m 600m slice)"; exit 2; }
+  [[ -n "${row_args[$row]:-}" ]] || { echo "tpu_ab.sh: unknown row '$row' (rows: 190m 370m 600m slice 600m1)"; exit 2; }
   left=$((budget - (SECONDS - t0)))
   limit=$((left / (n - i)))
   echo "== A/B $row [$((SECONDS - t0)) s], $limit s for it"
@@ -92,6 +99,8 @@ for i in "${!rows[@]}"; do
           --leg nolicm "train.compiler_options=[xla_disable_hlo_passes=while-loop-invariant-code-motion]")
   elif [[ "${TPU_AB_LEGS:-}" == vmem ]]; then
     legs=(--leg base --leg vmem16 "train.compiler_options=[$libtpu_vmem]")
+  elif [[ "${TPU_AB_LEGS:-}" == accumulate ]]; then
+    legs=(--leg base --leg stacked train.accumulate_by_layer=false)
   elif [[ "${TPU_AB_LEGS:-}" == micro ]]; then
     legs=(--leg base --leg double train.micro_batch_size=$((2 * ${micro[$row]})))
   else

@@ -87,6 +87,10 @@ def test_tpu_ab_script_runs_tiny_on_cpu(tmp_path):
     legs = legs_of("vmem", "slice")
     assert {n: leg["overrides"] for n, leg in legs.items()} == {
         "base": [], "vmem16": ["train.compiler_options=[xla_cpu_enable_fast_math=false]"]}
+    # the per-layer accumulation against the stacked one, on the 600m's best row
+    legs = legs_of("accumulate", "600m1")
+    assert {n: (leg["overrides"], leg["micro_batch_size"], leg["remat"]) for n, leg in legs.items()} == {
+        "base": ([], 1, "none"), "stacked": (["train.accumulate_by_layer=false"], 1, "none")}
     # a micro-batch against twice it
     legs = legs_of("micro", "370m")
     assert [(n, leg["micro_batch_size"]) for n, leg in legs.items()] == [("base", 1), ("double", 2)]
