@@ -355,8 +355,8 @@ class TrainConfig:
     unroll_layers: bool | None = None
     # With micro-batches and the layers unrolled: the gradients taken with respect to each layer's
     # weights apart and summed into one accumulator per layer, stacked after the last micro-batch
-    # (olmax.train.step.accumulate_gradients): the same sums, bit for bit. Measured on a v5e chip,
-    # steps interleaved: 0.968x the stacked accumulation's step time (olmo3-370m, 16 x 4096,
+    # (olmax.train.step.accumulate_gradients): the same sums (on one device bit for bit). On a v5e
+    # chip, steps interleaved: 0.968x the stacked accumulation's step time (olmo3-370m, 16 x 4096,
     # micro-batch 2), and olmo3-600m at micro-batch 1 without remat fits and takes 0.845x its best
     # step before (8 x 4096, micro-batch 8, save_kernels); on a CPU 0.958x (olmo3_tiny).
     accumulate_by_layer: bool = True
