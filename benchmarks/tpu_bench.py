@@ -61,9 +61,9 @@ def case(name: str, row: dict, args: list[str], versions: dict, date: str) -> di
     """The row as a calibration case of ``olmax plan`` (benchmarks/calibration/ format)."""
     fixed = [a for a in args if not a.startswith(("train.micro_batch_size=", "train.remat="))]
     fixed += [f"train.micro_batch_size={row['micro_batch_size']}", f"train.remat={row['remat']}"]
-    # the kernels', the layer loop's, the loss chunk's and the compiler's settings pinned as
-    # measured (the TPU profile's and v5e's where the run left them to them): a later default must
-    # not change the case's program
+    # the kernels', the layer loop's, the loss chunk's, the gradient accumulation's and the
+    # compiler's settings pinned as measured (the TPU profile's and v5e's where the run left them
+    # to them): a later default must not change the case's program
     from olmax.platforms import PROFILES
     from olmax.train.recipes import load_recipe
 
@@ -72,7 +72,8 @@ def case(name: str, row: dict, args: list[str], versions: dict, date: str) -> di
     micro = int(row["micro_batch_size"])
     resolved = {"splash_block": train.splash_block, "splash_fused_bwd": train.splash_fused_bwd,
                 "unroll_layers": tpu.unroll_layers if train.unroll_layers is None else train.unroll_layers,
-                "loss_chunk_rows": train.loss_chunk_rows or tpu.loss_chunk(micro, 1) * micro}
+                "loss_chunk_rows": train.loss_chunk_rows or tpu.loss_chunk(micro, 1) * micro,
+                "accumulate_by_layer": train.accumulate_by_layer}
     for key, value in resolved.items():
         if not any(a.startswith(f"train.{key}=") for a in fixed):
             fixed.append(f"train.{key}={str(value).lower() if isinstance(value, bool) else value}")

@@ -35,10 +35,10 @@ def test_tpu_script_runs_tiny_on_cpu(tmp_path):
         case = validate(yaml.safe_load(path.read_text()), path.stem)
         assert case["peer"]["program"] == "olmax" and case["topology"] == "v5e:1x1"
         assert "train.micro_batch_size=4" in case["peer"]["args"] and "train.remat=none" in case["peer"]["args"]
-        # the kernels, the layer loop and the loss chunk as measured (the tpu profile's 4096 rows
-        # per device at micro-batch 4), whatever the defaults become
+        # the kernels, the layer loop, the loss chunk (the tpu profile's 4096 rows per device at
+        # micro-batch 4) and the gradient accumulation as measured, whatever the defaults become
         assert {"train.splash_block=1024", "train.splash_fused_bwd=true", "train.unroll_layers=true",
-                "train.loss_chunk_rows=4096"} <= set(case["peer"]["args"])
+                "train.loss_chunk_rows=4096", "train.accumulate_by_layer=true"} <= set(case["peer"]["args"])
         # and the compiler's options: v5e's scoped VMEM (olmax.hardware), whatever its default becomes
         assert "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=32768]" in case["peer"]["args"]
         assert case["measured"]["step_s"] > 0
