@@ -44,7 +44,7 @@ def _train(profile: str, by_layer: bool, steps: int = 2):
     return metrics, [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
 
-@pytest.mark.slow      # two compiles each (11-17 s on 2 cores); every other training test runs the per-layer path
+@pytest.mark.slow      # two compiles each (11-17 s on 2 cores); the training tests with micro-batches run the per-layer path
 @pytest.mark.parametrize("profile", ["cpu", "tpu"])
 def test_per_layer_accumulation_trains_bit_for_bit_as_the_stacked_one(profile):
     stacked, by_layer = _train(profile, False), _train(profile, True)
