@@ -184,13 +184,12 @@ def hidden_states(params: Params, tokens: jnp.ndarray, cfg: ModelConfig, runtime
         # straight-line code, and each layer's weight gradients come out in buffers of their own.
         for i, lp in enumerate(params["layers"]):
             h = layer_fns[i % period](layer_weights(lp), h)
-        return constrain(runtime.kernels.rms_norm(h, params["final_norm"], cfg.norm_eps), HIDDEN)
-
-    stacked = jax.tree.map(lambda x: x.reshape(groups, period, *x.shape[1:]), params["layers"])
-    # Unrolled where the profile asks (the CPU's and the TPU's: a scanned loop stacks every layer's
-    # residuals with dynamic-update-slice and reads them back, copies on XLA's CPU backend, 12 % of
-    # a v5e step); elsewhere one compiled body, whatever the depth.
-    h, _ = jax.lax.scan(group, h, stacked, unroll=True if runtime.unroll_layers else 1)
+    else:
+        stacked = jax.tree.map(lambda x: x.reshape(groups, period, *x.shape[1:]), params["layers"])
+        # Unrolled where the profile asks (the CPU's and the TPU's: a scanned loop stacks every
+        # layer's residuals with dynamic-update-slice and reads them back, copies on XLA's CPU
+        # backend, 12 % of a v5e step); elsewhere one compiled body, whatever the depth.
+        h, _ = jax.lax.scan(group, h, stacked, unroll=True if runtime.unroll_layers else 1)
     return constrain(runtime.kernels.rms_norm(h, params["final_norm"], cfg.norm_eps), HIDDEN)
 
 

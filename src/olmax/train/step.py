@@ -194,17 +194,15 @@ class Placement(NamedTuple):
     def grads(self, g: Any) -> Any:
         return g if self.mesh is None else jax.lax.with_sharding_constraint(g, self.grad_shardings)
 
-    def grads_of(self, key: str, g: Any) -> Any:
-        """The gradients of the parameters under ``key``, placed like them."""
-        return g if self.mesh is None else jax.lax.with_sharding_constraint(g, self.grad_shardings[key])
-
-    def layer_grads(self, g: Any) -> Any:
-        """One layer's gradients (a layer of the stack ``layers``), placed like its weights."""
+    def grads_by_layer(self, g: Any) -> Any:
+        """Gradients whose ``layers`` are one tree per layer (:func:`accumulate_gradients`), each
+        placed like its weights: a layer like one layer of the stack."""
         if self.mesh is None:
             return g
-        one = jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(*s.spec[1:])),
-                           self.grad_shardings["layers"])
-        return jax.lax.with_sharding_constraint(g, one)
+        layer = jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(*s.spec[1:])),
+                             self.grad_shardings["layers"])
+        shardings = {**self.grad_shardings, "layers": (layer,) * len(g["layers"])}
+        return jax.lax.with_sharding_constraint(g, shardings)
 
 
 def accumulate_gradients(grad_fn: Callable, params: Any, rows: Rows, n_micro: int,
@@ -254,11 +252,7 @@ def accumulate_gradients(grad_fn: Callable, params: Any, rows: Rows, n_micro: in
         params = {**params, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], stack)
                                             for i in range(n_layers))}
 
-    def placed(g):
-        if not by_layer:
-            return place.grads(g)
-        return {k: tuple(map(place.layer_grads, v)) if k == "layers" else place.grads_of(k, v)
-                for k, v in g.items()}
+    placed = place.grads_by_layer if by_layer else place.grads
 
     def micro(carry, xs):
         g_acc, ce_acc, z_acc = carry
