@@ -1236,6 +1236,8 @@ def cases() -> list[Case]:
           [*TRAIN, "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=32768]"],
           r"^train.compiler_options: xla_tpu_scoped_vmem_limit_kib=32768 is refused by the compiler "
           r"\(this XLA has no such option\)$"),
+        C("train", "kernel set that does not exist", [*TRAIN, "train.kernels=fast"],
+          r"^train.kernels: expected one of reference, cpu, norm, got 'fast'$"),
     ]
     return out
 

@@ -107,3 +107,76 @@ def test_bf16_output_is_the_exact_norm_rounded_once(kernels):
     ulp = 2.0 ** (np.floor(np.log2(np.abs(ref))) - 7)       # bf16: 8 significant bits
     err = np.abs(np.asarray(out, np.float64) - ref) / ulp
     assert err.max() <= 0.5 + 1e-3, err.max()
+
+
+def test_train_kernels_overrides_the_profiles_set():
+    """``train.kernels`` picks the set whatever the profile; ``norm`` is the reference set with the
+    written-out RMSNorm (the same function object the tests above hold against float64)."""
+    from olmax.config.schema import TrainConfig
+
+    assert Runtime.of(TrainConfig(profile="tpu")).kernels.name == "reference"
+    rt = Runtime.of(TrainConfig(profile="tpu", kernels="norm"))
+    assert rt.kernels == KERNELS["norm"] and rt.profile_name == "tpu"
+    assert rt.kernels.rms_norm is _written_out
+    assert rt.kernels.dense is KERNELS["reference"].dense
+    assert rt.kernels.contract_rows is KERNELS["reference"].contract_rows
+    assert Runtime.of(TrainConfig(profile="cpu", kernels="reference")).kernels.name == "reference"
+    assert Runtime.of(TrainConfig(profile="tpu", kernels="norm", float8=False)).kernels.name == "norm"
+    with pytest.raises(ValueError, match="unknown kernel set 'fast'"):
+        Runtime(kernel_set="fast")
+
+
+def test_norm_set_keeps_the_norms_input_in_bf16_for_the_backward():
+    """What the ``norm`` set is for: in a bf16 model, autodiff's norm keeps an fp32 copy of the
+    input [B, T, D] for the backward pass; the written-out one keeps the bf16 input and one fp32
+    scale per row ([B, T, 1])."""
+    import contextlib
+    import io
+    import re
+
+    from jax.ad_checkpoint import print_saved_residuals
+
+    x = jnp.ones((2, 8, 64), jnp.bfloat16)
+    w = jnp.ones((64,), jnp.float32)
+
+    def saved(name):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):     # "bf16[2,8,64] from the argument x" a line
+            print_saved_residuals(
+                lambda a, b: KERNELS[name].rms_norm(a, b, EPS).astype(jnp.float32).sum(), x, w)
+        found = [re.match(r"(\w+)\[([\d,]*)\] ", line) for line in out.getvalue().splitlines()]
+        return {(tuple(int(d) for d in m[2].split(",") if d), m[1]) for m in found if m}
+    assert ((2, 8, 64), "f32") in saved("reference")
+    norm = saved("norm")
+    assert ((2, 8, 64), "f32") not in norm
+    assert {((2, 8, 64), "bf16"), ((2, 8, 1), "f32")} <= norm
+
+
+def test_norm_set_trains_the_model_as_the_reference_set():
+    """A bf16 model on the tpu profile: the ``norm`` set's loss and every gradient equal the
+    reference set's (autodiff of the same norm) up to fp32 summation order and bf16 rounding."""
+    from olmax.model import olmo3
+    from olmax.model.params import param_shapes
+    from helpers.tiny import small_cfg
+
+    cfg = small_cfg(vocab_size=200, padded_vocab_size=256, window_pattern=(4, None),
+                    rope_theta=10_000.0, max_seq_len=64)
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map_with_path(
+        lambda kp, s: jnp.asarray((1.0 if "norm" in jax.tree_util.keystr(kp) else 0.0)
+                                  + 0.2 * rng.standard_normal(s), jnp.float32),
+        param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 16)))
+
+    def run(kernel_set):
+        rt = Runtime(compute_dtype=jnp.bfloat16, attn_impl="xla", profile=PROFILES["tpu"],
+                     kernel_set=kernel_set)
+        assert rt.kernels.name == (kernel_set or "reference")
+        return jax.jit(jax.value_and_grad(
+            lambda p: jnp.mean(olmo3.hidden_states(p, tokens, cfg, rt).astype(jnp.float32) ** 2)))(params)
+    (l_ref, g_ref), (l_norm, g_norm) = run(None), run("norm")
+    np.testing.assert_allclose(float(l_norm), float(l_ref), rtol=2.0 ** -8)
+    for path, a in jax.tree_util.tree_leaves_with_path(g_norm):
+        b = np.asarray(dict(jax.tree_util.tree_leaves_with_path(g_ref))[path], np.float64)
+        err = np.max(np.abs(np.asarray(a, np.float64) - b))
+        assert err <= 2.0 ** -7 * np.max(np.abs(b)), (jax.tree_util.keystr(path), err)   # lm_head: 0

@@ -300,6 +300,7 @@ class DataConfig:
 ComputeDtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["auto", "xla", "chunked", "dot_product", "cudnn", "splash"]   # olmax.model.attention
 PlatformProfile = Literal["auto", "cpu", "tpu", "gpu", "rocm"]   # olmax.platforms.PROFILE_NAMES
+KernelSet = Literal["reference", "cpu", "norm"]   # olmax.model.kernels.KERNELS
 # olmax.model.runtime.REMAT_POLICIES; "auto": the least recomputation that fits (olmax.train.fit)
 Remat = Literal["auto", "none", "full", "dots", "dots_no_batch", "save_outputs", "save_attn",
                 "save_proj", "save_kernels"]
@@ -366,6 +367,13 @@ class TrainConfig:
     # How the model is computed (kernels, layer scan, RoPE tables, attn_impl=auto, loss chunks):
     # "auto" follows the devices; "cpu", "tpu", "gpu" force that platform's code path anywhere.
     profile: PlatformProfile = "auto"
+    # The model's kernel set (olmax.model.kernels): "reference" (autodiff of the plain JAX
+    # functions), "cpu" (backward passes written out for XLA's CPU backend), "norm" (reference
+    # but for RMSNorm's written-out backward, which keeps the norm's input in the compute dtype
+    # instead of an fp32 copy; on a v5e chip 1.008x and 1.059x the step time of reference, on
+    # olmo3-370m and olmo3-600m); None: the platform profile's. The values are the same up to
+    # fp32 summation order.
+    kernels: KernelSet | None = None
     # The blocks' dense layers in float8 as OLMo 3's long-context stage (torchao's tensorwise
     # recipe; olmax.model.kernels.float8); only on devices with float8 matmuls.
     float8: bool = False
@@ -800,7 +808,7 @@ __all__ = [
     "ModelConfig", "YarnConfig", "QkNorm", "BlockType", "QK_NORM_SCOPES", "BLOCK_TYPES",
     "RunConfig", "DataConfig", "TokenizerConfig", "TOKEN_ID_FIELDS", "SourceMixtureConfig",
     "MixtureSourceConfig", "TokenDtype",
-    "DataSource", "DATA_SOURCES", "TrainConfig", "LENGTH_KEYS", "ComputeDtype", "AttnImpl", "PlatformProfile",
+    "DataSource", "DATA_SOURCES", "TrainConfig", "LENGTH_KEYS", "ComputeDtype", "AttnImpl", "PlatformProfile", "KernelSet",
     "Remat", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig", "SEED_LIMIT",
     "check_seed", "check_coordinator", "check_start", "StartKind", "DistributedConfig",
     "MeshConfig", "EvalConfig", "LoggingConfig", "ONE_OF",

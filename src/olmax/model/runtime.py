@@ -101,6 +101,8 @@ class Runtime:
     splash_fused_bwd: bool = False
     # The layer scan unrolled (``train.unroll_layers``); None: the profile's choice.
     unroll: bool | None = None
+    # A key of olmax.model.kernels.KERNELS (``train.kernels``); None: the profile's set.
+    kernel_set: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_dtype", dtype_of(self.compute_dtype))
@@ -116,6 +118,8 @@ class Runtime:
         if self.attn_impl not in IMPLEMENTATIONS:
             raise ValueError(f"unknown attention implementation '{self.attn_impl}' "
                              f"(known: auto, {', '.join(IMPLEMENTATIONS)})")
+        if self.kernel_set is not None and self.kernel_set not in KERNELS:
+            raise ValueError(f"unknown kernel set '{self.kernel_set}' (known: {', '.join(KERNELS)})")
 
     @classmethod
     def of(cls, train: TrainConfig, devices: Iterable | None = None, **changes: Any) -> "Runtime":
@@ -126,14 +130,16 @@ class Runtime:
                               "remat": train.remat, "profile": train.profile,
                               "float8": train.float8, "splash_block": train.splash_block,
                               "splash_fused_bwd": train.splash_fused_bwd,
-                              "unroll": train.unroll_layers, **changes},
+                              "unroll": train.unroll_layers, "kernel_set": train.kernels,
+                              **changes},
                            devices=devices)
 
     @classmethod
     def resolve(cls, compute_dtype: Any = "float32", attn_impl: str = "auto", remat: str = "none",
                 profile: str = "auto", devices: Iterable | None = None,
                 float8: bool = False, splash_block: int = DEFAULT_SPLASH_BLOCK,
-                splash_fused_bwd: bool = False, unroll: bool | None = None) -> "Runtime":
+                splash_fused_bwd: bool = False, unroll: bool | None = None,
+                kernel_set: str | None = None) -> "Runtime":
         """A runtime with the platform profile ``profile`` (``auto``: the devices' platform) for
         a program compiled for ``devices``. ``float8`` only where those devices have float8
         matmuls (:func:`olmax.platforms.float8_matmuls`; elsewhere a ConfigError)."""
@@ -145,12 +151,13 @@ class Runtime:
                               "matmuls (GPUs of compute capability 8.9+, TPU7x); "
                               "set train.float8: false")
         return cls(compute_dtype, attn_impl, remat, profile_for(profile, auto_profile(devices)), backend,
-                   float8, splash_block=splash_block, splash_fused_bwd=splash_fused_bwd, unroll=unroll)
+                   float8, splash_block=splash_block, splash_fused_bwd=splash_fused_bwd, unroll=unroll,
+                   kernel_set=kernel_set)
 
     @property
     def kernels(self) -> Kernels:
-        return (FLOAT8_KERNELS if self.float8 else KERNELS)[
-            self.profile.kernels if self.profile else "reference"]
+        name = self.kernel_set or (self.profile.kernels if self.profile else "reference")
+        return (FLOAT8_KERNELS if self.float8 else KERNELS)[name]
 
     @property
     def unroll_layers(self) -> bool:

@@ -7,8 +7,13 @@ Each set gives the same three functions with the same values (up to fp32 summati
 - ``contract_rows(x, g)``: a weight gradient ``sum_n x[n, :]^T g[n, :]`` in fp32.
 
 ``reference`` (:mod:`.reference`) is the plain JAX formulation, differentiated by autodiff: what the
-TPU and GPU profiles run. ``cpu`` (:mod:`.cpu`) writes out the backward passes in the shapes XLA's
-CPU backend runs fast. A profile names its set (``olmax.platforms.Profile.kernels``).
+TPU and GPU profiles run. ``cpu`` (:mod:`.cpu`) writes out the backward passes in the shapes XLA's CPU
+backend runs fast. ``norm`` is ``reference`` but for RMSNorm, which is ``cpu``'s: its backward
+pass keeps the norm's input in its own dtype and one fp32 scale per row, where autodiff of the
+fp32 formulation keeps an fp32 copy of the input (measured on a v5e chip it is not faster:
+1.008x and 1.059x the step time of ``reference``, benchmarks/notes/
+2026-12-07-one-v5e-chip-round-eight.md). A profile names its set
+(``olmax.platforms.Profile.kernels``); ``train.kernels`` overrides it.
 
 :data:`FLOAT8_KERNELS` holds each set with its ``dense`` in float8 (:mod:`.float8`, torchao's
 tensorwise recipe; ``Runtime.float8``): on the ``cpu`` set as torchao's emulation (float8 casts,
@@ -32,6 +37,7 @@ class Kernels(NamedTuple):
 KERNELS: dict[str, Kernels] = {
     "reference": Kernels("reference", reference.dense, reference.rms_norm, reference.contract_rows),
     "cpu": Kernels("cpu", cpu.dense, cpu.rms_norm, cpu.contract_rows),
+    "norm": Kernels("norm", reference.dense, cpu.rms_norm, reference.contract_rows),
 }
 
 
