@@ -32,12 +32,16 @@
 # With TPU_AB_LEGS=accumulate, the default per-layer gradient accumulation against the stacked
 # accumulator before it (leg stacked: train.accumulate_by_layer=false; 0.965-0.968x on the 370m,
 # round 7; a row of one micro-batch, the 600m's and the slice's, runs the same program twice)
+# With TPU_AB_LEGS=embedding, the embedding's gradient added to its accumulator row by row (the
+# default) against a whole table per micro-batch (leg whole: train.accumulate_embedding_by_row=
+# false; 0.986x on the 370m at micro-batch 1 and on 600m1, round 8; one micro-batch: the same)
 # With TPU_AB_LEGS=micro, the row's micro-batch against twice it (leg double): whether the
 # larger is slower side by side (the 190m's 2 and 4: 980.6 and 1,011.9 ms side by side; compiled,
 # a micro-step's smaller buffers stay in the core's VMEM where the larger ones go to HBM)
 # Measured on a v5e chip, leg by leg: benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md (the
 # compiler's and micro-batch legs: 2026-12-07-one-v5e-chip-round-five.md; the VMEM legs:
-# 2026-12-07-one-v5e-chip-round-six.md; the accumulation's: 2026-12-07-one-v5e-chip-round-seven.md). With
+# 2026-12-07-one-v5e-chip-round-six.md; the accumulation's: 2026-12-07-one-v5e-chip-round-seven.md;
+# the embedding's: 2026-12-07-one-v5e-chip-round-eight.md). With
 # $OUT set, ab_<row>.json and log.txt are written there. Without a TPU the same commands run on
 # tiny shapes (a test of the script itself).
 #
@@ -101,6 +105,8 @@ for i in "${!rows[@]}"; do
     legs=(--leg base --leg vmem16 "train.compiler_options=[$libtpu_vmem]")
   elif [[ "${TPU_AB_LEGS:-}" == accumulate ]]; then
     legs=(--leg base --leg stacked train.accumulate_by_layer=false)
+  elif [[ "${TPU_AB_LEGS:-}" == embedding ]]; then
+    legs=(--leg base --leg whole train.accumulate_embedding_by_row=false)
   elif [[ "${TPU_AB_LEGS:-}" == micro ]]; then
     legs=(--leg base --leg double train.micro_batch_size=$((2 * ${micro[$row]})))
   else

@@ -73,7 +73,8 @@ def case(name: str, row: dict, args: list[str], versions: dict, date: str) -> di
     resolved = {"splash_block": train.splash_block, "splash_fused_bwd": train.splash_fused_bwd,
                 "unroll_layers": tpu.unroll_layers if train.unroll_layers is None else train.unroll_layers,
                 "loss_chunk_rows": train.loss_chunk_rows or tpu.loss_chunk(micro, 1) * micro,
-                "accumulate_by_layer": train.accumulate_by_layer}
+                "accumulate_by_layer": train.accumulate_by_layer,
+                "accumulate_embedding_by_row": train.accumulate_embedding_by_row}
     for key, value in resolved.items():
         if not any(a.startswith(f"train.{key}=") for a in fixed):
             fixed.append(f"train.{key}={str(value).lower() if isinstance(value, bool) else value}")

@@ -38,7 +38,8 @@ def test_tpu_script_runs_tiny_on_cpu(tmp_path):
         # the kernels, the layer loop, the loss chunk (the tpu profile's 4096 rows per device at
         # micro-batch 4) and the gradient accumulation as measured, whatever the defaults become
         assert {"train.splash_block=1024", "train.splash_fused_bwd=true", "train.unroll_layers=true",
-                "train.loss_chunk_rows=4096", "train.accumulate_by_layer=true"} <= set(case["peer"]["args"])
+                "train.loss_chunk_rows=4096", "train.accumulate_by_layer=true",
+                "train.accumulate_embedding_by_row=true"} <= set(case["peer"]["args"])
         # and the compiler's options: v5e's scoped VMEM (olmax.hardware), whatever its default becomes
         assert "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=32768]" in case["peer"]["args"]
         assert case["measured"]["step_s"] > 0
@@ -91,6 +92,10 @@ def test_tpu_ab_script_runs_tiny_on_cpu(tmp_path):
     legs = legs_of("accumulate", "600m1")
     assert {n: (leg["overrides"], leg["micro_batch_size"], leg["remat"]) for n, leg in legs.items()} == {
         "base": ([], 1, "none"), "stacked": (["train.accumulate_by_layer=false"], 1, "none")}
+    # the embedding's rows against a whole table per micro-batch
+    legs = legs_of("embedding", "370m")
+    assert {n: (leg["overrides"], leg["micro_batch_size"]) for n, leg in legs.items()} == {
+        "base": ([], 1), "whole": (["train.accumulate_embedding_by_row=false"], 1)}
     # a micro-batch against twice it
     legs = legs_of("micro", "370m")
     assert [(n, leg["micro_batch_size"]) for n, leg in legs.items()] == [("base", 1), ("double", 2)]

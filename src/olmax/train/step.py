@@ -125,13 +125,15 @@ def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, tx: optax.Gr
     grad_fn = grad_fn_of(runtime)
     place = Placement.of(model_cfg, mesh)
     by_layer = bool(train_cfg.accumulate_by_layer) and runtime.unroll_layers
+    embed_by_row = (by_layer and bool(train_cfg.accumulate_embedding_by_row)
+                    and not model_cfg.tie_embeddings)
 
     def step(state: TrainState, batch: dict, lr: jax.Array):
         with placed_on(mesh):
             rows = batch_rows(batch, runtime.context)
             fn = grad_fn if rows.context == runtime.context else grad_fn_of(replace(runtime, context=1))
             grads, sums = accumulate_gradients(fn, state.params, rows, n_micro, place,
-                                               by_layer=by_layer)
+                                               by_layer=by_layer, embed_by_row=embed_by_row)
             return apply_update(tx, state, grads, sums, rows.denom, lr)
 
     return step
@@ -196,17 +198,21 @@ class Placement(NamedTuple):
 
     def grads_by_layer(self, g: Any) -> Any:
         """Gradients whose ``layers`` are one tree per layer (:func:`accumulate_gradients`), each
-        placed like its weights: a layer like one layer of the stack."""
+        placed like its weights: a layer like one layer of the stack. ``g`` may hold some of the
+        parameters' keys only."""
         if self.mesh is None:
             return g
-        layer = jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(*s.spec[1:])),
-                             self.grad_shardings["layers"])
-        shardings = {**self.grad_shardings, "layers": (layer,) * len(g["layers"])}
+        shardings = {k: self.grad_shardings[k] for k in g}
+        if "layers" in g:
+            layer = jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(*s.spec[1:])),
+                                 self.grad_shardings["layers"])
+            shardings["layers"] = (layer,) * len(g["layers"])
         return jax.lax.with_sharding_constraint(g, shardings)
 
 
 def accumulate_gradients(grad_fn: Callable, params: Any, rows: Rows, n_micro: int,
-                         place: Placement, by_layer: bool = False) -> tuple[Any, LossSums]:
+                         place: Placement, by_layer: bool = False,
+                         embed_by_row: bool = False) -> tuple[Any, LossSums]:
     """The whole batch's gradients (fp32) and loss sums, over ``n_micro`` micro-batches:
     micro-batch k holds rows ``k, k + n_micro, ...`` (each device keeps its own rows).
     ``grad_fn(params, tokens, labels, denom, **kw)`` -> ``((loss, sums), grads)``: every
@@ -223,7 +229,16 @@ def accumulate_gradients(grad_fn: Callable, params: Any, rows: Rows, n_micro: in
     olmo3-370m step (micro-batch 2) moves 41.7 GB less through the accumulation's adds, 12.4 GB
     less through concatenations and 9.8 GB less through broadcasts, and the compiler needs less
     of its own rematerialisation to fit the olmo3-600m at micro-batch 1 without remat
-    (benchmarks/notes/2026-12-07-one-v5e-chip-round-seven.md)."""
+    (benchmarks/notes/2026-12-07-one-v5e-chip-round-seven.md).
+
+    ``embed_by_row`` (``train.accumulate_embedding_by_row``, with ``by_layer`` and untied
+    embeddings): each micro-batch reads the embedding rows of its own tokens and the gradient
+    with respect to those rows is added into the table's accumulator row by row, a scatter-add of
+    the micro-batch's positions. Autodiff of the lookup instead writes a whole table per
+    micro-batch (zeros, then the rows scattered into them in the compute dtype), which is then
+    added to the accumulator whole. The same sums, in fp32 and in another order: a token that
+    occurs more than once in a micro-batch has its rows' gradients summed in fp32, not in the
+    compute dtype."""
     per_row = (rows.tokens, rows.labels)
     if rows.segment_ids is not None:
         per_row += (place.rows(rows.segment_ids),)
@@ -231,12 +246,12 @@ def accumulate_gradients(grad_fn: Callable, params: Any, rows: Rows, n_micro: in
             per_row += (place.rows(rows.positions),)
     shared_positions = rows.positions if rows.segment_ids is None else None
 
-    def grads_of(tok, lab, seg=None, pos=None):
+    def grads_of(tok, lab, seg=None, pos=None, weights=None):
         kw = {} if seg is None else {"segment_ids": seg}
         pos = shared_positions if pos is None else pos
         if pos is not None:
             kw["positions"] = pos
-        return grad_fn(params, tok, lab, rows.denom, **kw)
+        return grad_fn(params if weights is None else weights, tok, lab, rows.denom, **kw)
 
     if n_micro == 1:
         (_, sums), grads = grads_of(*per_row)
@@ -254,10 +269,24 @@ def accumulate_gradients(grad_fn: Callable, params: Any, rows: Rows, n_micro: in
 
     placed = place.grads_by_layer if by_layer else place.grads
 
+    def add(acc, g):
+        return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, placed(g))
+
     def micro(carry, xs):
         g_acc, ce_acc, z_acc = carry
-        (_, sums), g = grads_of(*map(place.rows, xs))
-        g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, placed(g))
+        tok, *rest = map(place.rows, xs)
+        if not embed_by_row:
+            (_, sums), g = grads_of(tok, *rest)
+            return (add(g_acc, g), ce_acc + sums.ce, z_acc + sums.z), None
+        # The model looks its tokens up in a table of this micro-batch's own rows: position n
+        # reads row n, so the gradient of row n is that of position n.
+        ids = tok.reshape(-1)
+        table = jnp.take(params["embed"], ids, axis=0)
+        (_, sums), g = grads_of(jnp.arange(ids.size, dtype=jnp.int32).reshape(tok.shape), *rest,
+                                weights={**params, "embed": table})
+        d_rows = g.pop("embed").astype(jnp.float32)
+        g_acc = {**add({k: v for k, v in g_acc.items() if k != "embed"}, g),
+                 **placed({"embed": g_acc["embed"].at[ids].add(d_rows)})}
         return (g_acc, ce_acc + sums.ce, z_acc + sums.z), None
 
     zeros = placed(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
