@@ -152,9 +152,13 @@ def test_norm_set_keeps_the_norms_input_in_bf16_for_the_backward():
     assert {((2, 8, 64), "bf16"), ((2, 8, 1), "f32")} <= norm
 
 
+@pytest.mark.slow      # three compiles of a two-layer model
 def test_norm_set_trains_the_model_as_the_reference_set():
-    """A bf16 model on the tpu profile: the ``norm`` set's loss and every gradient equal the
-    reference set's (autodiff of the same norm) up to fp32 summation order and bf16 rounding."""
+    """A bf16 model on the tpu profile: the ``norm`` set's loss and every gradient are as close to
+    the same model's in fp32 as the reference set's (autodiff of the same norm) are. The two bf16
+    runs round in different places, and a difference of one bf16 rounding in a norm's gradient
+    grows through the layers below it, so each is held against the fp32 gradients rather than
+    against the other."""
     from olmax.model import olmo3
     from olmax.model.params import param_shapes
     from helpers.tiny import small_cfg
@@ -168,15 +172,21 @@ def test_norm_set_trains_the_model_as_the_reference_set():
         param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 16)))
 
-    def run(kernel_set):
-        rt = Runtime(compute_dtype=jnp.bfloat16, attn_impl="xla", profile=PROFILES["tpu"],
+    def run(kernel_set, dtype=jnp.bfloat16):
+        rt = Runtime(compute_dtype=dtype, attn_impl="xla", profile=PROFILES["tpu"],
                      kernel_set=kernel_set)
         assert rt.kernels.name == (kernel_set or "reference")
-        return jax.jit(jax.value_and_grad(
+        loss, grads = jax.jit(jax.value_and_grad(
             lambda p: jnp.mean(olmo3.hidden_states(p, tokens, cfg, rt).astype(jnp.float32) ** 2)))(params)
-    (l_ref, g_ref), (l_norm, g_norm) = run(None), run("norm")
-    np.testing.assert_allclose(float(l_norm), float(l_ref), rtol=2.0 ** -8)
-    for path, a in jax.tree_util.tree_leaves_with_path(g_norm):
-        b = np.asarray(dict(jax.tree_util.tree_leaves_with_path(g_ref))[path], np.float64)
-        err = np.max(np.abs(np.asarray(a, np.float64) - b))
-        assert err <= 2.0 ** -7 * np.max(np.abs(b)), (jax.tree_util.keystr(path), err)   # lm_head: 0
+        return float(loss), {jax.tree_util.keystr(k): np.asarray(v, np.float64)
+                             for k, v in jax.tree_util.tree_leaves_with_path(grads)}
+    (l32, g32), (l_ref, g_ref), (l_norm, g_norm) = run(None, jnp.float32), run(None), run("norm")
+    assert abs(l_norm - l32) <= 1.5 * abs(l_ref - l32) + 2.0 ** -9 * abs(l32)
+    for name, exact in g32.items():
+        scale = np.max(np.abs(exact))
+        if scale == 0:                                   # the LM head: not in hidden_states
+            assert not g_norm[name].any() and not g_ref[name].any()
+            continue
+        err_norm = np.max(np.abs(g_norm[name] - exact)) / scale
+        err_ref = np.max(np.abs(g_ref[name] - exact)) / scale
+        assert err_norm <= 1.5 * err_ref + 2.0 ** -9, (name, err_norm, err_ref)
