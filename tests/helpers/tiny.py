@@ -5,8 +5,13 @@ check needs (vocabulary, windows, sequence length) as keyword arguments.
 - :func:`tiny_cfg`: 2 layers of 32, a window shorter than the text (evaluation tests);
 - :func:`small_cfg`: 4 layers of 32 (4 query heads, 2 key heads of 8): the training, mesh and
   interop tests; the rest of :class:`~olmax.config.ModelConfig` at its defaults unless given;
-- :func:`narrow_cfg`: 2 layers of 16 with one key head (checkpoint files, weights checks).
+- :func:`narrow_cfg`: 2 layers of 16 with one key head (checkpoint files, weights checks);
+- :func:`random_params`: random fp32 weights of a config.
 """
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 from olmax.config import ModelConfig
 
@@ -25,3 +30,14 @@ def small_cfg(**kw) -> ModelConfig:
 
 def narrow_cfg(**kw) -> ModelConfig:
     return ModelConfig(**{**NARROW, **kw})
+
+
+def random_params(cfg: ModelConfig, rng: np.random.Generator) -> dict:
+    """Random fp32 weights of ``cfg`` drawn from ``rng``: norms around 1, and every weight
+    different per layer, so that a wrong pairing of layers and weights shows."""
+    from olmax.model.params import param_shapes
+
+    return jax.tree_util.tree_map_with_path(
+        lambda kp, s: jnp.asarray((1.0 if "norm" in jax.tree_util.keystr(kp) else 0.0)
+                                  + 0.2 * rng.standard_normal(s), jnp.float32),
+        param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))

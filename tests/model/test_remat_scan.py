@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from olmax.model import olmo3
-from olmax.model.params import param_shapes
 from olmax.model.runtime import Runtime
 from olmax.model.rope import rope_tables
 from olmax.platforms import PROFILES
-from helpers.tiny import small_cfg
+from helpers.jaxprs import all_eqns
+from helpers.tiny import random_params, small_cfg
 
 # Two scan groups of a period-2 pattern: a wrong group/position pairing changes the numbers.
 CFG = small_cfg(vocab_size=200, padded_vocab_size=256, window_pattern=(4, None),
@@ -23,11 +23,7 @@ T = 16
 
 def _params_and_tokens():
     rng = np.random.default_rng(0)
-    # Random weights, norms around 1 and different per layer: a wrong pairing shows.
-    params = jax.tree_util.tree_map_with_path(
-        lambda kp, s: jnp.asarray((1.0 if "norm" in jax.tree_util.keystr(kp) else 0.0)
-                                  + 0.2 * rng.standard_normal(s), jnp.float32),
-        param_shapes(CFG), is_leaf=lambda x: isinstance(x, tuple))
+    params = random_params(CFG, rng)
     tokens = jnp.asarray(rng.integers(0, CFG.vocab_size, (2, T)))
     return params, tokens
 
@@ -143,17 +139,6 @@ def test_tpu_casts_layer_weights_in_the_layer_with_fp32_gradients(remat):
         np.testing.assert_array_equal(np.asarray(g_gpu["layers"][name]), np.asarray(g_tpu["layers"][name]))
 
 
-def _eqns(jaxpr):
-    """Every equation of ``jaxpr`` and of the jaxprs nested in it (scan, remat, custom VJPs)."""
-    from jax.extend import core as jcore
-    for e in jaxpr.eqns:
-        yield e
-        for v in e.params.values():
-            for x in (v if isinstance(v, (list, tuple)) else [v]):
-                if isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)):
-                    yield from _eqns(getattr(x, "jaxpr", x))
-
-
 @pytest.mark.parametrize("profile", ["cpu", "tpu"])
 def test_layer_weight_gradients_are_written_side_by_side(profile):
     """The backward pass of a layer group joins its layers' weight gradients into the group's
@@ -166,7 +151,7 @@ def test_layer_weight_gradients_are_written_side_by_side(profile):
     period = len(CFG.window_pattern)
     stacks = {(period, *w.shape[1:]) for w in params["layers"].values()}
     made = {}
-    for e in _eqns(jaxpr.jaxpr):
+    for e in all_eqns(jaxpr.jaxpr):
         for shape in {tuple(getattr(v.aval, "shape", ())) for v in e.outvars} & stacks:
             made.setdefault(e.primitive.name, set()).add(shape)
     assert "pad" not in made and "add_any" not in made, made

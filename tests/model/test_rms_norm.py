@@ -160,16 +160,12 @@ def test_norm_set_trains_the_model_as_the_reference_set():
     grows through the layers below it, so each is held against the fp32 gradients rather than
     against the other."""
     from olmax.model import olmo3
-    from olmax.model.params import param_shapes
-    from helpers.tiny import small_cfg
+    from helpers.tiny import random_params, small_cfg
 
     cfg = small_cfg(vocab_size=200, padded_vocab_size=256, window_pattern=(4, None),
                     rope_theta=10_000.0, max_seq_len=64)
     rng = np.random.default_rng(0)
-    params = jax.tree_util.tree_map_with_path(
-        lambda kp, s: jnp.asarray((1.0 if "norm" in jax.tree_util.keystr(kp) else 0.0)
-                                  + 0.2 * rng.standard_normal(s), jnp.float32),
-        param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+    params = random_params(cfg, rng)
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 16)))
 
     def run(kernel_set, dtype=jnp.bfloat16):

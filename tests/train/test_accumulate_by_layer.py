@@ -27,6 +27,7 @@ from olmax.train.optim import build_optimizer
 from olmax.train.recipes import load_recipe
 from olmax.train.step import (Placement, accumulate_gradients, batch_rows, build_sharded_training,
                               make_train_step)
+from helpers.jaxprs import all_eqns
 
 # 8 sequences of 64 tokens: 4 micro-batches
 BASE = ["train.micro_batch_size=2", "train.attn_impl=xla", "train.seq_len=64"]
@@ -36,9 +37,10 @@ def _cfg(*overrides: str):
     return load_recipe("olmo3_tiny", [*BASE, *overrides])
 
 
-def _train(profile: str, by_layer: bool, steps: int = 2, by_row: bool = False, *overrides: str):
+def _train(profile: str, by_layer: bool, steps: int = 2):
+    """(The embedding's rows accumulated as a whole table, as the stacked accumulation does.)"""
     cfg = _cfg(f"train.profile={profile}", f"train.accumulate_by_layer={str(by_layer).lower()}",
-               f"train.accumulate_embedding_by_row={str(by_row).lower()}", *overrides)
+               "train.accumulate_embedding_by_row=false")
     st = build_sharded_training(cfg.model, cfg.train, build_optimizer(cfg.optim),
                                 make_mesh(cfg.mesh, jax.devices()[:1]), jax.random.key(0))
     assert st.n_micro == 4
@@ -57,7 +59,6 @@ def _train(profile: str, by_layer: bool, steps: int = 2, by_row: bool = False, *
 @pytest.mark.slow      # two compiles each (11-17 s on 2 cores); the training tests with micro-batches run the per-layer path
 @pytest.mark.parametrize("profile", ["cpu", "tpu"])
 def test_per_layer_accumulation_trains_bit_for_bit_as_the_stacked_one(profile):
-    """(The embedding's rows accumulated as a whole table, as the stacked accumulation does.)"""
     stacked, by_layer = _train(profile, False), _train(profile, True)
     assert by_layer[0] == stacked[0]                  # loss, z-loss, grad norm, every step
     assert len(by_layer[1]) == len(stacked[1])
@@ -124,7 +125,7 @@ def _batch_gradients(profile: str, n_micro: int, by_row: bool, dtype: str = "flo
     by_layer = n_micro > 1
     fn = jax.jit(lambda p: accumulate_gradients(grad_fn, p, rows, n_micro, Placement(None, None),
                                                 by_layer=by_layer, embed_by_row=by_row)[0])
-    return jax.tree.map(np.asarray, fn(params)), tokens
+    return jax.tree.map(np.asarray, fn(params))
 
 
 @pytest.mark.parametrize("profile", ["cpu", "tpu"])
@@ -132,14 +133,15 @@ def test_embedding_rows_accumulate_to_the_whole_batchs_gradient(profile):
     """Four micro-batches, the embedding accumulated row by row: its gradient is the one-micro-
     batch gradient of the whole batch up to fp32 summation order, and so is every other weight's;
     rows of ids that never occur stay exactly zero."""
-    whole, tokens = _batch_gradients(profile, 1, False)
-    by_row, _ = _batch_gradients(profile, 4, True)
+    whole = _batch_gradients(profile, 1, False)
+    by_row = _batch_gradients(profile, 4, True)
     table, ref = by_row["embed"], whole["embed"]
     assert np.abs(ref[:6]).min(axis=1).max() > 0
     np.testing.assert_allclose(table, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
     np.testing.assert_array_equal(table[6:], 0.0)
+    refs = dict(jax.tree_util.tree_leaves_with_path(whole))
     for path, g in jax.tree_util.tree_leaves_with_path(by_row):
-        r = dict(jax.tree_util.tree_leaves_with_path(whole))[path]
+        r = refs[path]
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6 * np.abs(r).max(),
                                    err_msg=jax.tree_util.keystr(path))
 
@@ -150,8 +152,8 @@ def test_embedding_rows_in_bf16_differ_by_the_whole_tables_rounding():
     bf16 before adding them to the fp32 accumulator; row by row they are summed in fp32. The two
     tables then differ, by no more than bf16's rounding of the gradient; ids that never occur
     stay exactly zero on both."""
-    by_row = _batch_gradients("tpu", 4, True, "bfloat16")[0]["embed"]
-    table = _batch_gradients("tpu", 4, False, "bfloat16")[0]["embed"]
+    by_row = _batch_gradients("tpu", 4, True, "bfloat16")["embed"]
+    table = _batch_gradients("tpu", 4, False, "bfloat16")["embed"]
     scale = np.abs(by_row[:6]).max()
     diff = np.abs(table[:6] - by_row[:6]).max() / scale
     assert 2.0 ** -16 < diff <= 2.0 ** -7, diff
@@ -166,16 +168,9 @@ def _table_writes(by_row: bool) -> dict[str, int]:
                             f"train.accumulate_embedding_by_row={str(by_row).lower()}")
     shape = (cfg.model.padded_vocab_size, cfg.model.d_model)
     found: dict[str, int] = {}
-
-    def walk(jx):
-        for e in jx.eqns:
-            if any(tuple(getattr(v.aval, "shape", ())) == shape for v in e.outvars):
-                found[e.primitive.name] = found.get(e.primitive.name, 0) + 1
-            for v in e.params.values():
-                for x in (v if isinstance(v, (list, tuple)) else [v]):
-                    if hasattr(x, "eqns") or hasattr(x, "jaxpr"):
-                        walk(getattr(x, "jaxpr", x))
-    walk(loop.params["jaxpr"].jaxpr)
+    for e in all_eqns(loop.params["jaxpr"].jaxpr):
+        if any(tuple(getattr(v.aval, "shape", ())) == shape for v in e.outvars):
+            found[e.primitive.name] = found.get(e.primitive.name, 0) + 1
     return found
 
 
