@@ -4,7 +4,8 @@
 #   2. `olmax bench train` over the ladder olmo3-190m, olmo3-370m (16 x 4096), olmo3-600m
 #      (8 x 4096) and a 7B slice (the 7B's layer shapes: a sliding and a full layer, vocabulary
 #      32,768; 4 x 4096),
-#      bf16, splash, each at the micro-batch and remat policy `auto` fits to the chip,
+#      bf16, splash, each at the micro-batch and remat policy `auto` chooses on the chip (of the
+#      steps that fit, the one estimated fastest: train.auto_choice),
 #   3. while time is left, `olmax plan --topology v5e:1x1` of each row at its settings: the plan's
 #      fit verdict and estimate beside the measurement,
 # in one table (benchmarks/tpu_bench.py). With $OUT set, written there: tpu.json (every figure,

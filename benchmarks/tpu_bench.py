@@ -1,6 +1,7 @@
 """TPU check (driven by ``tpu.sh``): the measured matmul ceiling, then ``olmax bench train`` over a
 ladder of OLMo 3 sizes at sequence 4096 in bf16, each at the micro-batch and remat policy
-``auto`` fits to the chip (splash attention), in one table: step ms, tokens/s, MFU in both
+``auto`` chooses on the chip (splash attention; of the steps that fit, the one estimated fastest
+from the chip's measured rates, ``train.auto_choice``), in one table: step ms, tokens/s, MFU in both
 conventions, % of the measured ceiling, the compiled peak against the chip's memory, the device
 counter beside it. Each row is also written as a calibration case of ``olmax plan``
 (``benchmarks/calibration/`` format, ``peer.program: olmax``), and, while time is left, planned
@@ -179,7 +180,8 @@ def main() -> int:
         print(f"{name}: micro-batch {r['micro_batch_size']}, remat {r['remat']}: step "
               f"{r['step_s'] * 1e3:.0f} ms, {r['tokens_per_s']:,.0f} tokens/s, MFU "
               f"{100 * (r['mfu_causal'] or 0):.1f}% causal (compile {r['compile_s']:.0f} s, "
-              f"{len(r['fit_trials'])} candidates)", flush=True)
+              f"{len(r['fit_trials'])} candidates, chosen by {r.get('fit_chosen_by', 'memory')})",
+              flush=True)
 
     for row in rows:
         if "error" in row or a.no_plan:

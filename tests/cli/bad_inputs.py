@@ -1238,6 +1238,8 @@ def cases() -> list[Case]:
           r"\(this XLA has no such option\)$"),
         C("train", "kernel set that does not exist", [*TRAIN, "train.kernels=fast"],
           r"^train.kernels: expected one of reference, cpu, norm, got 'fast'$"),
+        C("train", "auto choice that does not exist", [*TRAIN, "train.auto_choice=fastest"],
+          r"^train.auto_choice: expected one of estimate, memory, got 'fastest'$"),
     ]
     return out
 

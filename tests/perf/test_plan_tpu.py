@@ -358,14 +358,14 @@ def test_a_part_of_the_estimate_never_decides_the_fit(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_auto_micro_batch_is_the_largest_the_tpu_compiler_accepts(tmp_path, capsys):
-    """``train.micro_batch_size=auto`` for a v5e device: the compiler itself refuses the
-    candidates that do not fit (its out-of-memory error, read for its figures); the choice fits
+    """``train.micro_batch_size=auto`` for a v5e device, chosen by memory
+    (``train.auto_choice=memory``): the compiler itself refuses the candidates that do not fit (its out-of-memory error, read for its figures); the choice fits
     and the next larger divisor was refused. The LM head's chunk holds a whole micro-batch (its
     fp32 logits over 300,032 entries grow with it), so that not every micro-batch fits."""
     out = tmp_path / "plan.json"
     assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", *WIDE, "train.seq_len=2048",
                  "train.global_batch_size=8", "train.micro_batch_size=auto", "--no-parts",
-                 "train.loss_chunk_rows=16384",
+                 "train.loss_chunk_rows=16384", "train.auto_choice=memory",
                  "--json", str(out)]) == 0, capsys.readouterr()
     p = json.loads(out.read_text())
     fit, hbm = p["details"]["fit"], p["memory"]["hbm_bytes"]
@@ -383,3 +383,38 @@ def test_auto_micro_batch_is_the_largest_the_tpu_compiler_accepts(tmp_path, caps
             assert (not t["fits"] and t["peak_bytes"] > hbm) or t["compiler_remat_ops"] > 0, t
     assert not trials[8]["fits"] and trials[8]["peak_bytes"] > hbm
     assert p["details"]["n_micro"] == 8 // chosen
+
+
+@pytest.mark.slow
+def test_auto_micro_batch_by_the_estimate_on_a_v5e(tmp_path, capsys):
+    """``train.auto_choice=estimate`` (the default) for v5e devices, whose step is priced from
+    rates measured on the chip, here four of them (FSDP: the step's collectives timed beside its
+    compute): every candidate that fits is priced, the choice follows the rule (the memory rule's
+    choice, the largest micro-batch, unless another is estimated more than 1 % faster), the plan's
+    own estimate of the step it kept is the chosen trial's, and a trial's estimate is that of its
+    micro-batch planned on its own (a separate compile of that step)."""
+    from olmax.train.fit import AUTO_MARGIN
+
+    args = ["olmo3_tiny", "--topology", "v5e:2x2", "train.global_batch_size=16", "train.seq_len=512",
+            "model.max_seq_len=512", "--no-parts"]
+    out = tmp_path / "auto.json"
+    assert main(["plan", *args, "train.micro_batch_size=auto", "--json", str(out)]) == 0, \
+        capsys.readouterr()
+    p = json.loads(out.read_text())
+    fit = p["details"]["fit"]
+    assert p["estimate"]["collective_s"] > 0
+    trials = {t["micro_batch_size"]: t for t in fit["trials"]}
+    assert all(t["fits"] and t["estimated_step_s"] > 0 for t in trials.values())
+    assert fit["trials"][0]["micro_batch_size"] == 4        # fits: the memory rule's choice
+    assert len(trials) >= 2                                  # and the next smaller, priced
+    best = min(trials, key=lambda m: trials[m]["estimated_step_s"])
+    base = trials[4]["estimated_step_s"]
+    expected = best if trials[best]["estimated_step_s"] < (1 - AUTO_MARGIN) * base else 4
+    assert fit["micro_batch_size"] == expected
+    assert fit["chosen_by"] == ("estimate" if expected != 4 else "memory")
+    assert p["estimate"]["step_s"] == pytest.approx(trials[expected]["estimated_step_s"], rel=1e-9)
+    other = next(m for m in trials if m != expected)
+    alone = tmp_path / "alone.json"
+    assert main(["plan", *args, f"train.micro_batch_size={other}", "--json", str(alone)]) == 0
+    assert json.loads(alone.read_text())["estimate"]["step_s"] == pytest.approx(
+        trials[other]["estimated_step_s"], rel=1e-6)

@@ -158,8 +158,9 @@ def test_a_table_is_measured_with_the_steps_compiler_options(monkeypatch):
 
 @pytest.fixture(scope="module")
 def step_190m():
-    """olmo3-190m, 16 x 4096, micro-batch 4 without remat, as `auto` picks it on a v5e chip:
-    the step compiled for v5e:1x1 (libtpu 0.0.52), and its measurement on the chip."""
+    """olmo3-190m, 16 x 4096, micro-batch 4 without remat, as `auto` picked it by memory on a v5e
+    chip (the largest that fits): the step compiled for v5e:1x1 (libtpu 0.0.52), and its
+    measurement on the chip."""
     text = gzip.decompress((RESULTS / "hlo_190m_micro4.txt.gz").read_bytes()).decode()
     case = yaml.safe_load(CASE.read_text())
     return text, case, gpu_estimate.rates_for(BY_NAME["v5e"])
@@ -187,7 +188,7 @@ def test_the_190m_step_s_products_and_kernels_against_hand_counts(step_190m):
 
 def test_the_190m_step_estimate_against_the_chip(step_190m):
     """The estimate of the compiled step against the step measured on a v5e chip (benchmarks/tpu.sh,
-    `auto`'s choice): within 0.9-1.1. Neither the rates table nor its in-step product rates
+    `auto`'s choice by memory): within 0.9-1.1. Neither the rates table nor its in-step product rates
     (the 7B slice's profile) were measured on this step."""
     text, case, rates = step_190m
     est = gpu_estimate.estimate(text, rates, "tpu")

@@ -17,7 +17,7 @@ from helpers.tiny import narrow_cfg
 from olmax.config import MeshConfig, OptimConfig, TrainConfig
 from olmax.device_memory import DoesNotFit, compiled_peak
 from olmax.parallel.mesh import make_mesh
-from olmax.train.fit import REMAT_LADDER, choose, fit_step, remat_candidates
+from olmax.train.fit import AUTO_MARGIN, REMAT_LADDER, choose, fit_step, remat_candidates
 from olmax.train.optim import build_optimizer
 from olmax.train.step import ABSTRACT_LR, abstract_batch, build_sharded_training
 
@@ -248,3 +248,82 @@ def test_a_kernels_on_chip_memory_is_refused_at_once():
                                "on-chip vector memory (VMEM) per device, 16.0 MiB available; to "
                                "lower it: train.splash_block (a smaller block); or raise it to at least 20 MiB: "
                     "train.compiler_options=[xla_tpu_scoped_vmem_limit_kib=20480]")
+
+
+def _priced_fit(train: TrainConfig, price, prefer=None, compile_fn=None):
+    mesh = make_mesh(MeshConfig(), jax.devices()[:1])
+    limit = 10 * compiled_peak(_compiled(B)[1], "cpu")       # every candidate fits
+    return fit_step(MODEL, train, TX, mesh, jax.random.key(0), lambda st: abstract_batch(st, B, T),
+                    where="the step", limit=(limit, "given"), price=price, prefer=prefer,
+                    compile_fn=compile_fn)
+
+
+def _by_micro(seconds: dict[int, float]):
+    """A price of each micro-batch's compiled step, told apart by its peak (the micro-batch's own,
+    compiled on its own)."""
+    micro_of = {compiled_peak(_compiled(m)[1], "cpu"): m for m in seconds}
+    assert len(micro_of) == len(seconds)
+    priced: list[int] = []
+
+    def price(compiled):
+        priced.append(micro := micro_of[compiled_peak(compiled, "cpu")])
+        return seconds[micro]
+    return price, priced
+
+
+def test_auto_takes_the_step_estimated_fastest_among_those_that_fit():
+    """``train.auto_choice=estimate``: where a larger micro-batch is estimated slower (as a v5e
+    chip ran the olmo3-190m's micro-batch 4 3.8 % slower than 2), the smaller micro-batches of the
+    chosen policy are compiled while each is estimated faster, and the fastest is taken; the rest
+    is never compiled. Every trial priced carries its estimate into fit.json."""
+    auto = replace(TRAIN, micro_batch_size="auto")
+    price, priced = _by_micro({8: 1.00, 4: 0.95, 2: 0.97, 1: 0.90})
+    fit = _priced_fit(auto, price)
+    assert (fit.micro_batch_size, fit.chosen_by, fit.training.n_micro) == (4, "estimate", B // 4)
+    # 8 fits (the memory rule's choice), 4 is faster, 2 is not: the descent stops before 1
+    assert [(t.micro_batch_size, t.estimated_step_s) for t in fit.trials] == [(8, 1.00), (4, 0.95),
+                                                                              (2, 0.97)]
+    assert sorted(priced) == [2, 4, 8]                # each priced once
+    record = fit.record()
+    assert record["chosen_by"] == "estimate" and record["micro_batch_size"] == 4
+    assert [t["estimated_step_s"] for t in record["trials"]] == [1.00, 0.95, 0.97]
+    assert "micro-batch 4, remat none (the least estimated step time)" in fit.summary()
+    assert "8/none: " in fit.summary() and ", est. 950.0 ms" in fit.summary()
+    # The step it keeps is the one it chose: the same memory as micro-batch 4 compiled alone.
+    assert fit.peak_bytes == compiled_peak(_compiled(4)[1], "cpu")
+
+
+@pytest.mark.slow
+def test_an_estimate_within_the_margin_keeps_the_memory_rule_s_choice():
+    """A candidate estimated faster by no more than AUTO_MARGIN (1 %) of the step does not replace
+    the largest micro-batch; auto_choice=memory and a resumed run's earlier choice price nothing."""
+    auto = replace(TRAIN, micro_batch_size="auto")
+    fit = _priced_fit(auto, _by_micro({8: 1.00, 4: 1 - AUTO_MARGIN / 2, 2: 1.00})[0])
+    assert (fit.micro_batch_size, fit.chosen_by) == (8, "memory")
+    assert [t.micro_batch_size for t in fit.trials] == [8, 4, 2]
+    assert _priced_fit(auto, _by_micro({8: 1.00, 4: 1 - 2 * AUTO_MARGIN, 2: 1.00})[0]).micro_batch_size == 4
+    for fit in (_priced_fit(replace(auto, auto_choice="memory"), _by_micro({8: 1.0})[0]),
+                _priced_fit(auto, _by_micro({2: 1.0})[0], prefer=(2, "none"))):
+        assert fit.chosen_by == "memory" and len(fit.trials) == 1
+        assert fit.trials[0].estimated_step_s is None
+
+
+def test_a_step_the_compiler_recomputes_competes_by_its_estimate():
+    """What fits only by the compiler's own recomputation is not the memory rule's choice (fits
+    as written first), but it was compiled and fits: priced, it is taken where it is estimated
+    faster (on a v5e chip the olmo3-600m at micro-batch 1 without remat, fitted by the compiler's
+    recomputation, took 0.845x the step of micro-batch 8 under save_kernels), and is never
+    compiled again."""
+    p2, p4 = compiled_peak(_compiled(2)[1], "cpu"), compiled_peak(_compiled(4)[1], "cpu")
+
+    def recomputing(lowered):
+        return _Recomputing(lowered.compile(), (p2 + p4) // 2)
+
+    def price(compiled):     # the estimate: the recomputed programs (4 and 8) the faster
+        return 0.9 if "%fusion.1.remat" in compiled.as_text() else 1.0
+
+    fit = _priced_fit(replace(TRAIN, micro_batch_size="auto"), price, compile_fn=recomputing)
+    assert (fit.micro_batch_size, fit.compiler_remat_ops, fit.chosen_by) == (8, 1, "estimate")
+    # 8 and 4 recomputed, 1 and 2 as written: the memory rule's 2; then 1 is not faster
+    assert [(t.micro_batch_size, t.compiler_remat_ops, t.estimated_step_s) for t in fit.trials] == [
+        (8, 1, 0.9), (1, 0, 1.0), (4, 1, 0.9), (2, 0, 1.0)]

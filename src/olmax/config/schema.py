@@ -301,6 +301,7 @@ ComputeDtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["auto", "xla", "chunked", "dot_product", "cudnn", "splash"]   # olmax.model.attention
 PlatformProfile = Literal["auto", "cpu", "tpu", "gpu", "rocm"]   # olmax.platforms.PROFILE_NAMES
 KernelSet = Literal["reference", "cpu", "norm"]   # olmax.model.kernels.KERNELS
+AutoChoice = Literal["estimate", "memory"]   # olmax.train.fit
 # olmax.model.runtime.REMAT_POLICIES; "auto": the least recomputation that fits (olmax.train.fit)
 Remat = Literal["auto", "none", "full", "dots", "dots_no_batch", "save_outputs", "save_attn",
                 "save_proj", "save_kernels"]
@@ -320,6 +321,15 @@ class TrainConfig:
     # count dividing its batch and on every device it fits.
     micro_batch_size: int | Literal["auto"] | None = None
     micro_batch_max: int | None = None   # the limit of micro_batch_size=auto (None: none); a number ignores it
+    # How micro_batch_size=auto and remat=auto choose among the steps that fit (olmax.train.fit):
+    # "estimate": where a table of rates measured on the device's own kind prices the compiled
+    # step (v5e, H100, H200), the candidate with the least estimated step time (the memory rule's
+    # choice unless another is estimated more than 1 % faster; smaller micro-batches of its
+    # policy compiled while each is estimated faster); elsewhere as "memory". "memory": the
+    # lightest policy and the largest micro-batch that fit. On a v5e chip a larger micro-batch can
+    # be slower (olmo3-190m, 16 x 4096, no remat: micro-batch 4 1.038x the step time of 2) as its
+    # buffers outgrow the core's on-chip memory.
+    auto_choice: AutoChoice = "estimate"
     # Device memory (GiB) a step may use: what auto fits into and every step is checked against
     # before it runs. None: what the device gives a program (TPU, GPU); nothing on the CPU.
     memory_limit_gib: float | None = None
@@ -816,7 +826,7 @@ __all__ = [
     "ModelConfig", "YarnConfig", "QkNorm", "BlockType", "QK_NORM_SCOPES", "BLOCK_TYPES",
     "RunConfig", "DataConfig", "TokenizerConfig", "TOKEN_ID_FIELDS", "SourceMixtureConfig",
     "MixtureSourceConfig", "TokenDtype",
-    "DataSource", "DATA_SOURCES", "TrainConfig", "LENGTH_KEYS", "ComputeDtype", "AttnImpl", "PlatformProfile", "KernelSet",
+    "DataSource", "DATA_SOURCES", "TrainConfig", "LENGTH_KEYS", "ComputeDtype", "AttnImpl", "PlatformProfile", "KernelSet", "AutoChoice",
     "Remat", "OptimConfig", "SchedulerConfig", "CheckpointConfig", "InitConfig", "SEED_LIMIT",
     "check_seed", "check_coordinator", "check_start", "StartKind", "DistributedConfig",
     "MeshConfig", "EvalConfig", "LoggingConfig", "ONE_OF",

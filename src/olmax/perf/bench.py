@@ -18,7 +18,8 @@ loss, SkipStep AdamW, donated state) on synthetic tokens, on one device. It repo
   ``device_peak_kind``; None where an earlier step of the same process had peaked higher (the
   counter never goes down);
 - ``micro_batch_size``, ``remat``: the step's, ``auto`` ones as chosen (``fit_trials``: each
-  candidate compiled, its peak and whether it fit).
+  candidate compiled, its peak, whether it fit and its estimated step time where priced;
+  ``fit_chosen_by``: ``estimate`` where the least estimated step time chose, else ``memory``).
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ class TrainBench:
     # instructions of the step the compiler recomputes to fit (None: not read; see
     # olmax.device_memory.compiler_remat_ops)
     compiler_remat_ops: int | None = None
+    fit_chosen_by: str = "memory"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -318,7 +320,8 @@ def bench_train(cfg: RunConfig, steps: int = 5, warmup: int = 2, *,
         peak_memory_kind=PEAK_KIND_CPU if device.platform == "cpu" else PEAK_KIND,
         memory_limit_bytes=fit.limit_bytes, memory_limit_source=fit.limit_source,
         device_peak_bytes=counter, device_peak_kind=counter_kind,
-        fit_trials=[tr.to_dict() for tr in fit.trials], final_loss=float(metrics["loss"]),
+        fit_trials=[tr.to_dict() for tr in fit.trials], fit_chosen_by=fit.chosen_by,
+        final_loss=float(metrics["loss"]),
         compiler_remat_ops=fit.compiler_remat_ops)
 
 

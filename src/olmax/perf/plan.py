@@ -118,7 +118,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     ``hlo_out``: also write the compiled step's optimized HLO text there."""
     import jax
 
-    from olmax.train.fit import fit_step, memory_hints
+    from olmax.train.fit import fit_step, memory_hints, step_pricer
     from olmax.train.optim import build_optimizer
     from olmax.train.step import abstract_batch
     from olmax.parallel.mesh import make_mesh
@@ -142,7 +142,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
         # trainer chooses them (olmax.train.fit), the verdict the step's own.
         fit = fit_step(model, train, build_optimizer(cfg.optim), mesh, jax.random.key(0),
                        lambda st: abstract_batch(st, b, t, packed=packed, doc_lens_width=width),
-                       where=where)
+                       where=where, price=step_pricer(mesh, topology_wrap(mesh, topology)))
     compile_s = (time.perf_counter() - t0) / len(fit.trials)    # the step's own compile
     st, compiled = fit.training, fit.compiled
     assert st is not None
@@ -226,23 +226,36 @@ _NO_ESTIMATE = {"method": None, "compute_s": None, "kernel_s": None, "collective
                 "mfu_olmo_core": None, "mfu_causal": None}
 
 
+def topology_wrap(mesh, topology: str | None) -> tuple[bool, ...]:
+    """Which axes of the TPU slice ``topology`` names have wraparound links (none where no TPU
+    topology is named: a slice of live devices, a GPU target)."""
+    if topology and mesh.devices.flat[0].platform == "tpu" and parse_gpu(topology) is None:
+        return slice_wrap(libtpu_topology(topology))
+    return ()
+
+
+def step_collectives(prog, mesh, wrap: tuple[bool, ...] = ()) -> dict | None:
+    """The compiled step's collectives (``prog``: :func:`olmax.perf.hlo.analyse` of its text)
+    timed by :mod:`olmax.perf.network` on ``mesh``, or None where the devices' network is unknown;
+    :class:`olmax.perf.network.Unpriced` where a link the step uses has no figure."""
+    if not network.timed(mesh.devices.flat[0]):
+        return None
+    # device ids in the program's replica groups are positions in its device assignment: the
+    # mesh's devices in order
+    return network.time_collectives(hlo.collective_ops(prog), list(mesh.devices.flat), wrap)
+
+
 def _time_collectives(prog, mesh, topology: str | None, details: dict) -> dict | None:
     """The compiled step's collectives timed by :mod:`olmax.perf.network` (into
     ``details["collective_time"]``), or None where the target's network is unknown or a link the
     step uses has no figure (``details["collective_time_unavailable"]`` says which)."""
-    dev = mesh.devices.flat[0]
-    if not network.timed(dev):
-        return None
-    wrap: tuple[bool, ...] = ()
-    if topology and dev.platform == "tpu" and parse_gpu(topology) is None:
-        wrap = slice_wrap(libtpu_topology(topology))
-    ops = hlo.collective_ops(prog)
-    # device ids in the program's replica groups are positions in its device assignment: the
-    # mesh's devices in order
+    wrap = topology_wrap(mesh, topology)
     try:
-        coll = network.time_collectives(ops, list(mesh.devices.flat), wrap)
+        coll = step_collectives(prog, mesh, wrap)
     except network.Unpriced as e:     # a link the hardware table has no figure for
         details["collective_time_unavailable"] = str(e)
+        return None
+    if coll is None:
         return None
     details["collective_time"] = {"async_s": coll["async_s"], "sync_s": coll["sync_s"],
                                   "by_kind_s": coll["by_kind"], "wrap": list(wrap)}

@@ -21,6 +21,21 @@ does not fit, with the bytes the compiler names.
   v5e chip: the 370m's micro-batch 2 under save_proj, 29 instructions recomputed, 7 % slower than
   micro-batch 1), so ``auto`` takes the largest micro-batch and lightest policy that fit with
   nothing recomputed by the compiler, and only where none does, those that fit at all.
+- ``train.auto_choice=estimate`` (the default), where a table of rates measured on the device's
+  own kind prices its compiled step (:func:`step_pricer`: a v5e, an H100 or an H200; the method of
+  ``olmax plan``'s estimate there): the rules above give the first choice, and the steps that fit
+  are then held against it by their estimated step time (:func:`choose_by_estimate`). With an
+  ``auto`` micro-batch the smaller micro-batches of the chosen policy are compiled in turn while
+  each is estimated faster than the last (a larger micro-batch is not always the faster: on a v5e
+  chip the olmo3-190m's micro-batch 4 took 1.038x the step of micro-batch 2, its buffers too large
+  for the core's on-chip memory where micro-batch 2's stay in it; the estimate priced it 1.024x
+  from the compiled programs). Every candidate compiled that fits is priced, also a lighter
+  policy's that fits only by the compiler's recomputation (on the chip the olmo3-600m at
+  micro-batch 1 without remat, which the compiler fits by recomputing some of its instructions,
+  took 0.845x the step of micro-batch 8 under save_kernels, in one command), and the fastest
+  replaces the first choice where it is estimated more than :data:`AUTO_MARGIN` faster. Each
+  trial's estimate is in ``fit.json``. ``memory``: the rules above alone, as on devices no
+  measured table prices (the CPU, other TPU generations).
 - A kernel whose blocks overflow the core's on-chip memory (a TPU's scoped VMEM: splash at too
   large a ``train.splash_block``) does not fit at any micro-batch or policy: it is refused at once.
 - A step given in full (neither ``auto``) is compiled once and checked; one that does not fit is
@@ -70,20 +85,24 @@ log = logging.getLogger(__name__)
 # recomputation) and ``save_outputs`` recomputes nearly what ``full`` does: neither is a step of
 # the ladder.
 REMAT_LADDER = ("none", "save_proj", "save_attn", "save_kernels", "full")
+# train.auto_choice=estimate: how much faster (a fraction of its step) another step that fits must
+# be estimated to replace the memory rule's choice
+AUTO_MARGIN = 0.01
 FSDP_HINT = "mesh.fsdp (more devices to shard the parameters and optimizer state over)"
 
 
 @dataclass(frozen=True)
 class Trial:
     """One compiled candidate: its micro-batch and policy, its peak per device (the bytes the
-    compiler named when it refused it), whether it fits, and how many of its instructions the
-    compiler recomputes to fit (None: not read)."""
+    compiler named when it refused it), whether it fits, how many of its instructions the
+    compiler recomputes to fit (None: not read) and its estimated step time (None: not priced)."""
 
     micro_batch_size: int
     remat: str
     peak_bytes: int | None
     fits: bool
     compiler_remat_ops: int | None = None
+    estimated_step_s: float | None = None   # its compiled step priced (None: not priced)
 
     @property
     def as_written(self) -> bool:
@@ -93,7 +112,8 @@ class Trial:
     def to_dict(self) -> dict:
         return {"micro_batch_size": self.micro_batch_size, "remat": self.remat,
                 "peak_bytes": self.peak_bytes, "fits": self.fits,
-                "compiler_remat_ops": self.compiler_remat_ops}
+                "compiler_remat_ops": self.compiler_remat_ops,
+                "estimated_step_s": self.estimated_step_s}
 
 
 @dataclass
@@ -110,6 +130,7 @@ class StepFit:
     trials: list[Trial] = field(default_factory=list)
     training: ShardedTraining | None = None
     compiled: Any = None
+    chosen_by: str = "memory"             # "estimate": the estimated step time chose (see choose_by_estimate)
 
     @property
     def compiler_remat_ops(self) -> int | None:
@@ -123,6 +144,7 @@ class StepFit:
                 "peak_bytes": self.peak_bytes, "compiler_remat_ops": self.compiler_remat_ops,
                 "limit_bytes": self.limit_bytes,
                 "limit_source": self.limit_source, "auto": list(self.auto),
+                "chosen_by": self.chosen_by,
                 "trials": [t.to_dict() for t in self.trials]}
 
     def summary(self) -> str:
@@ -133,8 +155,11 @@ class StepFit:
         tried = ", ".join(f"{t.micro_batch_size}/{t.remat}: {gib(t.peak_bytes)}"
                           + ("" if t.fits else " (no)")
                           + (f" ({t.compiler_remat_ops} recomputed by the compiler)"
-                             if t.fits and t.compiler_remat_ops else "") for t in self.trials)
-        return (f"{chosen} ({' and '.join(f'train.{a}=auto' for a in self.auto)}): peak "
+                             if t.fits and t.compiler_remat_ops else "")
+                          + (f", est. {t.estimated_step_s * 1e3:,.1f} ms"
+                             if t.estimated_step_s is not None else "") for t in self.trials)
+        by = " (the least estimated step time)" if self.chosen_by == "estimate" else ""
+        return (f"{chosen}{by} ({' and '.join(f'train.{a}=auto' for a in self.auto)}): peak "
                 f"{gib(self.peak_bytes)} per device of {limit}"
                 + (f"; tried {tried}" if len(self.trials) > 1 else ""))
 
@@ -195,6 +220,70 @@ def choose(micros: Sequence[int], remats: Sequence[str],
     return None
 
 
+def step_pricer(mesh: Any, wrap: tuple[bool, ...] = ()) -> Callable[[Any], float | None] | None:
+    """A compiled step's estimated seconds on ``mesh``, by the method ``olmax plan`` prices a v5e,
+    H100 or H200 step with: every op of the program at the rates of a table measured on the
+    devices' own kind (:func:`olmax.perf.gpu_estimate.estimate`), and on more than one device its
+    collectives timed by :mod:`olmax.perf.network` beside it (``wrap``: the slice's wraparound axes,
+    :func:`olmax.perf.plan.topology_wrap`), ``max(compute, asynchronous) + synchronous``. None
+    where no measured table prices the devices (the CPU, TPUs of other generations); the price is
+    None for a step whose collectives the network model cannot time."""
+    devices = list(mesh.devices.flat)
+    platform = backend_of(devices)
+    if platform not in ("tpu", "gpu"):
+        return None
+    from olmax.hardware import accelerator_of
+    from olmax.perf import gpu_estimate, hlo, network
+    from olmax.perf.plan import step_collectives
+
+    rates = gpu_estimate.rates_for(accelerator_of(devices[0]))
+    if rates is None:
+        return None
+
+    def price(compiled: Any) -> float | None:
+        text = compiled.as_text()
+        compute = float(gpu_estimate.estimate(text, rates, platform)["compute_s"])
+        if len(devices) == 1:
+            return compute
+        try:
+            coll = step_collectives(hlo.analyse(text), mesh, wrap)
+        except network.Unpriced:
+            return None
+        return None if coll is None else network.overlap(compute, coll)[0]
+    return price
+
+
+class _Unpriced(Exception):
+    """A candidate's step the estimate cannot price."""
+
+
+def choose_by_estimate(choice: tuple[int, str], micros: Sequence[int], auto: Sequence[str],
+                       fitting: Callable[[], list[tuple[int, str]]],
+                       fits: Callable[[int, str], bool],
+                       seconds: Callable[[tuple[int, str]], float]) -> tuple[int, str]:
+    """Among the steps that fit, the one with the least estimated step time, starting from the
+    memory rule's ``choice``: with an ``auto`` micro-batch, the smaller micro-batches of its
+    policy (``micros`` largest first) are compiled in turn while each fits and is estimated
+    faster than the last; then every candidate compiled and fitting (``fitting()``: also a
+    lighter policy's that fits only by the compiler's own recomputation) is priced, and the
+    fastest replaces ``choice`` only where it is estimated more than :data:`AUTO_MARGIN` faster
+    (the estimate's resolution between two programs of the same model; a tie keeps the larger
+    micro-batch and the lighter policy). ``fits(micro, remat)`` compiles; ``seconds(candidate)``
+    prices one."""
+    if "micro_batch_size" in auto and choice[0] in micros:
+        last = seconds(choice)
+        for micro in micros[micros.index(choice[0]) + 1:]:
+            if not fits(micro, choice[1]):
+                break
+            now = seconds((micro, choice[1]))
+            if now >= last:
+                break
+            last = now
+    base = seconds(choice)
+    best = min(fitting(), key=seconds, default=choice)
+    return best if seconds(best) < (1 - AUTO_MARGIN) * base else choice
+
+
 def memory_hints(train: TrainConfig, micro: int, remat: str) -> list[str]:
     """The settings that lower a step's memory, each with its value now."""
     hints = []
@@ -211,12 +300,15 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
              batch_of: Callable[[ShardedTraining], dict], *, where: str,
              compile_fn: Callable[[Any], Any] | None = None,
              prefer: tuple[int, str] | None = None,
-             limit: tuple[int | None, str] | None = None) -> StepFit:
+             limit: tuple[int | None, str] | None = None,
+             price: Callable[[Any], float | None] | None = None) -> StepFit:
     """Compile the step of ``train`` on ``mesh`` and choose its ``auto`` settings (see the module
     docstring). ``batch_of(st)``: the abstract batch the step takes; ``where``: the step in a
     message (``the training step (1 x TPU v5 lite, batch 16 x 4096)``); ``compile_fn(lowered)``:
     how to compile (default ``lowered.compile()``); ``prefer``: an earlier (micro-batch, remat)
-    tried first; ``limit``: (bytes, source) instead of :func:`memory_limit`."""
+    tried first; ``limit``: (bytes, source) instead of :func:`memory_limit`; ``price(compiled)``:
+    a compiled step's estimated seconds (None: it cannot be priced, and ``auto`` chooses by
+    memory), instead of :func:`step_pricer`'s."""
     devices = list(mesh.devices.flat)
     platform = backend_of(devices)
     limit_bytes, source = limit if limit is not None else memory_limit(train, devices)
@@ -286,10 +378,37 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
     choice = None
     if prefer is not None and prefer[0] in all_micros and prefer[1] in all_remats and compile_one(*prefer).fits:
         choice = prefer
+    chosen_by, preferred = "memory", choice is not None
     if choice is None and count_remat:   # fits as written first
         choice = choose(micros, remats, lambda m, r: compile_one(m, r).as_written)
     if choice is None:
         choice = choose(micros, remats, lambda m, r: compile_one(m, r).fits)
+    pricer = None
+    if choice is not None and not preferred and auto and count_remat and train.auto_choice == "estimate":
+        pricer = price or step_pricer(mesh)
+    if pricer is not None and choice is not None:
+        as_written = tried[choice].as_written      # then so must the smaller micro-batches be
+
+        def seconds(key: tuple[int, str]) -> float:
+            t = tried[key]
+            if t.estimated_step_s is None:
+                s = pricer(built[key][1])
+                if s is None:
+                    raise _Unpriced
+                t = tried[key] = replace(t, estimated_step_s=s)
+                trials[:] = [t if (x.micro_batch_size, x.remat) == key else x for x in trials]
+            assert t.estimated_step_s is not None
+            return t.estimated_step_s
+
+        memory_choice = choice
+        try:
+            choice = choose_by_estimate(
+                choice, micros, auto, lambda: [k for k in built if tried[k].fits],
+                lambda m, r: compile_one(m, r).as_written if as_written else compile_one(m, r).fits,
+                seconds)
+        except _Unpriced:      # a candidate's collectives the network model cannot time
+            choice = memory_choice
+        chosen_by = "estimate" if choice != memory_choice else "memory"
     if choice is None:
         least = min(trials, key=lambda t: t.peak_bytes or float("inf"))
         hints = memory_hints(train, least.micro_batch_size, least.remat)
@@ -309,7 +428,7 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
     built.clear()     # the other candidates' executables
     peak = next(t.peak_bytes for t in reversed(trials) if (t.micro_batch_size, t.remat) == choice)
     fit = StepFit(choice[0], choice[1], peak or 0, host[0] if host else limit_bytes, source, auto,
-                  trials, st, compiled)
+                  trials, st, compiled, chosen_by)
     if auto:
         log.debug("step fit: %s", fit.summary())
     return fit
@@ -346,6 +465,7 @@ def check_record(record: Any, path: str) -> tuple[int, str] | None:
     return micro, remat
 
 
-__all__ = ["REMAT_LADDER", "FSDP_HINT", "StepFit", "Trial", "fit_step", "choose", "memory_limit",
+__all__ = ["REMAT_LADDER", "AUTO_MARGIN", "FSDP_HINT", "StepFit", "Trial", "fit_step", "choose",
+           "choose_by_estimate", "step_pricer", "memory_limit",
            "micro_candidates", "remat_candidates", "memory_hints", "agree_across_processes",
            "check_record"]
