@@ -38,6 +38,10 @@
 # With TPU_AB_LEGS=micro, the row's micro-batch against twice it (leg double): whether the
 # larger is slower side by side (the 190m's 2 and 4: 980.6 and 1,011.9 ms side by side; compiled,
 # a micro-step's smaller buffers stay in the core's VMEM where the larger ones go to HBM)
+# With TPU_AB_LEGS=micros, the row at micro-batches 1, 2 and 4 (those dividing its per-device
+# batch; legs m1, m2, m4, the row's remat): the ladder `train.auto_choice=estimate` chooses from
+# by the estimated step (compiled for v5e, olmo3-190m without remat: 873.1, 894.6 and 915.8 ms),
+# measured side by side. A leg that does not fit is reported and left out.
 # Measured on a v5e chip, leg by leg: benchmarks/notes/2026-12-06-one-v5e-chip-round-three.md (the
 # compiler's and micro-batch legs: 2026-12-07-one-v5e-chip-round-five.md; the VMEM legs:
 # 2026-12-07-one-v5e-chip-round-six.md; the accumulation's: 2026-12-07-one-v5e-chip-round-seven.md;
@@ -71,6 +75,7 @@ if [[ "$tpu" == 1 ]]; then
     [slice]="model.preset=olmo3-7b model.n_layers=2 model.window_pattern=[4096,null] model.vocab_size=32000 model.padded_vocab_size=32768 train.global_batch_size=4 train.micro_batch_size=4 train.remat=none"
     [600m1]="model.preset=olmo3-600m train.global_batch_size=8 train.micro_batch_size=1 train.remat=none train.loss_chunk_rows=2048")
   declare -A micro=([190m]=2 [370m]=1 [600m]=8 [slice]=4 [600m1]=1)
+  declare -A batch=([190m]=16 [370m]=16 [600m]=8 [slice]=4 [600m1]=8)
   old_block=512
   vmem="xla_tpu_scoped_vmem_limit_kib=98304" big_block=2048 libtpu_vmem="xla_tpu_scoped_vmem_limit_kib=16384"
 else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script's own test
@@ -83,6 +88,7 @@ else   # tiny shapes on the TPU's code path (Pallas interpret mode): the script'
     [slice]="train.global_batch_size=2 train.micro_batch_size=2 train.remat=none"
     [600m1]="train.global_batch_size=2 train.micro_batch_size=1 train.remat=none train.loss_chunk_rows=128")
   declare -A micro=([190m]=1 [370m]=1 [600m]=2 [slice]=2 [600m1]=1)
+  declare -A batch=([190m]=2 [370m]=2 [600m]=2 [slice]=2 [600m1]=2)
   old_block=128
   vmem="xla_cpu_enable_fast_math=false" big_block=256   # an option this XLA has, in its place
   libtpu_vmem="xla_cpu_enable_fast_math=false"
@@ -109,6 +115,11 @@ for i in "${!rows[@]}"; do
     legs=(--leg base --leg whole train.accumulate_embedding_by_row=false)
   elif [[ "${TPU_AB_LEGS:-}" == micro ]]; then
     legs=(--leg base --leg double train.micro_batch_size=$((2 * ${micro[$row]})))
+  elif [[ "${TPU_AB_LEGS:-}" == micros ]]; then
+    legs=()
+    for m in 1 2 4; do
+      (( ${batch[$row]} % m == 0 )) && legs+=(--leg "m$m" train.micro_batch_size=$m)
+    done
   else
     legs=(--leg base --leg before train.splash_block=$old_block train.unroll_layers=false
           train.loss_chunk_rows=$((positions * ${micro[$row]})))

@@ -99,3 +99,7 @@ def test_tpu_ab_script_runs_tiny_on_cpu(tmp_path):
     # a micro-batch against twice it
     legs = legs_of("micro", "370m")
     assert [(n, leg["micro_batch_size"]) for n, leg in legs.items()] == [("base", 1), ("double", 2)]
+    # the micro-batches auto chooses among, side by side (tiny: 2 rows per device)
+    legs = legs_of("micros", "190m")
+    assert [(n, leg["micro_batch_size"], leg["remat"]) for n, leg in legs.items()] == [
+        ("m1", 1, "none"), ("m2", 2, "none")]
