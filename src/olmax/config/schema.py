@@ -318,7 +318,8 @@ class TrainConfig:
     # Sequences per device per micro-step (None: the whole per-device batch, no accumulation);
     # "auto": the largest divisor of the per-device batch that is at most micro_batch_max and
     # whose compiled step fits the device (olmax.train.fit), so a recipe runs at every device
-    # count dividing its batch and on every device it fits.
+    # count dividing its batch and on every device it fits; a smaller one where auto_choice
+    # says so.
     micro_batch_size: int | Literal["auto"] | None = None
     micro_batch_max: int | None = None   # the limit of micro_batch_size=auto (None: none); a number ignores it
     # How micro_batch_size=auto and remat=auto choose among the steps that fit (olmax.train.fit):
