@@ -661,8 +661,10 @@ def test_train_exit_code_on_stop(monkeypatch, tmp_path):
     class FakeTrainer:
         is_main = True
 
-        def __init__(self, cfg, run_dir, quiet=False, attempt=None, expect_devices=None):
+        def __init__(self, cfg, run_dir, quiet=False, attempt=None, expect_devices=None,
+                     step_pricer=None):
             stopped["attempt"], stopped["expect"] = attempt, expect_devices
+            stopped["pricer"] = step_pricer
 
         def run(self):
             return {"run_dir": "r", "start_step": 0, "last_step": 2, "first_loss": 1.0,
@@ -678,3 +680,6 @@ def test_train_exit_code_on_stop(monkeypatch, tmp_path):
     assert main([*argv, "--exit-code-on-stop", "300"]) == 2
     assert main([*argv, "--attempt", "job-7.2", "--expect-devices", "gpu:16"]) == 0
     assert (stopped["attempt"], stopped["expect"]) == ("job-7.2", ("gpu", 16))
+    # auto's choice by the estimate: the trainer gets the step's price (by the mesh it builds)
+    from olmax.perf.step_price import step_pricer
+    assert stopped["pricer"] is step_pricer

@@ -192,3 +192,15 @@ def test_a_gpu_step_fits_against_the_share_of_memory_jax_takes():
     assert usable_hbm("tpu", 95 * GiB, "table", environ={}) == (95 * GiB, 1.0, "table")
     with pytest.raises(OlmaxError, match="XLA_PYTHON_CLIENT_MEM_FRACTION='1.5'"):
         usable_hbm("gpu", 80 * GiB, "table", environ={"XLA_PYTHON_CLIENT_MEM_FRACTION": "1.5"})
+
+
+def test_a_step_is_priced_only_where_a_measured_table_prices_the_devices():
+    """``train.auto_choice=estimate`` needs a price: the CPU has no rates table measured on it, so
+    there ``auto`` chooses by memory (the v5e's price: tests/perf/test_plan_tpu.py)."""
+    import jax
+
+    from olmax.config import MeshConfig
+    from olmax.parallel.mesh import make_mesh
+    from olmax.perf.step_price import step_pricer
+
+    assert step_pricer(make_mesh(MeshConfig(), jax.devices()[:1])) is None

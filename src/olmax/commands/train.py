@@ -133,8 +133,10 @@ def run(args: argparse.Namespace) -> int:
     # filters from these options when it starts.
     if RESOURCE_TRACKER_QUIET not in sys.warnoptions:
         sys.warnoptions.append(RESOURCE_TRACKER_QUIET)
+    from olmax.perf.step_price import step_pricer
+
     trainer = training.Trainer(cfg, run_dir, quiet=args.quiet, attempt=args.attempt,
-                               expect_devices=args.expect_devices)
+                               expect_devices=args.expect_devices, step_pricer=step_pricer)
     try:
         summary = trainer.run()
     except RunDirLockLost as e:

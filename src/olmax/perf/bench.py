@@ -42,6 +42,7 @@ from olmax.model.flops import flops_per_token, mfu, peak_flops
 from olmax.model.params import count_params
 from olmax.model.runtime import dtype_of
 from olmax.parallel.mesh import make_mesh
+from olmax.perf.step_price import step_pricer
 from olmax.train.fit import fit_step, memory_hints
 from olmax.train.optim import build_optimizer
 from olmax.train.step import abstract_batch
@@ -180,7 +181,8 @@ class TrainStepRunner:
         where = f"the training step (1 x {device.device_kind}, batch {b} x {t})"
         t0 = time.perf_counter()
         self.fit = fit_step(model_cfg, train_cfg, tx, mesh, jax.random.key(seed),
-                            lambda st: abstract_batch(st, b, t), where=where)
+                            lambda st: abstract_batch(st, b, t), where=where,
+                            price=step_pricer(mesh))
         self.compile_s = time.perf_counter() - t0
         if len(self.fit.trials) > 1:   # the search compiled others too: the step's own compile alone
             self.compile_s /= len(self.fit.trials)

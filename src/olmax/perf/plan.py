@@ -80,9 +80,10 @@ from olmax.io import write_bytes_atomic
 from olmax.perf import calibration, hlo, network
 from olmax.device_memory import DoesNotFit, compiled_peak
 from olmax.perf.costs import cost, kernel_flops, part_costs
+from olmax.perf.step_price import step_collectives, step_pricer, topology_wrap
 from olmax.hardware import GiB, accelerator_of
-from olmax.perf.targets import (chips, filtered_stderr, hbm_bytes, libtpu_topology, parse_gpu,
-                                slice_wrap, tell_libtpu_no_tpu, topology_devices, usable_hbm)
+from olmax.perf.targets import (chips, filtered_stderr, hbm_bytes, tell_libtpu_no_tpu,
+                                topology_devices, usable_hbm)
 
 
 # The documents a packed row may hold, for the step's doc_lens input: the real width is the data's
@@ -118,7 +119,7 @@ def plan(cfg: RunConfig, topology: str | None = None, *, parts: bool = True,
     ``hlo_out``: also write the compiled step's optimized HLO text there."""
     import jax
 
-    from olmax.train.fit import fit_step, memory_hints, step_pricer
+    from olmax.train.fit import fit_step, memory_hints
     from olmax.train.optim import build_optimizer
     from olmax.train.step import abstract_batch
     from olmax.parallel.mesh import make_mesh
@@ -224,25 +225,6 @@ def _flops(model, b: int, t: int, n: int) -> dict:
 _NO_ESTIMATE = {"method": None, "compute_s": None, "kernel_s": None, "collective_s": None,
                 "step_s": None, "step_s_no_overlap": None, "tokens_per_s_per_chip": None,
                 "mfu_olmo_core": None, "mfu_causal": None}
-
-
-def topology_wrap(mesh, topology: str | None) -> tuple[bool, ...]:
-    """Which axes of the TPU slice ``topology`` names have wraparound links (none where no TPU
-    topology is named: a slice of live devices, a GPU target)."""
-    if topology and mesh.devices.flat[0].platform == "tpu" and parse_gpu(topology) is None:
-        return slice_wrap(libtpu_topology(topology))
-    return ()
-
-
-def step_collectives(prog, mesh, wrap: tuple[bool, ...] = ()) -> dict | None:
-    """The compiled step's collectives (``prog``: :func:`olmax.perf.hlo.analyse` of its text)
-    timed by :mod:`olmax.perf.network` on ``mesh``, or None where the devices' network is unknown;
-    :class:`olmax.perf.network.Unpriced` where a link the step uses has no figure."""
-    if not network.timed(mesh.devices.flat[0]):
-        return None
-    # device ids in the program's replica groups are positions in its device assignment: the
-    # mesh's devices in order
-    return network.time_collectives(hlo.collective_ops(prog), list(mesh.devices.flat), wrap)
 
 
 def _time_collectives(prog, mesh, topology: str | None, details: dict) -> dict | None:

@@ -22,8 +22,9 @@ does not fit, with the bytes the compiler names.
   micro-batch 1), so ``auto`` takes the largest micro-batch and lightest policy that fit with
   nothing recomputed by the compiler, and only where none does, those that fit at all.
 - ``train.auto_choice=estimate`` (the default), where a table of rates measured on the device's
-  own kind prices its compiled step (:func:`step_pricer`: a v5e, an H100 or an H200; the method of
-  ``olmax plan``'s estimate there): the rules above give the first choice, and the steps that fit
+  own kind prices its compiled step (a v5e, an H100 or an H200: the method of ``olmax plan``'s
+  estimate there, :func:`olmax.perf.step_price.step_pricer`, which the trainer, ``olmax bench``
+  and ``olmax plan`` pass as ``price``): the rules above give the first choice, and the steps that fit
   are then held against it by their estimated step time (:func:`choose_by_estimate`). With an
   ``auto`` micro-batch the smaller micro-batches of the chosen policy are compiled in turn while
   each is estimated faster than the last (a larger micro-batch is not always the faster: on a v5e
@@ -220,39 +221,6 @@ def choose(micros: Sequence[int], remats: Sequence[str],
     return None
 
 
-def step_pricer(mesh: Any, wrap: tuple[bool, ...] = ()) -> Callable[[Any], float | None] | None:
-    """A compiled step's estimated seconds on ``mesh``, by the method ``olmax plan`` prices a v5e,
-    H100 or H200 step with: every op of the program at the rates of a table measured on the
-    devices' own kind (:func:`olmax.perf.gpu_estimate.estimate`), and on more than one device its
-    collectives timed by :mod:`olmax.perf.network` beside it (``wrap``: the slice's wraparound axes,
-    :func:`olmax.perf.plan.topology_wrap`), ``max(compute, asynchronous) + synchronous``. None
-    where no measured table prices the devices (the CPU, TPUs of other generations); the price is
-    None for a step whose collectives the network model cannot time."""
-    devices = list(mesh.devices.flat)
-    platform = backend_of(devices)
-    if platform not in ("tpu", "gpu"):
-        return None
-    from olmax.hardware import accelerator_of
-    from olmax.perf import gpu_estimate, hlo, network
-    from olmax.perf.plan import step_collectives
-
-    rates = gpu_estimate.rates_for(accelerator_of(devices[0]))
-    if rates is None:
-        return None
-
-    def price(compiled: Any) -> float | None:
-        text = compiled.as_text()
-        compute = float(gpu_estimate.estimate(text, rates, platform)["compute_s"])
-        if len(devices) == 1:
-            return compute
-        try:
-            coll = step_collectives(hlo.analyse(text), mesh, wrap)
-        except network.Unpriced:
-            return None
-        return None if coll is None else network.overlap(compute, coll)[0]
-    return price
-
-
 class _Unpriced(Exception):
     """A candidate's step the estimate cannot price."""
 
@@ -307,8 +275,9 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
     message (``the training step (1 x TPU v5 lite, batch 16 x 4096)``); ``compile_fn(lowered)``:
     how to compile (default ``lowered.compile()``); ``prefer``: an earlier (micro-batch, remat)
     tried first; ``limit``: (bytes, source) instead of :func:`memory_limit`; ``price(compiled)``:
-    a compiled step's estimated seconds (None: it cannot be priced, and ``auto`` chooses by
-    memory), instead of :func:`step_pricer`'s."""
+    a compiled step's estimated seconds (None: it cannot be priced), which
+    ``train.auto_choice=estimate`` chooses by (:func:`olmax.perf.step_price.step_pricer` gives it
+    where the devices' kind has a measured rates table); without it ``auto`` chooses by memory."""
     devices = list(mesh.devices.flat)
     platform = backend_of(devices)
     limit_bytes, source = limit if limit is not None else memory_limit(train, devices)
@@ -385,7 +354,7 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
         choice = choose(micros, remats, lambda m, r: compile_one(m, r).fits)
     pricer = None
     if choice is not None and not preferred and auto and count_remat and train.auto_choice == "estimate":
-        pricer = price or step_pricer(mesh)
+        pricer = price
     if pricer is not None and choice is not None:
         as_written = tried[choice].as_written      # then so must the smaller micro-batches be
 
@@ -466,6 +435,6 @@ def check_record(record: Any, path: str) -> tuple[int, str] | None:
 
 
 __all__ = ["REMAT_LADDER", "AUTO_MARGIN", "FSDP_HINT", "StepFit", "Trial", "fit_step", "choose",
-           "choose_by_estimate", "step_pricer", "memory_limit",
+           "choose_by_estimate", "memory_limit",
            "micro_candidates", "remat_candidates", "memory_hints", "agree_across_processes",
            "check_record"]

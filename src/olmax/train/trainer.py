@@ -47,7 +47,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, cast
+from typing import Any, Callable, Iterable, Iterator, Mapping, cast
 
 import jax
 import numpy as np
@@ -154,8 +154,12 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: str | os.PathLike, *,
                  callbacks: Iterable[Callback] = (), quiet: bool = False,
                  attempt: str | None = None,
-                 expect_devices: tuple[str, int] | None = None) -> None:
+                 expect_devices: tuple[str, int] | None = None,
+                 step_pricer: Callable[[Any], Callable[[Any], float | None] | None] | None = None) -> None:
         self.cfg = cfg
+        # mesh -> the price of a compiled step on it (olmax.perf.step_price.step_pricer), which
+        # train.auto_choice=estimate chooses the auto settings by; None: auto chooses by memory
+        self.step_pricer = step_pricer
         self.run_dir = run_location(run_dir)     # a Path, or a bucket path (str)
         self.extra_callbacks = list(callbacks)
         self.quiet = quiet
@@ -278,7 +282,8 @@ class Trainer:
             return fit_step(cfg.model, train, self.tx, self.mesh, jax.random.key(seed),
                             lambda st: abstract_batch(st, t.global_batch_size, t.seq_len,
                                                       packed=packed, doc_lens_width=width),
-                            where=where, prefer=prefer)
+                            where=where, prefer=prefer,
+                            price=self.step_pricer(self.mesh) if self.step_pricer else None)
 
         self.step_where = where
         prefer = self._earlier_fit() if "auto" in (t.micro_batch_size, t.remat) else None
