@@ -24,13 +24,14 @@ does not fit, with the bytes the compiler names.
 - ``train.auto_choice=estimate`` (the default), where a table of rates measured on the device's
   own kind prices its compiled step (a v5e, an H100 or an H200: the method of ``olmax plan``'s
   estimate there, :func:`olmax.perf.step_price.step_pricer`, which the trainer, ``olmax bench``
-  and ``olmax plan`` pass as ``price``): the rules above give the first choice, and the steps that fit
-  are then held against it by their estimated step time (:func:`choose_by_estimate`). With an
-  ``auto`` micro-batch the smaller micro-batches of the chosen policy are compiled in turn while
-  each is estimated faster than the last (a larger micro-batch is not always the faster: on a v5e
-  chip the olmo3-190m's micro-batch 4 took 1.038x the step of micro-batch 2: compiled for v5e its
-  program moves 12.9 % more bytes for the same FLOPs, the compiler fusing and placing the larger
-  buffers otherwise; the estimate priced it 1.024x from the compiled programs). Every candidate compiled that fits is priced, also a lighter
+  and ``olmax plan`` pass as ``price``): the rules above give the first choice, and the steps
+  that fit are then held against it by their estimated step time (:func:`choose_by_estimate`).
+  With an ``auto`` micro-batch the smaller micro-batches of the chosen policy are compiled in
+  turn while each is estimated faster than the last (a larger micro-batch is not always the
+  faster: on a v5e chip the olmo3-190m's micro-batch 4 took 1.038x the step of micro-batch 2:
+  compiled for v5e its program moves 12.9 % more bytes for the same FLOPs, the compiler fusing
+  and placing the larger buffers otherwise; the estimate priced it 1.024x from the compiled
+  programs). Every candidate compiled that fits is priced, also a lighter
   policy's that fits only by the compiler's recomputation (on the chip the olmo3-600m at
   micro-batch 1 without remat, which the compiler fits by recomputing some of its instructions,
   took 0.845x the step of micro-batch 8 under save_kernels, in one command), and the fastest
@@ -131,7 +132,7 @@ class StepFit:
     trials: list[Trial] = field(default_factory=list)
     training: ShardedTraining | None = None
     compiled: Any = None
-    chosen_by: str = "memory"             # "estimate": the estimated step time chose (see choose_by_estimate)
+    chosen_by: str = "memory"             # "estimate": the estimated step time chose
 
     @property
     def compiler_remat_ops(self) -> int | None:
@@ -352,10 +353,9 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
         choice = choose(micros, remats, lambda m, r: compile_one(m, r).as_written)
     if choice is None:
         choice = choose(micros, remats, lambda m, r: compile_one(m, r).fits)
-    pricer = None
-    if choice is not None and not preferred and auto and count_remat and train.auto_choice == "estimate":
-        pricer = price
-    if pricer is not None and choice is not None:
+    pricer = price
+    if (pricer is not None and choice is not None and not preferred and auto and count_remat
+            and train.auto_choice == "estimate"):
         as_written = tried[choice].as_written      # then so must the smaller micro-batches be
 
         def seconds(key: tuple[int, str]) -> float:
@@ -372,7 +372,7 @@ def fit_step(model: ModelConfig, train: TrainConfig, tx: Any, mesh: Any, key: ja
         memory_choice = choice
         try:
             choice = choose_by_estimate(
-                choice, micros, auto, lambda: [k for k in built if tried[k].fits],
+                choice, micros, auto, lambda: list(built),     # built: the candidates that fit
                 lambda m, r: compile_one(m, r).as_written if as_written else compile_one(m, r).fits,
                 seconds)
         except _Unpriced:      # a candidate's collectives the network model cannot time
