@@ -5,8 +5,9 @@ from the chip's measured rates, ``train.auto_choice``), in one table: step ms, t
 conventions, % of the measured ceiling, the compiled peak against the chip's memory, the device
 counter beside it. Each row is also written as a calibration case of ``olmax plan``
 (``benchmarks/calibration/`` format, ``peer.program: olmax``), and, while time is left, planned
-on the chip by ``olmax plan --topology v5e:1x1`` at the row's settings (fit and estimate beside the
-measurement).
+on the chip's host by ``olmax plan --topology v5e:1x1`` at the row's settings (fit and estimate
+beside the measurement). The measurements run in a process of their own and the plans after it
+has ended: libtpu lets one process at a time hold the chip, and a plan loads libtpu too.
 
 The ladder (``--rows``): ``olmo3-190m`` and ``olmo3-370m`` at 16 x 4096, ``olmo3-600m`` at
 8 x 4096, and ``7b-slice``: OLMo 3 7B's own layer shapes (d_model 4096, 32 heads of 128, MLP
@@ -29,6 +30,7 @@ import datetime
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,25 +119,12 @@ def plan_row(args: list[str], timeout: float, topology: str | None) -> dict:
             "method": (p.get("estimate") or {}).get("method")}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny shapes (automatic without a TPU)")
-    p.add_argument("--rows", default=",".join(ROWS), help=f"rows of the ladder ({', '.join(ROWS)})")
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--budget-s", type=float, default=480, help="start no row after this many seconds")
-    p.add_argument("--no-plan", action="store_true", help="measure only")
-    p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
-                   help="an override added to every row (repeatable), e.g. train.splash_fused_bwd=true")
-    p.add_argument("--json", dest="json_out")
-    p.add_argument("--cases", help="write each row's calibration case (YAML) into this folder")
-    a = p.parse_args()
-    t_start = time.perf_counter()
-
+def measure(a: argparse.Namespace, t_start: float) -> dict:
+    """The ceiling and each row's step, measured in this process (the one that holds the chip)."""
     from olmax.reporting import route_startup_noise
 
     route_startup_noise()          # JAX's Cloud TPU warnings (hugepages): not the table's business
     import jax
-    import yaml
 
     import olmax
     from olmax.perf.bench import bench_train, matmul_ceiling
@@ -159,7 +148,6 @@ def main() -> int:
           + (f", {100 * ceil['flops_per_s'] / ceil['peak_flops']:.1f}% of the "
              f"{ceil['peak_flops'] / 1e12:.0f} TFLOP/s peak" if ceil["peak_flops"] else ""), flush=True)
 
-    date = datetime.date.today().isoformat()
     rows: list[dict] = []
     for name in a.rows.split(","):
         model, batch = (dict(TINY), 4) if tiny else ROWS[name]
@@ -182,6 +170,46 @@ def main() -> int:
               f"{100 * (r['mfu_causal'] or 0):.1f}% causal (compile {r['compile_s']:.0f} s, "
               f"{len(r['fit_trials'])} candidates, chosen by {r.get('fit_chosen_by', 'memory')})",
               flush=True)
+    return {"versions": versions, "matmul": ceil, "date": datetime.date.today().isoformat(),
+            "tiny": tiny, "rows": rows}
+
+
+def measure_apart(t_start: float) -> dict:
+    """:func:`measure` in a process of its own, so that the chip is free when it ends: libtpu lets
+    one process at a time hold a TPU (its lock file), and ``olmax plan`` loads libtpu too."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "measured.json"
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *sys.argv[1:],
+                               "--measure-to", str(out)])
+        if not out.exists():
+            raise SystemExit(f"tpu_bench: the measuring process ended with exit {proc.returncode} "
+                             "and wrote nothing")
+        return json.loads(out.read_text())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (automatic without a TPU)")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"rows of the ladder ({', '.join(ROWS)})")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--budget-s", type=float, default=480, help="start no row after this many seconds")
+    p.add_argument("--no-plan", action="store_true", help="measure only")
+    p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override added to every row (repeatable), e.g. train.splash_fused_bwd=true")
+    p.add_argument("--json", dest="json_out")
+    p.add_argument("--cases", help="write each row's calibration case (YAML) into this folder")
+    p.add_argument("--measure-to", help=argparse.SUPPRESS)   # the measuring process's result
+    a = p.parse_args()
+    t_start = time.perf_counter()
+    if a.measure_to:
+        from olmax.io import write_json_atomic
+
+        write_json_atomic(a.measure_to, measure(a, t_start), overwrite=True)
+        return 0
+    # the plans load libtpu after the measuring process has let go of the chip
+    result = measure(a, t_start) if a.no_plan else measure_apart(t_start)
+    versions, ceil, date, tiny, rows = (result[k] for k in ("versions", "matmul", "date", "tiny", "rows"))
+    import yaml
 
     for row in rows:
         if "error" in row or a.no_plan:
@@ -193,7 +221,7 @@ def main() -> int:
         fixed = [x for x in row["args"] if not x.startswith(("train.micro_batch_size=", "train.remat="))]
         row["plan"] = plan_row(fixed + [f"train.micro_batch_size={row['micro_batch_size']}",
                                         f"train.remat={row['remat']}"], min(left, 240),
-                                None if tiny else "v5e:1x1")
+                               None if tiny else "v5e:1x1")
 
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}"  # noqa: E731
     from olmax.device_memory import gib
