@@ -74,6 +74,22 @@ def test_topology_without_libtpu_is_one_line(capsys):
     assert "\n" not in err and "needs libtpu" in err
 
 
+def test_topology_while_another_process_holds_the_tpu_is_one_line(capsys, monkeypatch):
+    """On a host with TPUs, libtpu loads in one process at a time: a plan while a run holds the
+    chip is told so in one line, not libtpu's advice to remove the lock file of a running job."""
+    pytest.importorskip("jax")
+    from jax.experimental import topologies
+
+    def held(**kwargs):
+        raise RuntimeError('ABORTED: Internal error when accessing libtpu multi-process lockfile. '
+                           'Run "$ sudo rm /tmp/libtpu_lockfile".\nmore')
+
+    monkeypatch.setattr(topologies, "get_topology_desc", held)
+    assert main(["plan", "olmo3_tiny", "--topology", "v5e:1x1", "--no-parts"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "held by another process" in err and "rm " not in err
+
+
 def test_loop_trip_counts_and_multipliers():
     """A scan of 7 inside a scan of 3: the inner body runs 21 times per program run."""
     def f(x):

@@ -262,6 +262,12 @@ def topology_devices(name: str) -> list:
                                                 **torus_links(libtpu_name))
     except RuntimeError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "lockfile" in msg:
+            # libtpu lets one process at a time load it on a host with TPUs (its lock file); the
+            # lock belongs to the process that holds the chip, which removing it would not stop
+            raise OlmaxError(f"--topology {name}: the TPU of this host is held by another process "
+                             "(libtpu loads in one process at a time); plan when it has ended, or on "
+                             "a host without TPUs") from None
         if "not installed" in msg or "libtpu" in msg.lower() and "lockfile" not in msg:
             raise OlmaxError(f"--topology {name}: compiling for TPUs needs libtpu: install the tpu "
                              f"extra on Python >= 3.12 (PYTHON=python3.12 scripts/bootstrap tpu)") from None
