@@ -43,9 +43,11 @@ import math
 import re
 from collections import defaultdict
 from importlib import resources
-from typing import Any
+from typing import Any, Sequence, TypeVar
 
 from olmax.perf import hlo
+
+_N = TypeVar("_N", int, float)
 
 _FMHA_FWD = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleMaskSoftmax",
              "__cudnn$fmhaSoftmaxDropout")
@@ -54,7 +56,8 @@ _GEMM_CALLS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 
 TPU_METHOD = ("estimate: every op of the compiled step priced from a table of rates measured on the "
               "chip (olmax bench matmul --table): matmuls (convolutions) at their FLOPs over the "
-              "measured GEMM rate at their shape, splash attention at its executed FLOPs over the "
+              "measured GEMM rate at their shape (at most their form's rate inside profiled steps, "
+              "at the step's tokens per micro-batch), splash attention at its executed FLOPs over the "
               "measured rate of its pass and head dimension, other ops at their bytes over the "
               "measured HBM rate, each at least the per-op floor; asynchronous copies run beside "
               "them; compute = their sum")
@@ -81,7 +84,12 @@ class Rates:
             self._undispatch(table)
         self._axes = [sorted({key[i] for key in self._gemm}) for i in range(3)]
         self._attn = [r for r in table.get("attention", []) if "error" not in r]
-        self._in_step: dict[str, float] = (table.get("gemm_in_step") or {}).get("flops_per_s", {})
+        # {form: FLOP/s} per profiled step by its tokens per micro-batch (a table of one profile,
+        # written before the steps' sizes were kept, has its rates for steps of any size)
+        in_step = table.get("gemm_in_step") or {}
+        self._in_step: dict[float, dict[str, float]] = {
+            float(p["rows"]): p["flops_per_s"] for p in in_step.get("by_rows", [])}
+        self._in_step_any: dict[str, float] = in_step.get("flops_per_s", {})
 
     def _undispatch(self, table: dict) -> None:
         """A TPU runs a step as one program, with no dispatch between its ops: a grid product that
@@ -98,12 +106,29 @@ class Rates:
             if larger:
                 self._gemm[(m, n, k)] = self._gemm[(larger[0], n, k)]
 
-    def gemm_in_step(self, m: float, n: float, k: float, form: str | None) -> float:
+    def gemm_in_step(self, m: float, n: float, k: float, form: str | None,
+                     rows: float | None = None) -> float:
         """FLOP/s of a product inside a step: the grid's rate at its shape, or where the table
-        holds the rate measured for the product's form inside a profiled step (``gemm_in_step``:
-        a weight gradient, the product with a transposed weight, a forward product), the lower."""
+        holds the rate measured for the product's form inside profiled steps (``gemm_in_step``:
+        a weight gradient, the product with a transposed weight, a forward product), the lower.
+
+        The table holds those rates per profiled step, by the step's tokens per micro-batch and
+        device (``by_rows``): read at ``rows`` (the priced step's, :func:`step_rows`; where it is
+        unknown, the product's own rows: its contracted dimension for a weight gradient, its
+        output's rows otherwise), log-linearly in log2 of the rows between the profiled steps,
+        clamped at the smallest and the largest."""
         rate = self.gemm(m, n, k)
-        return min(rate, self._in_step[form]) if form in self._in_step else rate
+        if form is None:
+            return rate
+        if form in self._in_step_any:
+            return min(rate, self._in_step_any[form])
+        by = {r: fps[form] for r, fps in self._in_step.items() if form in fps}
+        if not by:
+            return rate
+        if rows is None:
+            rows = k if form == "weight_grad" else m
+        lo, hi, w = _bracket(sorted(by), rows)
+        return min(rate, math.exp(w * math.log(by[lo]) + (1 - w) * math.log(by[hi])))
 
     def gemm(self, m: float, n: float, k: float) -> float:
         """FLOP/s of an ``m x k @ k x n`` product: trilinear in log2 sizes over the grid."""
@@ -134,7 +159,7 @@ class Rates:
         return math.exp(w * math.log(by_seq[lo]) + (1 - w) * math.log(by_seq[hi]))
 
 
-def _bracket(axis: list[int], x: float) -> tuple[int, int, float]:
+def _bracket(axis: Sequence[_N], x: float) -> tuple[_N, _N, float]:
     """(lower grid point, upper grid point, weight of the lower) for ``x`` in log2, clamped."""
     if x <= axis[0]:
         return axis[0], axis[0], 1.0
@@ -332,7 +357,10 @@ def _splash(ins) -> tuple[str, float, int, int, bool] | None:
     return ("fwd" if p == "fwd" else "bwd"), flops, seq, shape["head_dim"], windowed
 
 
-_EQUATION = re.compile(r"([\w.]+),([\w.]+)->([\w.]*)/dot_general")
+# the equation of the product, as JAX names it: ``.../ni,no->io/dot_general``, or inside the
+# transforms that made it, ``.../transpose(jvp(...i,...o->io))/dot_general`` (a backward product
+# in a loop body, as the per-layer accumulation's step writes them)
+_EQUATION = re.compile(r"([\w.]+),([\w.]+)->([\w.]*)\)*/dot_general")
 
 
 def gemm_form(op_name: str) -> str | None:
@@ -369,14 +397,26 @@ def _conv_gemm(ins, flops: float) -> tuple[float, float, float]:
 _TPU_ASYNC = ("copy-start", "slice-start", "dynamic-slice-start", "dynamic-update-slice-start")
 
 
+def step_rows(prog: hlo.Program) -> int | None:
+    """Tokens per micro-batch and device of a compiled training step: those of its splash
+    attention calls (batch x sequence of each call; the largest), None where it has none."""
+    from olmax.perf.costs import splash_call
+
+    rows = [shape["batch"] * shape["t"] for instrs in prog.computations.values() for ins in instrs
+            if (call := splash_call(ins)) for shape in [call[1]]]
+    return max(rows) if rows else None
+
+
 def tpu_kernels(text: str, rates: Rates) -> list[dict]:
     """:func:`kernels` of a program compiled for a TPU: its matmuls are ``convolution`` ops (alone
-    or inside fusions), each priced at its FLOPs over the table's rate at its shape and never
-    faster than its bytes; olmax's splash kernels at their executed FLOPs over the table's rate
-    for their pass and head dimension; every other op at its bytes over the measured bandwidth
-    (a reduction's for input fusions); each at least the per-op floor."""
+    or inside fusions), each priced at its FLOPs over the table's rate at its shape (bounded by
+    its form's in-step rate at the step's tokens per micro-batch, :meth:`Rates.gemm_in_step`) and
+    never faster than its bytes; olmax's splash kernels at their executed FLOPs over the table's
+    rate for their pass and head dimension; every other op at its bytes over the measured
+    bandwidth (a reduction's for input fusions); each at least the per-op floor."""
     prog, ops = _kernel_ops(text)
     dots = hlo.dot_flops(text)
+    rows = step_rows(prog)
     comps = prog.computations
     out = []
     for row, ins in ops:
@@ -398,7 +438,7 @@ def tpu_kernels(text: str, rates: Rates) -> list[dict]:
                  for c in comps.get(name, []) if c.opcode == "convolution"), ins)
             m, n, k = _conv_gemm(conv, dots.get(conv.name) or dots[ins.name])
             names = hlo.op_names(conv)
-            rate = rates.gemm_in_step(m, n, k, gemm_form(names[0] if names else ""))
+            rate = rates.gemm_in_step(m, n, k, gemm_form(names[0] if names else ""), rows)
             seconds = max(flops / rate, nbytes / rates.bw_elementwise)
         out.append(_priced(row, kind, flops, seconds, rates))
     return out

@@ -398,7 +398,7 @@ def profile_step(cfg: RunConfig, steps: int = 3, *, hlo_out: str | None = None,
     floor_rest = sum(r["bytes"] / r["bandwidth_ceiling"] for r in rows if not r["dot_flops"] and r["bytes"])
     cycles = perf_split(runner, steps) if perf else None
     return {"jax": jax.__version__, "batch": cfg.train.global_batch_size, "seq_len": cfg.train.seq_len,
-            "dtype": dtype, "attn": cfg.train.attn_impl, "steps": steps, "step_wall_s": wall,
+            "micro_batch_size": runner.fit.micro_batch_size, "dtype": dtype, "attn": cfg.train.attn_impl, "steps": steps, "step_wall_s": wall,
             "executor_ms": exec_ms, "op_ms_total": total, "memory": mem, "ops": rows,
             "matmul_ceiling": ceil, "bandwidth_ceilings": bws,
             "floor_s": {"dots": floor_dots, "other": floor_rest}, "perf": cycles,
