@@ -90,6 +90,37 @@ def test_topology_while_another_process_holds_the_tpu_is_one_line(capsys, monkey
     assert "\n" not in err and "held by another process" in err and "rm " not in err
 
 
+def test_a_slice_smaller_than_a_host_gives_libtpu_its_bounds(monkeypatch):
+    """On a TPU host libtpu reads the host's chip bounds from its environment (a v5e host: 2x2x1)
+    and refuses a smaller slice; the plan gives it the slice's own shape where the slice has fewer
+    than 4 chips (checked on a v5e chip, libtpu 0.0.42.1: v5e:1x1 refused without, compiled with
+    (1, 1, 1)), and nothing for whole hosts."""
+    pytest.importorskip("jax")
+    from jax.experimental import topologies
+
+    from olmax.perf import targets
+
+    assert targets.host_bounds("v5e:1x1") == {"chips_per_host_bounds": (1, 1, 1)}
+    assert targets.host_bounds("v5e:2x1") == {"chips_per_host_bounds": (2, 1, 1)}
+    assert targets.host_bounds("v5p:1x1x1") == {"chips_per_host_bounds": (1, 1, 1)}
+    assert targets.host_bounds("tpu7x:1x1x1") == {"chips_per_host_bounds": (1, 1, 1)}
+    assert targets.host_bounds("v5e:2x2") == targets.host_bounds("v5p:2x2x1") == {}
+    assert targets.host_bounds("v5p:4x4x4") == targets.host_bounds("v5e") == {}
+    seen = []
+
+    class Desc:
+        devices = ["d0"]
+
+    def desc(**kwargs):
+        seen.append(kwargs)
+        return Desc()
+
+    monkeypatch.setattr(topologies, "get_topology_desc", desc)
+    assert targets.topology_devices("v5e:1x1") == ["d0"] and targets.topology_devices("v5e:2x2") == ["d0"]
+    assert seen[0] == {"platform": "tpu", "topology_name": "v5e:1x1", "chips_per_host_bounds": (1, 1, 1)}
+    assert seen[1] == {"platform": "tpu", "topology_name": "v5e:2x2"}
+
+
 def test_loop_trip_counts_and_multipliers():
     """A scan of 7 inside a scan of 3: the inner body runs 21 times per program run."""
     def f(x):

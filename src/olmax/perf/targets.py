@@ -12,6 +12,7 @@ plugin (``pip install "jax[cuda12]"`` at the jax pin) but no GPU and no driver.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import sys
@@ -243,6 +244,19 @@ def torus_links(libtpu_name: str) -> dict:
     return {"wrap": wrap} if any(wrap) else {}
 
 
+def host_bounds(libtpu_name: str) -> dict:
+    """libtpu's ``chips_per_host_bounds`` for a slice smaller than one host (fewer than 4 chips:
+    ``v5e:1x1``, ``v5p:2x1x1``): the slice's own shape. On a TPU host libtpu takes the host's bounds
+    from its environment (a v5e host: ``TPU_CHIPS_PER_HOST_BOUNDS=2,2,1``) and refuses a smaller
+    slice ("not divisible by ... chips_per_host_bounds 2x2x1"; on a v5e chip, libtpu 0.0.42.1);
+    larger slices are whole hosts and keep libtpu's default. {} otherwise."""
+    _, _, shape = libtpu_name.partition(":")
+    if not _TPU_SHAPE.fullmatch(shape):
+        return {}
+    sides = [int(x) for x in shape.split("x")] + [1]
+    return {"chips_per_host_bounds": tuple(sides[:3])} if math.prod(sides) < 4 else {}
+
+
 def topology_devices(name: str) -> list:
     """The devices of a TPU topology such as ``v5p:4x4x4`` or ``tpu7x:2x2x2`` or a GPU target
     such as ``h100:8`` (compilation only; :func:`check_topology_name` first)."""
@@ -259,7 +273,7 @@ def topology_devices(name: str) -> list:
     try:
         with filtered_stderr():
             desc = topologies.get_topology_desc(platform="tpu", topology_name=libtpu_name,
-                                                **torus_links(libtpu_name))
+                                                **torus_links(libtpu_name), **host_bounds(libtpu_name))
     except RuntimeError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "lockfile" in msg:
