@@ -402,9 +402,8 @@ def step_rows(prog: hlo.Program) -> int | None:
     attention calls (batch x sequence of each call; the largest), None where it has none."""
     from olmax.perf.costs import splash_call
 
-    rows = [shape["batch"] * shape["t"] for instrs in prog.computations.values() for ins in instrs
-            if (call := splash_call(ins)) for shape in [call[1]]]
-    return max(rows) if rows else None
+    calls = [call for ins, _ in hlo.custom_calls(prog, "tpu_custom_call") if (call := splash_call(ins))]
+    return max(shape["batch"] * shape["t"] for _, shape, _ in calls) if calls else None
 
 
 def tpu_kernels(text: str, rates: Rates) -> list[dict]:

@@ -210,6 +210,13 @@ def tell_libtpu_no_tpu() -> None:
 POD_SIDE_2D = {"v5e": 16, "v6e": 16}
 
 
+def _slice_sides(libtpu_name: str) -> list[int]:
+    """The chips per axis of a TPU slice (libtpu's name, ``v6e:8x16``: [8, 16]); [] for a name
+    that is no slice shape."""
+    shape = libtpu_name.partition(":")[2]
+    return [int(x) for x in shape.split("x")] if _TPU_SHAPE.fullmatch(shape) else []
+
+
 def slice_wrap(libtpu_name: str) -> tuple[bool, ...]:
     """Per axis of a TPU slice (libtpu's name, ``v6e:8x16``), whether it wraps around (a ring):
 
@@ -223,8 +230,8 @@ def slice_wrap(libtpu_name: str) -> tuple[bool, ...]:
     wraps (F, T, F), ``v5e-256`` and ``v6e-256`` (T, T, F), all 207 3-D slices as above) and the
     JAX scaling book ("TPU v5e only has a wraparound connection when one axis has size 16").
     ``()`` for a name that is no slice shape."""
-    gen, _, shape = libtpu_name.partition(":")
-    sides = [int(x) for x in shape.split("x")] if _TPU_SHAPE.fullmatch(shape) else []
+    gen, _, _ = libtpu_name.partition(":")
+    sides = _slice_sides(libtpu_name)
     if len(sides) == 3:
         return (all(x % 4 == 0 for x in sides),) * 3
     if len(sides) == 2:
@@ -250,11 +257,8 @@ def host_bounds(libtpu_name: str) -> dict:
     from its environment (a v5e host: ``TPU_CHIPS_PER_HOST_BOUNDS=2,2,1``) and refuses a smaller
     slice ("not divisible by ... chips_per_host_bounds 2x2x1"; on a v5e chip, libtpu 0.0.42.1);
     larger slices are whole hosts and keep libtpu's default. {} otherwise."""
-    _, _, shape = libtpu_name.partition(":")
-    if not _TPU_SHAPE.fullmatch(shape):
-        return {}
-    sides = [int(x) for x in shape.split("x")] + [1]
-    return {"chips_per_host_bounds": tuple(sides[:3])} if math.prod(sides) < 4 else {}
+    sides = _slice_sides(libtpu_name)
+    return {"chips_per_host_bounds": tuple((sides + [1])[:3])} if sides and math.prod(sides) < 4 else {}
 
 
 def topology_devices(name: str) -> list:
